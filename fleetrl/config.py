@@ -1,0 +1,255 @@
+"""Typed, frozen configuration: one dataclass per role, composed into `RunConfig`.
+
+Only the CLI parses arguments; every library class takes one of these. Each field carries a
+help line in its metadata (shown by `fleetrl train --help-config`). Cross-field checks run
+once, in `RunConfig.validate()`, at launch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import pathlib
+import typing
+from dataclasses import dataclass, field
+from typing import Any
+
+
+def _f(default: Any, help: str) -> Any:
+    """A dataclass field with a help line; tuples and other immutables only."""
+    return field(default=default, metadata={"help": help})
+
+
+class ConfigError(ValueError):
+    """A configuration value is out of range; the message names the field and the limit."""
+
+
+@dataclass(frozen=True)
+class RandomizationConfig:
+    """Domain randomization ranges. Scales multiply the model's nominal value."""
+
+    enabled: bool = _f(True, "apply the ranges below; False gives the nominal task")
+    mass_scale: tuple[float, float] = _f((0.8, 1.2), "per episode: object body mass scale")
+    friction_scale: tuple[float, float] = _f((0.8, 1.2), "per episode: geom sliding friction scale")
+    damping_scale: tuple[float, float] = _f((0.8, 1.2), "per episode: joint damping scale")
+    weld_stiffness_scale: tuple[float, float] = _f(
+        (0.8, 1.2), "per episode: mocap weld stiffness scale (Fetch's arm follows the mocap weld)"
+    )
+    action_scale: tuple[float, float] = _f((0.9, 1.1), "per episode: multiplier on the action")
+    obs_noise_std: float = _f(0.001, "per step: std of Gaussian noise added to observations")
+    action_latency_steps: tuple[int, int] = _f(
+        (0, 0), "per episode: actions take effect k steps late, k drawn from this range"
+    )
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    task: str = _f("FetchReach-v4", "task name from the sim registry (sim/registry.py)")
+    randomization: RandomizationConfig = field(default_factory=RandomizationConfig)
+
+
+@dataclass(frozen=True)
+class BufferConfig:
+    window_size_transitions: int = _f(4096, "transitions per time window (the unit of eviction)")
+    capacity_transitions: int = _f(1_000_000, "transitions kept; the oldest window is dropped past this")
+    max_batch_transitions: int = _f(65_536, "largest TransitionBatch the ingest service accepts")
+    key_prefix: str = _f("fleetrl", "prefix of every Redis key this run writes")
+    grpc_workers: int = _f(4, "ingest service thread pool size")
+
+
+@dataclass(frozen=True)
+class SamplerConfig:
+    num_samplers: int = _f(1, "sampler worker processes the local launcher starts")
+    push_episodes: int = _f(1, "episodes collected per TransitionBatch")
+    her_k: int = _f(4, "HER 'future' relabeled copies stored per transition (0 disables HER)")
+    random_steps: int = _f(500, "env steps per sampler with uniform random actions before the policy acts")
+    push_timeout_sec: float = _f(10.0, "deadline of one Push call; it is retried until acked")
+    weights_interval_sec: float = _f(0.2, "fetch new actor weights at most this often")
+    max_env_steps_per_update: float = _f(
+        3.0,
+        "rate limit: all samplers together run at most random_steps*num_samplers + "
+        "this * version env steps; 0 disables the limit",
+    )
+    pin_cpus: bool = _f(True, "pin each worker to one CPU (round-robin over allowed CPUs)")
+    mlock: bool = _f(True, "mlockall the worker's memory; degrades with a warning when refused")
+    seed: int = _f(0, "base seed; sampler i uses seed + 1000 * i")
+
+
+@dataclass(frozen=True)
+class LearnerConfig:
+    num_learners: int = _f(1, "learner processes the local launcher starts")
+    batch_size: int = _f(256, "transitions per gradient")
+    hidden_sizes: tuple[int, ...] = _f((256, 256), "hidden layer widths of actor and critics")
+    gamma: float = _f(0.95, "discount; 0.95 with 50-step Fetch episodes as in the HER paper")
+    min_replay_transitions: int = _f(1000, "learner waits until the buffer holds this many")
+    max_grad_staleness: int = _f(1, "learner waits for fresher weights past this many versions behind")
+    target_entropy: float | None = _f(None, "SAC target entropy; None = -action_dim")
+    torch_threads: int = _f(1, "torch intra-op threads in the learner")
+    buffer_refresh_sec: float = _f(0.05, "how often the learner looks for new transitions in Redis")
+
+
+@dataclass(frozen=True)
+class AggregatorConfig:
+    lr: float = _f(1e-3, "Adam learning rate of actor, critics and temperature")
+    tau: float = _f(0.05, "target critic Polyak factor per version")
+    init_log_alpha: float = _f(-2.0, "initial log of the SAC temperature")
+    grads_per_step: int = _f(0, "gradients averaged into one step; 0 = number of learners")
+    checkpoint_every_versions: int = _f(500, "write a checkpoint every N versions")
+    keep_checkpoints: int = _f(3, "checkpoints kept on disk (the newest)")
+    seed: int = _f(0, "seed of the initial weights")
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    episodes: int = _f(20, "episodes per scored version")
+    seed: int = _f(1_000_000, "held-out seeds start here, far from every sampler's seeds")
+    randomize: bool = _f(False, "evaluate under domain randomization instead of the nominal task")
+    min_interval_sec: float = _f(2.0, "score a new version at most this often")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    run_id: str = _f("run", "names the run's Redis keys and its run directory")
+    run_dir: str = _f("runs/run", "where config, checkpoints, TensorBoard events and summary go")
+    target_success: float = _f(0.9, "stop when the evaluator reports at least this success rate")
+    max_wall_sec: float = _f(600.0, "stop after this many seconds whatever the success")
+    max_env_steps: int = _f(0, "stop after this many env steps; 0 = no limit")
+    sim: SimConfig = field(default_factory=SimConfig)
+    buffer: BufferConfig = field(default_factory=BufferConfig)
+    sampler: SamplerConfig = field(default_factory=SamplerConfig)
+    learner: LearnerConfig = field(default_factory=LearnerConfig)
+    aggregator: AggregatorConfig = field(default_factory=AggregatorConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+
+    def validate(self) -> RunConfig:
+        """Cross-field checks, run once at launch. Returns self so calls can chain."""
+        checks = [
+            (self.buffer.window_size_transitions >= 1, "buffer.window_size_transitions", ">= 1"),
+            (
+                self.buffer.capacity_transitions >= 2 * self.buffer.window_size_transitions,
+                "buffer.capacity_transitions",
+                ">= 2 * window_size_transitions: eviction drops a whole window",
+            ),
+            (self.sampler.num_samplers >= 1, "sampler.num_samplers", ">= 1: no sampler, no data"),
+            (self.learner.num_learners >= 1, "learner.num_learners", ">= 1: no learner, no updates"),
+            (self.learner.batch_size >= 1, "learner.batch_size", ">= 1"),
+            (
+                self.learner.min_replay_transitions >= self.learner.batch_size,
+                "learner.min_replay_transitions",
+                ">= learner.batch_size",
+            ),
+            (self.learner.max_grad_staleness >= 0, "learner.max_grad_staleness", ">= 0"),
+            (0.0 < self.learner.gamma < 1.0, "learner.gamma", "in (0, 1)"),
+            (0.0 < self.aggregator.tau <= 1.0, "aggregator.tau", "in (0, 1]"),
+            (self.aggregator.lr > 0, "aggregator.lr", "> 0"),
+            (self.aggregator.checkpoint_every_versions >= 1, "aggregator.checkpoint_every_versions", ">= 1"),
+            (self.eval.episodes >= 1, "eval.episodes", ">= 1"),
+            (0.0 <= self.target_success <= 1.0, "target_success", "in [0, 1]"),
+            (self.sampler.her_k >= 0, "sampler.her_k", ">= 0"),
+            (self.sampler.max_env_steps_per_update >= 0, "sampler.max_env_steps_per_update", ">= 0"),
+        ]
+        for ok, name, limit in checks:
+            if not ok:
+                raise ConfigError(f"{name} ({_get(self, name)!r}) must be {limit}")
+        return self
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> RunConfig:
+        return _from_dict(cls, json.loads(text))
+
+    @classmethod
+    def load(cls, path: str | pathlib.Path) -> RunConfig:
+        return cls.from_json(pathlib.Path(path).read_text())
+
+
+def _get(obj: Any, dotted: str) -> Any:
+    for part in dotted.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _from_dict(cls: Any, data: dict[str, Any]) -> Any:
+    hints = typing.get_type_hints(cls)
+    kwargs = {}
+    names = {f.name for f in dataclasses.fields(cls)}
+    for key, value in data.items():
+        if key not in names:
+            raise ConfigError(f"unknown config field {cls.__name__}.{key}")
+        kwargs[key] = _coerce(hints[key], value, f"{cls.__name__}.{key}")
+    return cls(**kwargs)
+
+
+def _coerce(tp: Any, value: Any, where: str) -> Any:
+    """Turn a JSON value (or an override string parsed as JSON) into the field's type."""
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where} must be an object, got {value!r}")
+        return _from_dict(tp, value)
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{where} must be a list, got {value!r}")
+        item_tp = args[0]
+        return tuple(_coerce(item_tp, v, where) for v in value)
+    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
+        if value is None and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)][0]
+        return _coerce(inner, value, where)
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{where} must be true or false, got {value!r}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{where} must be an integer, got {value!r}")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{where} must be a number, got {value!r}")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{where} must be a string, got {value!r}")
+        return value
+    return value
+
+
+def with_overrides(config: RunConfig, overrides: list[str]) -> RunConfig:
+    """Apply `section.field=value` overrides (value parsed as JSON, else taken as a string)."""
+    data = dataclasses.asdict(config)
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} must look like section.field=value")
+        dotted, raw = item.split("=", 1)
+        try:
+            value: Any = json.loads(raw)
+        except json.JSONDecodeError:
+            value = raw
+        node = data
+        parts = dotted.split(".")
+        for part in parts[:-1]:
+            if part not in node or not isinstance(node[part], dict):
+                raise ConfigError(f"unknown config section {dotted!r}")
+            node = node[part]
+        if parts[-1] not in node:
+            raise ConfigError(f"unknown config field {dotted!r}")
+        node[parts[-1]] = value
+    return _from_dict(RunConfig, data)
+
+
+def help_lines(cls: Any = RunConfig, prefix: str = "") -> list[str]:
+    """One `name = default  # help` line per field, nested sections flattened."""
+    lines = []
+    for f in dataclasses.fields(cls):
+        name = prefix + f.name
+        tp = typing.get_type_hints(cls)[f.name]
+        if dataclasses.is_dataclass(tp):
+            lines.extend(help_lines(tp, name + "."))
+        else:
+            lines.append(f"{name} = {f.default!r}  # {f.metadata.get('help', '')}")
+    return lines
