@@ -1,0 +1,305 @@
+"""A throwaway Redis Cluster on loopback: the embedded default when no addresses are given.
+
+    with LocalRedisCluster(num_primaries=3) as cluster:
+        client = cluster.client()            # redis.cluster.RedisCluster
+        client.set("{run}:head", 0)
+        other_process_arg = cluster.addresses  # "127.0.0.1:p1,127.0.0.1:p2,127.0.0.1:p3"
+
+Elsewhere, `connect(addresses)` turns that string back into a client.
+
+The cluster is formed from Python (CLUSTER ADDSLOTSRANGE, SET-CONFIG-EPOCH, MEET) rather than
+with `redis-cli --cluster create`: it needs only redis-server, it skips redis-cli's fixed
+one-second settle sleeps, and every failure surfaces as a Python exception naming the node.
+Nodes are primaries only, with no persistence: the data is a replay buffer that a restart
+refills, not state worth an fsync.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import redis
+from redis.cluster import ClusterNode, RedisCluster
+
+NUM_SLOTS = 16384
+CLUSTER_BUS_OFFSET = 10000  # Redis fixes the cluster bus port at port + 10000.
+INSTALL_HINT = "install it with `sudo apt-get update && sudo apt-get install -y redis-server`"
+_PR_SET_PDEATHSIG = 1
+_PORT_ATTEMPTS = 20
+_LOG_TAIL_LINES = 20
+
+
+class LocalClusterError(RuntimeError):
+    """The local cluster could not be started or formed; the message carries the node logs."""
+
+
+def connect(addresses: str) -> RedisCluster:
+    """A RedisCluster client for "host:port,host:port" (any reachable subset of the nodes)."""
+    return RedisCluster(startup_nodes=[ClusterNode(h, p) for h, p in parse_addresses(addresses)])
+
+
+def parse_addresses(addresses: str) -> list[tuple[str, int]]:
+    """Parse "host:port,host:port" into [(host, port), ...]; ValueError names the bad item."""
+    items = [a.strip() for a in addresses.split(",") if a.strip()]
+    if not items:
+        raise ValueError(f"redis addresses {addresses!r} is empty: expected 'host:port,host:port'")
+    out = []
+    for item in items:
+        host, sep, port = item.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(
+                f"redis address {item!r} in {addresses!r} must look like host:port with port in 1..65535"
+            )
+        out.append((host, int(port)))
+    return out
+
+
+def _parent_death_signal() -> Callable[[], None] | None:
+    """A preexec_fn that makes the child get SIGTERM when this process dies (Linux only).
+
+    Linux ties PR_SET_PDEATHSIG to the thread that forked, so start the cluster from a thread
+    that lives as long as the cluster (the main thread, in practice).
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    libc = ctypes.CDLL(None, use_errno=True)
+    parent = os.getpid()
+
+    def preexec() -> None:
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        if os.getppid() != parent:  # the parent died before prctl took effect
+            os._exit(1)
+
+    return preexec
+
+
+def _port_is_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _free_port_pair(taken: set[int]) -> int:
+    """A loopback port p such that p and its cluster bus port p + 10000 are both free now.
+
+    The OS picks p (bind to port 0); a race with another process can still take it before
+    redis-server binds, which the caller handles by retrying with a fresh port.
+    """
+    for _ in range(200):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        bus = port + CLUSTER_BUS_OFFSET
+        if port not in taken and bus < 65536 and _port_is_free(bus):
+            return port
+    raise LocalClusterError("found no free loopback port p with p + 10000 also free after 200 tries")
+
+
+def _log_tail(path: Path) -> str:
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return "(no log)"
+    return "\n".join(lines[-_LOG_TAIL_LINES:])
+
+
+class _Node:
+    """One redis-server child process with its own directory and log."""
+
+    def __init__(self, binary: str, root: Path, index: int, port: int) -> None:
+        self.port = port
+        self.dir = root / f"node{index}-{port}"
+        self.dir.mkdir()
+        self.log = self.dir / "redis.log"
+        conf = self.dir / "redis.conf"
+        conf.write_text(
+            f"port {port}\nbind 127.0.0.1\nprotected-mode no\ndir {self.dir}\n"
+            "cluster-enabled yes\ncluster-config-file nodes.conf\ncluster-node-timeout 5000\n"
+            'save ""\nappendonly no\ndaemonize no\n'
+        )
+        with open(self.log, "wb") as log:
+            self.process = subprocess.Popen(
+                [binary, str(conf)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                preexec_fn=_parent_death_signal(),
+                cwd=self.dir,
+            )
+        self.conn = redis.Redis(host="127.0.0.1", port=port, socket_timeout=5.0)
+
+    def wait_ping(self, deadline: float) -> bool:
+        """True once our server answers; False if it exited (e.g. the port was taken) or timed out."""
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                return False
+            try:
+                # Check the pid too: a foreign server that won the port race would answer PING.
+                if self.conn.info("server").get("process_id") == self.process.pid:
+                    return True
+                time.sleep(0.01)
+            except redis.ConnectionError:
+                time.sleep(0.01)
+        return False
+
+    def stop(self, timeout_sec: float) -> None:
+        self.conn.close()
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout_sec)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+class LocalRedisCluster:
+    """`num_primaries` redis-server processes on free loopback ports, formed into one cluster.
+
+    Start with `start()` or `with`; stop with `close()` (terminate, wait, kill), which also
+    removes the temporary directory. Children also get SIGTERM if this process dies.
+    """
+
+    def __init__(
+        self, num_primaries: int = 3, *, startup_timeout_sec: float = 30.0, redis_server: str | None = None
+    ) -> None:
+        if num_primaries < 3:
+            raise ValueError(f"num_primaries ({num_primaries}) must be >= 3: Redis Cluster needs 3 primaries")
+        self.num_primaries = num_primaries
+        self.startup_timeout_sec = startup_timeout_sec
+        self._binary = redis_server
+        self._tmp: tempfile.TemporaryDirectory[str] | None = None
+        self._nodes: list[_Node] = []
+
+    def __enter__(self) -> LocalRedisCluster:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def nodes(self) -> list[tuple[str, int]]:
+        """(host, port) of every primary."""
+        self._check_started()
+        return [("127.0.0.1", n.port) for n in self._nodes]
+
+    @property
+    def addresses(self) -> str:
+        """The nodes as "127.0.0.1:p1,127.0.0.1:p2,..." (what `connect` and the CLI take)."""
+        return ",".join(f"{h}:{p}" for h, p in self.nodes)
+
+    @property
+    def pids(self) -> list[int]:
+        self._check_started()
+        return [n.process.pid for n in self._nodes]
+
+    def client(self) -> RedisCluster:
+        """A new RedisCluster client; the caller closes it."""
+        return RedisCluster(startup_nodes=[ClusterNode(h, p) for h, p in self.nodes])
+
+    def flush(self) -> None:
+        """FLUSHALL on every node (tests call this between cases)."""
+        self._check_started()
+        for node in self._nodes:
+            node.conn.flushall()
+
+    def start(self) -> LocalRedisCluster:
+        """Start the processes and form the cluster; on any failure everything is stopped."""
+        if self._tmp is not None:
+            raise RuntimeError("LocalRedisCluster.start() called twice")
+        binary = self._binary or shutil.which("redis-server")
+        if binary is None:
+            raise LocalClusterError(f"redis-server is not on PATH; {INSTALL_HINT}")
+        self._tmp = tempfile.TemporaryDirectory(prefix="fleetrl-redis-")
+        try:
+            deadline = time.monotonic() + self.startup_timeout_sec
+            for index in range(self.num_primaries):
+                self._nodes.append(self._start_node(binary, index, deadline))
+            self._form_cluster()
+            self._wait_cluster_ok(deadline)
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def close(self, timeout_sec: float = 5.0) -> None:
+        """Stop every node (SIGTERM, wait, SIGKILL) and remove the directory. Idempotent."""
+        nodes, self._nodes = self._nodes, []
+        for node in nodes:
+            node.stop(timeout_sec)
+        if self._tmp is not None:
+            self._tmp.cleanup()
+
+    def _check_started(self) -> None:
+        if not self._nodes:
+            raise RuntimeError("LocalRedisCluster is not running: call start() or use `with`")
+
+    def _start_node(self, binary: str, index: int, deadline: float) -> _Node:
+        assert self._tmp is not None
+        taken = {n.port for n in self._nodes}
+        logs = []
+        for _ in range(_PORT_ATTEMPTS):
+            port = _free_port_pair(taken)
+            node = _Node(binary, Path(self._tmp.name), index, port)
+            if node.wait_ping(deadline):
+                return node
+            node.stop(1.0)
+            logs.append(f"--- node {index} on port {port}:\n{_log_tail(node.log)}")
+            if time.monotonic() >= deadline:
+                break
+            taken.add(port)
+        raise LocalClusterError(f"redis-server node {index} did not start:\n" + "\n".join(logs[-3:]))
+
+    def _form_cluster(self) -> None:
+        """Split the slots evenly, give each node its own config epoch, then MEET them all."""
+        bounds = [NUM_SLOTS * i // self.num_primaries for i in range(self.num_primaries + 1)]
+        for i, node in enumerate(self._nodes):
+            node.conn.execute_command("CLUSTER", "ADDSLOTSRANGE", bounds[i], bounds[i + 1] - 1)
+            # Distinct epochs up front spare the epoch-collision resolution round (what
+            # redis-cli --cluster create does too).
+            node.conn.execute_command("CLUSTER", "SET-CONFIG-EPOCH", i + 1)
+        first = self._nodes[0]
+        for node in self._nodes[1:]:
+            first.conn.execute_command("CLUSTER", "MEET", "127.0.0.1", node.port)
+
+    def _wait_cluster_ok(self, deadline: float) -> None:
+        last: dict[int, str] = {}
+        while time.monotonic() < deadline:
+            if all(self._node_ready(node, last) for node in self._nodes):
+                return
+            time.sleep(0.05)
+        logs = "\n".join(
+            f"--- node on port {n.port} ({last.get(n.port, 'no info')}):\n{_log_tail(n.log)}"
+            for n in self._nodes
+        )
+        raise LocalClusterError(
+            f"cluster of {self.num_primaries} nodes not ok after {self.startup_timeout_sec}s:\n{logs}"
+        )
+
+    def _node_ready(self, node: _Node, last: dict[int, str]) -> bool:
+        info = node.conn.execute_command("CLUSTER", "INFO")
+        if isinstance(info, bytes):
+            info = info.decode()
+        fields = dict(line.split(":", 1) for line in str(info).split() if ":" in line)
+        last[node.port] = (
+            f"state={fields.get('cluster_state')} slots_ok={fields.get('cluster_slots_ok')} "
+            f"known_nodes={fields.get('cluster_known_nodes')}"
+        )
+        return (
+            fields.get("cluster_state") == "ok"
+            and fields.get("cluster_slots_ok") == str(NUM_SLOTS)
+            and fields.get("cluster_known_nodes") == str(self.num_primaries)
+        )
