@@ -60,7 +60,6 @@ class BufferConfig:
 @dataclass(frozen=True)
 class SamplerConfig:
     num_samplers: int = _f(1, "sampler worker processes the local launcher starts")
-    push_episodes: int = _f(1, "episodes collected per TransitionBatch")
     her_k: int = _f(4, "HER 'future' relabeled copies stored per transition (0 disables HER)")
     random_steps: int = _f(500, "env steps per sampler with uniform random actions before the policy acts")
     push_timeout_sec: float = _f(10.0, "deadline of one Push call; it is retried until acked")
@@ -105,6 +104,10 @@ class EvalConfig:
     seed: int = _f(1_000_000, "held-out seeds start here, far from every sampler's seeds")
     randomize: bool = _f(False, "evaluate under domain randomization instead of the nominal task")
     min_interval_sec: float = _f(2.0, "score a new version at most this often")
+    stop_early: bool = _f(
+        True, "end a score once target_success is out of reach (it then covers fewer episodes)"
+    )
+    nice: int = _f(5, "niceness of the evaluator process: it scores on spare CPU first")
 
 
 @dataclass(frozen=True)

@@ -57,9 +57,7 @@ def parse_addresses(addresses: str) -> list[tuple[str, int]]:
     for item in items:
         host, sep, port = item.rpartition(":")
         if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise ValueError(
-                f"redis address {item!r} in {addresses!r} must look like host:port with port in 1..65535"
-            )
+            raise ValueError(f"redis address {item!r} in {addresses!r} must look like host:port with port in 1..65535")
         out.append((host, int(port)))
     return out
 
@@ -282,8 +280,7 @@ class LocalRedisCluster:
                 return
             time.sleep(0.05)
         logs = "\n".join(
-            f"--- node on port {n.port} ({last.get(n.port, 'no info')}):\n{_log_tail(n.log)}"
-            for n in self._nodes
+            f"--- node on port {n.port} ({last.get(n.port, 'no info')}):\n{_log_tail(n.log)}" for n in self._nodes
         )
         raise LocalClusterError(
             f"cluster of {self.num_primaries} nodes not ok after {self.startup_timeout_sec}s:\n{logs}"

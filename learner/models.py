@@ -15,46 +15,26 @@ SAC+HER needed over 10x more updates on FetchReach here (measured: 25% success a
 updates unnormalized, 100% after 475 normalized). The statistics are versioned with the
 weights, so actors, critics and the exported ONNX all see the same transform.
 
-`ModelSpec` is the whole recipe to rebuild the modules on any host (sent as JSON in
-`Weights.layout`), so a sampler never needs the learner's config.
+`ModelSpec` (fleetrl/policy.py) is the whole recipe to rebuild the modules on any host.
 """
 
 from __future__ import annotations
-
-import json
-from dataclasses import asdict, dataclass
 
 import numpy as np
 import torch
 from torch import nn
 
-LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0  # the range CleanRL and SB3 use for SAC
-GROUPS = ("actor", "critic", "critic_target", "log_alpha", "obs_norm")
-GRADIENT_GROUPS = ("actor", "critic", "log_alpha")
-ACTOR_GROUPS = ("actor", "obs_norm")  # all a sampler, evaluator or exporter needs
-NORM_CLIP = 5.0  # standardized inputs are clipped to +-5, as in the HER baselines
+from fleetrl.policy import (  # noqa: F401 - re-exported for the learner side
+    ACTOR_GROUPS,
+    GRADIENT_GROUPS,
+    GROUPS,
+    LOG_STD_MAX,
+    LOG_STD_MIN,
+    NORM_CLIP,
+    ModelSpec,
+)
+
 NORM_MIN_STD = 0.01
-
-
-@dataclass(frozen=True)
-class ModelSpec:
-    obs_dim: int
-    goal_dim: int
-    act_dim: int
-    hidden_sizes: tuple[int, ...] = (256, 256)
-
-    @property
-    def input_dim(self) -> int:
-        return self.obs_dim + self.goal_dim
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True)
-
-    @classmethod
-    def from_json(cls, text: str) -> ModelSpec:
-        data = json.loads(text)
-        data["hidden_sizes"] = tuple(data["hidden_sizes"])
-        return cls(**data)
 
 
 def mlp(in_dim: int, hidden: tuple[int, ...], out_dim: int) -> nn.Sequential:

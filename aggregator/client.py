@@ -1,0 +1,197 @@
+"""Clients of the aggregator: the only way other roles reach it.
+
+    with AggregatorClient(address) as agg, agg.watch("learner-0") as weights:
+        w = weights.wait_newer_than(-1, timeout=30)      # WeightsSnapshot(version, tensors, spec)
+        ack = agg.push_gradients(GradientPush(...))     # learners
+        agg.report_eval(pb.EvalReport(...))              # evaluator
+
+`WeightsWatcher` keeps one WatchWeights stream open in a daemon thread, reconnects when the
+aggregator restarts, and always holds only the newest version (older ones are conflated).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+
+import grpc
+import numpy as np
+
+from fleetrl.policy import ModelSpec
+from fleetrl.proto import fleetrl_pb2 as pb
+from fleetrl.proto import fleetrl_pb2_grpc as pb_grpc
+from fleetrl.wire import from_tensor, to_tensor
+
+log = logging.getLogger("fleetrl.aggregator.client")
+
+CHANNEL_OPTIONS = [
+    ("grpc.max_receive_message_length", 256 * 1024 * 1024),
+    ("grpc.max_send_message_length", 256 * 1024 * 1024),
+]
+RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+
+
+@dataclass(frozen=True)
+class WeightsSnapshot:
+    version: int
+    tensors: dict[str, np.ndarray]
+    spec: ModelSpec
+
+
+@dataclass
+class GradientPush:
+    learner_id: int
+    base_version: int
+    grads: dict[str, np.ndarray]
+    norm_stats: np.ndarray
+    batch_size: int
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    def to_proto(self) -> pb.Gradients:
+        tensors = [to_tensor(g, v) for g, v in self.grads.items()]
+        tensors.append(to_tensor("norm_stats", self.norm_stats))
+        return pb.Gradients(
+            learner_id=self.learner_id,
+            base_version=self.base_version,
+            tensors=tensors,
+            metrics=self.metrics,
+            batch_size=self.batch_size,
+        )
+
+
+class AggregatorClient:
+    def __init__(self, address: str, timeout_sec: float = 30.0) -> None:
+        self.address = address
+        self.timeout_sec = timeout_sec
+        self._channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+        self._stub = pb_grpc.AggregatorStub(self._channel)
+
+    def __enter__(self) -> AggregatorClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def push_gradients(self, push: GradientPush) -> pb.GradientAck:
+        """Send once, retrying while the aggregator is unreachable (it may be restarting)."""
+        return self._retry(lambda: self._stub.PushGradients(push.to_proto(), timeout=self.timeout_sec))
+
+    def push_gradients_async(self, push: GradientPush) -> PendingPush:
+        """Send without waiting: the learner computes the next gradient while this one is applied."""
+        return PendingPush(self, push, self._stub.PushGradients.future(push.to_proto(), timeout=self.timeout_sec))
+
+    def stats(self, timeout_sec: float = 5.0) -> pb.AggregatorStats:
+        return self._stub.Stats(pb.AggregatorStatsRequest(), timeout=timeout_sec)
+
+    def report_eval(self, report: pb.EvalReport) -> None:
+        self._retry(lambda: self._stub.ReportEval(report, timeout=self.timeout_sec))
+
+    def watch(
+        self, subscriber: str, groups: tuple[str, ...] = (), min_interval_sec: float = 0.0
+    ) -> WeightsWatcher:
+        return WeightsWatcher(self._stub, subscriber, groups, min_interval_sec)
+
+    def _retry(self, call, deadline_sec: float = 120.0):  # noqa: ANN001, ANN202
+        deadline = time.monotonic() + deadline_sec
+        delay = 0.05
+        while True:
+            try:
+                return call()
+            except grpc.RpcError as err:
+                if err.code() not in RETRYABLE or time.monotonic() + delay > deadline:
+                    raise
+                log.warning("aggregator %s: %s; retrying in %.2fs", self.address, err.code().name, delay)
+                time.sleep(delay)
+                delay = min(delay * 2, 2.0)
+
+
+class PendingPush:
+    """An in-flight PushGradients; result() waits for the ack, re-sending if the aggregator was away."""
+
+    def __init__(self, client: AggregatorClient, push: GradientPush, future: grpc.Future) -> None:
+        self._client, self._push, self._future = client, push, future
+
+    def result(self) -> pb.GradientAck:
+        try:
+            return self._future.result()
+        except grpc.RpcError as err:
+            if err.code() not in RETRYABLE:
+                raise
+            return self._client.push_gradients(self._push)
+
+
+class WeightsWatcher:
+    """Newest weights from a WatchWeights stream, kept fresh by a daemon thread."""
+
+    def __init__(self, stub: pb_grpc.AggregatorStub, subscriber: str, groups: tuple[str, ...], interval: float):
+        self._stub = stub
+        self._request = pb.WatchRequest(subscriber=subscriber, groups=list(groups), min_interval_sec=interval)
+        self._cond = threading.Condition()
+        self._latest: WeightsSnapshot | None = None
+        self._closed = False
+        self._call = None
+        self.received = 0
+        self._thread = threading.Thread(target=self._run, name=f"watch-{subscriber}", daemon=True)
+        self._thread.start()
+
+    def __enter__(self) -> WeightsWatcher:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        if self._call is not None:
+            self._call.cancel()
+        self._thread.join(timeout=5)
+
+    def latest(self) -> WeightsSnapshot | None:
+        with self._cond:
+            return self._latest
+
+    def wait_newer_than(self, version: int, timeout: float | None = None) -> WeightsSnapshot | None:
+        """The newest snapshot once its version exceeds `version`; None on timeout or close."""
+        with self._cond:
+            self._cond.wait_for(
+                lambda: self._closed or (self._latest is not None and self._latest.version > version), timeout
+            )
+            if self._latest is not None and self._latest.version > version:
+                return self._latest
+            return None
+
+    def _run(self) -> None:
+        delay = 0.05
+        while not self._closed:
+            try:
+                self._call = self._stub.WatchWeights(self._request, wait_for_ready=True)
+                for msg in self._call:
+                    self._store(msg)
+                    delay = 0.05
+            except grpc.RpcError as err:
+                if self._closed or err.code() == grpc.StatusCode.CANCELLED:
+                    return
+                if err.code() == grpc.StatusCode.INVALID_ARGUMENT:
+                    log.error("WatchWeights refused: %s", err.details())
+                    return
+            time.sleep(delay)
+            delay = min(delay * 2, 2.0)
+
+    def _store(self, msg: pb.Weights) -> None:
+        snapshot = WeightsSnapshot(
+            version=msg.version,
+            tensors={t.name: from_tensor(t, "tensors").copy() for t in msg.tensors},
+            spec=ModelSpec.from_json(msg.layout),
+        )
+        with self._cond:
+            self._latest = snapshot
+            self._request.after_version = msg.version  # a reconnect resumes after this version
+            self.received += 1
+            self._cond.notify_all()

@@ -1,0 +1,64 @@
+"""The buffer's role interfaces: what other roles may rely on, and nothing else.
+
+Writers put transitions in (the ingest service, on behalf of samplers); sources take random
+batches out (learners). Implementations: `buffer.storage.TemporalStorage` writes,
+`buffer.client.ReplaySampler` samples. Samplers reach a writer over gRPC through
+`buffer.client.IngestClient`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from fleetrl.wire import Transitions
+
+
+@dataclass(frozen=True)
+class SampledBatch:
+    """Sampled rows and, per row, the tags they were stored with.
+
+    `transitions` are the float32 columns (leading dim = batch size); `policy_version[i]` is
+    the weight version that acted for row i (for policy-lag checks and importance weights);
+    `task_id[i]` is its sim registry task id. Both are int64 arrays of the batch size.
+    """
+
+    transitions: Transitions
+    policy_version: np.ndarray
+    task_id: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.transitions)
+
+
+class TransitionWriter(Protocol):
+    """Appends batches of one task's transitions to the replay buffer.
+
+    writer = TemporalStorage(redis_client, run_id, schema, config)
+    while collecting:
+        transitions = collect_batch()
+        head = writer.write(transitions, task_id=task_id, policy_version=version)
+        # The rows now hold positions [head - len(transitions), head) and are in Redis.
+    """
+
+    def write(self, transitions: Transitions, *, task_id: int, policy_version: int) -> int:
+        """Store the rows, tagged with the task and the weight version that acted; returns the
+        new head (transitions ever stored in the run)."""
+        ...
+
+
+class BatchSource(Protocol):
+    """Uniform random batches of stored transitions, for a learner.
+
+    source = ReplaySampler(redis_client, run_id, schema, config, seed=learner_id)
+    source.wait_for(config.min_replay_transitions, timeout_sec=60.0)
+    while training:
+        batch = source.sample(batch_size)   # SampledBatch
+        grads = loss(batch.transitions)     # batch.policy_version: per-row weight version
+    """
+
+    def sample(self, batch_size: int) -> SampledBatch:
+        """`batch_size` rows drawn uniformly with replacement from the live buffer."""
+        ...

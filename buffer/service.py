@@ -1,0 +1,271 @@
+"""The ingest service: a thin gRPC adapter that validates pushes and hands them to storage.
+
+    storage = TemporalStorage(redis_client, run_id, schema, config)
+    with IngestServer(storage, task_id=0, schema=schema, run_id=run_id, config=config) as server:
+        ...  # samplers: IngestClient(server.address, ...)
+
+`run_ingest_service(...)` is the same, blocking, for the CLI's ingest role process.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import threading
+from collections.abc import Callable
+from concurrent import futures
+from dataclasses import dataclass, field
+
+import grpc
+from redis.exceptions import RedisError, SlotNotCoveredError
+
+from buffer.client import GRPC_OPTIONS
+from buffer.dedup import SeqDedup
+from buffer.layout import MAX_UINT32
+from buffer.storage import TemporalStorage
+from fleetrl.config import BufferConfig
+from fleetrl.local_cluster import connect
+from fleetrl.proto import fleetrl_pb2 as pb
+from fleetrl.proto import fleetrl_pb2_grpc as pb_grpc
+from fleetrl.wire import Transitions, TransitionSchema, WireError, batch_from_proto
+
+# Redis failures worth a retry: the push is answered UNAVAILABLE and the sampler retries.
+REDIS_FAILURES = (RedisError, SlotNotCoveredError)
+
+
+def validate_batch(
+    batch: pb.TransitionBatch,
+    *,
+    run_id: str,
+    task_id: int,
+    schema: TransitionSchema,
+    max_batch_transitions: int,
+) -> Transitions:
+    """The batch's columns, or WireError naming the first field that breaks the contract."""
+    if batch.run_id != run_id:
+        raise WireError("run_id", f"{batch.run_id!r}, but this service stores run {run_id!r}")
+    if batch.task_id != task_id:
+        raise WireError("task_id", f"{batch.task_id}, but this service stores task {task_id} only")
+    n = batch.num_transitions
+    if not 1 <= n <= max_batch_transitions:
+        raise WireError("num_transitions", f"{n} is outside [1, max_batch_transitions={max_batch_transitions}]")
+    if batch.policy_version > MAX_UINT32:
+        raise WireError("policy_version", f"{batch.policy_version} exceeds {MAX_UINT32} (stored as uint32)")
+    return batch_from_proto(batch, schema)
+
+
+def rejection_reason(field_name: str) -> str:
+    """Counter key of a rejection: the field without its column name ('columns[obs].shape' ->
+    'columns.shape'), so the set of reasons stays small."""
+    return re.sub(r"\[[^\]]*\]", "", field_name)
+
+
+@dataclass
+class IngestCounters:
+    """What one ingest service has done since it started (the head is the run's, global)."""
+
+    head: int = 0
+    env_steps: int = 0
+    batches: int = 0
+    duplicates: int = 0
+    rejected_by_reason: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def rejected(self) -> int:
+        return sum(self.rejected_by_reason.values())
+
+
+class ReplayIngestServicer(pb_grpc.ReplayIngestServicer):
+    """Push: validate, dedup on (sampler_id, seq), write, ack. Stats: counters and windows.
+
+    A bad batch is answered INVALID_ARGUMENT with "field: what is wrong", counted per reason,
+    and nothing stored is touched. A Redis failure is answered UNAVAILABLE (the sampler
+    retries; the batch was not acked). Dedup is in memory: see buffer.dedup for its limits.
+    """
+
+    def __init__(
+        self,
+        storage: TemporalStorage,
+        *,
+        task_id: int,
+        schema: TransitionSchema,
+        run_id: str,
+        config: BufferConfig,
+    ) -> None:
+        self.storage = storage
+        self.task_id = task_id
+        self.schema = schema
+        self.run_id = run_id
+        self.config = config
+        self.dedup = SeqDedup()
+        self._counters = IngestCounters()
+        self._lock = threading.Lock()
+        self._sampler_locks: dict[int, threading.Lock] = {}
+
+    def counters(self) -> IngestCounters:
+        """A copy of the counters."""
+        with self._lock:
+            c = self._counters
+            return IngestCounters(c.head, c.env_steps, c.batches, c.duplicates, dict(c.rejected_by_reason))
+
+    def Push(self, request: pb.TransitionBatch, context: grpc.ServicerContext) -> pb.PushAck:
+        try:
+            transitions = validate_batch(
+                request,
+                run_id=self.run_id,
+                task_id=self.task_id,
+                schema=self.schema,
+                max_batch_transitions=self.config.max_batch_transitions,
+            )
+        except WireError as e:
+            with self._lock:
+                reasons = self._counters.rejected_by_reason
+                reason = rejection_reason(e.field)
+                reasons[reason] = reasons.get(reason, 0) + 1
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        # One push per sampler at a time: a retry that arrives while its first attempt is
+        # still writing must wait for it, or both would be stored.
+        with self._sampler_lock(request.sampler_id):
+            if self.dedup.seen(request.sampler_id, request.seq):
+                with self._lock:
+                    self._counters.duplicates += 1
+                    head = self._counters.head
+                return pb.PushAck(seq=request.seq, stored=0, duplicate=True, head=head)
+            try:
+                head = self.storage.write(transitions, task_id=request.task_id, policy_version=request.policy_version)
+            except REDIS_FAILURES as e:
+                context.abort(grpc.StatusCode.UNAVAILABLE, f"redis write failed, batch not stored: {e}")
+            self.dedup.mark(request.sampler_id, request.seq)
+        with self._lock:
+            self._counters.head = max(self._counters.head, head)
+            self._counters.env_steps += request.env_steps
+            self._counters.batches += 1
+        return pb.PushAck(seq=request.seq, stored=len(transitions), duplicate=False, head=head)
+
+    def Stats(self, request: pb.BufferStatsRequest, context: grpc.ServicerContext) -> pb.BufferStats:
+        try:
+            head, oldest = self.storage.snapshot()
+        except REDIS_FAILURES as e:
+            context.abort(grpc.StatusCode.UNAVAILABLE, f"redis read failed: {e}")
+        c = self.counters()
+        return pb.BufferStats(
+            head=head,
+            env_steps=c.env_steps,
+            batches=c.batches,
+            rejected=c.rejected,
+            duplicates=c.duplicates,
+            oldest_window=oldest,
+            newest_window=max(0, self.storage.layout.windows_below(head) - 1),
+        )
+
+    def _sampler_lock(self, sampler_id: int) -> threading.Lock:
+        with self._lock:
+            return self._sampler_locks.setdefault(sampler_id, threading.Lock())
+
+
+class IngestServer:
+    """A gRPC server running ReplayIngestServicer; `with` starts it, close() stops it.
+
+    `storage` may be a factory, called once in start(). The caller owns the storage's Redis
+    client and closes it after this server.
+    """
+
+    def __init__(
+        self,
+        storage: TemporalStorage | Callable[[], TemporalStorage],
+        *,
+        task_id: int,
+        schema: TransitionSchema,
+        run_id: str,
+        config: BufferConfig,
+        port: int = 0,
+        host: str = "127.0.0.1",
+    ) -> None:
+        self._storage = storage
+        self.task_id = task_id
+        self.schema = schema
+        self.run_id = run_id
+        self.config = config
+        self.host = host
+        self._requested_port = port
+        self._port: int | None = None
+        self._server: grpc.Server | None = None
+        self.servicer: ReplayIngestServicer | None = None
+
+    def __enter__(self) -> IngestServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def port(self) -> int:
+        if self._port is None:
+            raise RuntimeError("IngestServer is not started: call start() or use `with`")
+        return self._port
+
+    @property
+    def address(self) -> str:
+        """ "host:port" for IngestClient."""
+        return f"{self.host}:{self.port}"
+
+    def start(self) -> IngestServer:
+        if self._server is not None:
+            raise RuntimeError("IngestServer.start() called twice")
+        storage = self._storage if isinstance(self._storage, TemporalStorage) else self._storage()
+        self.servicer = ReplayIngestServicer(
+            storage, task_id=self.task_id, schema=self.schema, run_id=self.run_id, config=self.config
+        )
+        pool = futures.ThreadPoolExecutor(max_workers=self.config.grpc_workers)
+        server = grpc.server(pool, options=GRPC_OPTIONS)
+        pb_grpc.add_ReplayIngestServicer_to_server(self.servicer, server)
+        target = f"{self.host}:{self._requested_port}"
+        try:
+            port = server.add_insecure_port(target)
+        except RuntimeError as e:
+            raise OSError(f"ingest service cannot bind {target}: {e}") from e
+        if port == 0:
+            raise OSError(f"ingest service cannot bind {target}: port in use?")
+        server.start()
+        self._server, self._port = server, port
+        return self
+
+    def close(self, grace: float | None = 1.0) -> None:
+        """Stop taking pushes; in-flight ones get `grace` seconds to finish. Idempotent."""
+        server, self._server = self._server, None
+        if server is not None:
+            server.stop(grace).wait()
+
+
+def run_ingest_service(
+    config: BufferConfig,
+    run_id: str,
+    task_id: int,
+    schema: TransitionSchema,
+    redis_addresses: str,
+    port: int,
+    ready_file: str | None = None,
+) -> None:
+    """Serve until SIGTERM or SIGINT, then stop gracefully (the CLI's ingest role process).
+
+    Once listening, writes its "host:port" to `ready_file` (atomically, for launchers to wait
+    on). Call from the main thread: it installs signal handlers.
+    """
+    stop = threading.Event()
+    handlers = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
+    client = connect(redis_addresses)
+    try:
+        storage = TemporalStorage(client, run_id, schema, config)
+        with IngestServer(storage, task_id=task_id, schema=schema, run_id=run_id, config=config, port=port) as server:
+            if ready_file:
+                tmp = f"{ready_file}.tmp{os.getpid()}"
+                with open(tmp, "w") as f:
+                    f.write(server.address)
+                os.replace(tmp, ready_file)
+            while not stop.wait(0.5):
+                pass
+    finally:
+        client.close()
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)

@@ -1,0 +1,134 @@
+"""Checkpoint -> plain torch module: the seam between training and export.
+
+    ckpt = load_policy_checkpoint("runs/r1/checkpoints")   # a ckpt_<version>.pt, a directory, or a state dict
+    reference = reference_actor(ckpt)                    # the learner's SquashedGaussianActor, eval mode
+    module = freeze_policy(ckpt)                         # obs_goal [B, in] -> action [B, act], no sampling
+    export_onnx(...)                                     # exports `module` (deploy_npu/export.py)
+
+`freeze_policy` is the one function a later freeze replaces: the Mixture-of-Experts routing
+freeze will resolve the router for one task and hand back a module with the same contract
+(float32 obs ++ desired_goal in, float32 action in (-1, 1) out, no data-dependent branches).
+Everything downstream (export, audit, parity, latency, closed loop) only sees that contract.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import pathlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from aggregator.checkpoint import load_checkpoint
+from learner.models import ACTOR_GROUPS, ModelSpec, SquashedGaussianActor, build_actor
+
+
+class CheckpointError(ValueError):
+    """A checkpoint exists but cannot be turned into a policy; the message says what is wrong."""
+
+
+@dataclass(frozen=True)
+class PolicyCheckpoint:
+    """The part of an aggregator checkpoint that a deployed policy needs (ACTOR_GROUPS)."""
+
+    version: int
+    spec: ModelSpec
+    actor: np.ndarray  # flat float32 actor parameters
+    obs_norm: np.ndarray  # flat float32 input mean ++ std
+    source: str  # where it came from, for reports and error messages
+
+
+CheckpointSource = str | os.PathLike | Mapping[str, Any] | PolicyCheckpoint
+
+
+def _read_state(checkpoint: str | os.PathLike | Mapping[str, Any]) -> tuple[Mapping[str, Any], str]:
+    if isinstance(checkpoint, Mapping):
+        return checkpoint, "<in-memory checkpoint>"
+    path = pathlib.Path(checkpoint)
+    if not path.exists():
+        raise FileNotFoundError(
+            f"checkpoint {str(path)!r} does not exist: pass a ckpt_<version>.pt file or the directory holding them"
+        )
+    try:
+        state = load_checkpoint(path)
+    except FileNotFoundError:
+        raise  # an empty directory: load_checkpoint's message already names it
+    except Exception as exc:  # torch.load raises pickle, zip and EOF errors alike on a bad file
+        raise CheckpointError(
+            f"cannot read checkpoint {str(path)!r} ({type(exc).__name__}: {exc}); "
+            "expected a file written by aggregator.checkpoint.save_checkpoint"
+        ) from exc
+    if not isinstance(state, Mapping):
+        raise CheckpointError(f"checkpoint {str(path)!r} holds a {type(state).__name__}, expected a dict")
+    return state, str(path)
+
+
+def load_policy_checkpoint(checkpoint: CheckpointSource) -> PolicyCheckpoint:
+    """Read and validate a checkpoint (path, directory = newest in it, or AggregatorCore.state() dict).
+
+    A PolicyCheckpoint is returned as it is, so callers can load once and pass it on.
+    Raises FileNotFoundError for a missing path and CheckpointError for anything unusable.
+    """
+    if isinstance(checkpoint, PolicyCheckpoint):
+        return checkpoint
+    state, source = _read_state(checkpoint)
+    missing = [k for k in ("version", "spec", "weights") if k not in state]
+    if missing:
+        raise CheckpointError(f"checkpoint {source} lacks {missing}: not an AggregatorCore.state() dict")
+    weights = state["weights"]
+    absent = [g for g in ACTOR_GROUPS if g not in weights]
+    if absent:
+        raise CheckpointError(f"checkpoint {source} has no weight group(s) {absent}; a policy needs {ACTOR_GROUPS}")
+    try:
+        spec = ModelSpec.from_json(state["spec"])
+    except (TypeError, ValueError, KeyError) as exc:
+        raise CheckpointError(f"checkpoint {source}: unreadable model spec {state['spec']!r} ({exc})") from exc
+    flats = {g: np.asarray(weights[g], np.float32) for g in ACTOR_GROUPS}
+    for group, flat in flats.items():
+        if not np.all(np.isfinite(flat)):
+            raise CheckpointError(f"checkpoint {source}: weights[{group!r}] contain NaN or inf; the policy is unusable")
+    return PolicyCheckpoint(int(state["version"]), spec, flats["actor"], flats["obs_norm"], source)
+
+
+def reference_actor(ckpt: PolicyCheckpoint) -> SquashedGaussianActor:
+    """The learner's own actor rebuilt from the checkpoint: the ground truth parity compares with."""
+    try:
+        return build_actor(ckpt.spec, ckpt.actor, ckpt.obs_norm)
+    except ValueError as exc:  # flat vector sizes do not fit the spec
+        raise CheckpointError(f"checkpoint {ckpt.source}: {exc}") from exc
+
+
+class DeterministicPolicy(nn.Module):
+    """obs_goal [B, obs_dim + goal_dim] -> tanh(mean) [B, act_dim]: the actor minus its log-std head.
+
+    SquashedGaussianActor.forward splits its last layer's output into (mean, log_std) with
+    chunk(2); here that layer keeps only the mean rows, so the exported graph is
+    Sub, Div, Clip, (Gemm, Relu)*, Gemm, Tanh with no Shape/Slice arithmetic, and does half
+    the head's work. Parity against `reference_actor(...).deterministic` guards this copy.
+    """
+
+    def __init__(self, actor: SquashedGaussianActor, act_dim: int) -> None:
+        super().__init__()
+        self.norm = copy.deepcopy(actor.norm)
+        *trunk, head = (copy.deepcopy(layer) for layer in actor.net)
+        if not isinstance(head, nn.Linear) or head.out_features != 2 * act_dim:
+            raise CheckpointError(f"actor head {head} is not Linear(*, 2 * act_dim={2 * act_dim})")
+        mean_head = nn.Linear(head.in_features, act_dim)
+        with torch.no_grad():
+            mean_head.weight.copy_(head.weight[:act_dim])
+            mean_head.bias.copy_(head.bias[:act_dim])
+        self.net = nn.Sequential(*trunk, mean_head)
+
+    def forward(self, obs_goal: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.net(self.norm(obs_goal)))
+
+
+def freeze_policy(ckpt: PolicyCheckpoint) -> nn.Module:
+    """The module to export: deterministic, eval mode, gradients off (the MoE freeze replaces this)."""
+    module = DeterministicPolicy(reference_actor(ckpt), ckpt.spec.act_dim).eval()
+    return module.requires_grad_(False)

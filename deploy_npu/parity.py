@@ -1,0 +1,207 @@
+"""Does the exported ONNX act like the checkpoint, fast enough, in the real env?
+
+    policy = OnnxPolicy("policy.onnx")                              # single-threaded onnxruntime
+    actor = reference_actor(load_policy_checkpoint(ckpt_path))      # the learner's torch actor
+    inputs = np.concatenate([random_inputs(ckpt, 512), env_inputs(task, 512)])
+    check_parity(policy, actor.deterministic, inputs).max_abs_error  # <= 1e-5 to pass
+    measure_latency(policy).p99_ms                                  # vs the 8.33 ms of a 120 Hz tick
+    closed_loop(policy, task, episodes=5).success_rate              # nominal env, no randomization
+
+Latency is onnxruntime on this host's CPU with one thread: a proxy for the controller's NPU,
+whose own toolchain reports the real figure; a policy that misses the budget here is suspect.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import onnxruntime as ort
+import torch
+
+from deploy_npu.freeze import PolicyCheckpoint
+from learner.models import ModelSpec
+from sim import TASKS, TaskSpec, get_task, goal_success, make_env
+
+CONTROLLER_HZ = 120.0
+CONTROL_BUDGET_MS = 1000.0 / CONTROLLER_HZ  # 8.33 ms per tick for everything, inference included
+PARITY_TOLERANCE = 1e-5  # max |torch - onnx| per action component; float32 MLPs agree to ~1e-7
+
+
+class OnnxPolicy:
+    """An exported policy in a single-threaded onnxruntime session (a controller has one core for it).
+
+    Call it with any number of rows; a static batch B is served in padded chunks of B.
+    """
+
+    def __init__(self, onnx_path: str | os.PathLike) -> None:
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = 1
+        options.inter_op_num_threads = 1
+        options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        self.session = ort.InferenceSession(os.fspath(onnx_path), options, providers=["CPUExecutionProvider"])
+        (self._input,) = self.session.get_inputs()
+        batch, self.input_dim = self._input.shape
+        self.static_batch = batch if isinstance(batch, int) else None
+        self.act_dim = self.session.get_outputs()[0].shape[1]
+
+    def run_batch(self, batch: np.ndarray) -> np.ndarray:
+        """One session.run on exactly one model-shaped batch (what a controller tick costs)."""
+        return self.session.run(None, {self._input.name: batch})[0]
+
+    def __call__(self, obs_goal: np.ndarray) -> np.ndarray:
+        rows = np.ascontiguousarray(obs_goal, dtype=np.float32).reshape(-1, self.input_dim)
+        if self.static_batch is None:
+            return self.run_batch(rows)
+        size = self.static_batch
+        out = [np.empty((0, self.act_dim), np.float32)]
+        for start in range(0, len(rows), size):
+            chunk = rows[start : start + size]
+            padded = np.zeros((size, self.input_dim), np.float32)
+            padded[: len(chunk)] = chunk
+            out.append(self.run_batch(padded)[: len(chunk)])
+        return np.concatenate(out)
+
+
+def task_for_spec(spec: ModelSpec, task: str | int | None = None) -> TaskSpec:
+    """The task a checkpoint's policy acts in: `task` if given (dims checked), else the only one that fits."""
+
+    def dims(t: TaskSpec | ModelSpec) -> tuple[int, int, int]:
+        return (t.obs_dim, t.goal_dim, t.act_dim)
+
+    if task is not None:
+        found = get_task(task)
+        if dims(found) != dims(spec):
+            raise ValueError(
+                f"task {found.name} has (obs, goal, act) dims {dims(found)}, the checkpoint's policy {dims(spec)}"
+            )
+        return found
+    fits = [t for t in TASKS.values() if dims(t) == dims(spec)]
+    if len(fits) != 1:
+        names = [t.name for t in fits] or "none"
+        raise ValueError(f"policy dims {dims(spec)} fit task(s) {names}: name the task to run (--task)")
+    return fits[0]
+
+
+def random_inputs(ckpt: PolicyCheckpoint, n: int, seed: int = 0) -> np.ndarray:
+    """Rows drawn as mean + 2.5 * std * N(0, 1) of the checkpoint's normalizer.
+
+    The scale puts a component past the normalizer's +-5 clip when |z| > 2 (4.6% of them), so
+    both sides of the Clip node are exercised: about 45% of 13-wide rows clip somewhere.
+    """
+    dim = ckpt.spec.input_dim
+    mean, std = ckpt.obs_norm[:dim], ckpt.obs_norm[dim:]
+    z = np.random.default_rng(seed).standard_normal((n, dim))
+    return (mean + 2.5 * std * z).astype(np.float32)
+
+
+def env_inputs(task: TaskSpec, n: int, seed: int = 0) -> np.ndarray:
+    """`n` real observation ++ desired_goal rows from the nominal env under uniform random actions."""
+    rows: list[np.ndarray] = []
+    if n < 1:
+        return np.empty((0, task.obs_dim + task.goal_dim), np.float32)
+    env = make_env(task)
+    rng = np.random.default_rng(seed)
+    try:
+        obs, _ = env.reset(seed=seed)
+        while len(rows) < n:
+            rows.append(np.concatenate([obs["observation"], obs["desired_goal"]]))
+            obs, _, terminated, truncated, _ = env.step(rng.uniform(-1, 1, task.act_dim).astype(np.float32))
+            if terminated or truncated:
+                obs, _ = env.reset(seed=seed + len(rows))
+    finally:
+        env.close()
+    return np.asarray(rows, np.float32)
+
+
+@dataclass(frozen=True)
+class ParityReport:
+    max_abs_error: float
+    num_inputs: int
+    tolerance: float
+
+    @property
+    def passed(self) -> bool:
+        return self.max_abs_error <= self.tolerance  # False for NaN, as it should be
+
+
+def check_parity(
+    policy: OnnxPolicy,
+    reference: Callable[[torch.Tensor], torch.Tensor],
+    inputs: np.ndarray,
+    *,
+    tolerance: float = PARITY_TOLERANCE,
+) -> ParityReport:
+    """Max |reference(x) - policy(x)| over all rows and action components (reference: obs_goal -> action)."""
+    inputs = np.asarray(inputs, np.float32)
+    with torch.no_grad():
+        expected = reference(torch.from_numpy(inputs)).numpy()
+    got = policy(inputs)
+    if got.shape != expected.shape:
+        raise ValueError(f"onnx output shape {got.shape} differs from torch {expected.shape}")
+    error = float(np.max(np.abs(got.astype(np.float64) - expected))) if len(inputs) else 0.0
+    return ParityReport(error, len(inputs), tolerance)
+
+
+@dataclass(frozen=True)
+class LatencyReport:
+    p50_ms: float
+    p99_ms: float
+    num_calls: int
+    budget_ms: float
+
+    @property
+    def within_budget(self) -> bool:
+        return self.p99_ms <= self.budget_ms  # one call in a hundred late is already a missed tick per second
+
+
+def measure_latency(
+    policy: OnnxPolicy, *, num_calls: int = 1000, warmup_calls: int = 50, budget_ms: float = CONTROL_BUDGET_MS
+) -> LatencyReport:
+    """Per-call wall time of one model-shaped batch (batch 1 for a dynamic axis), after warm-up."""
+    if num_calls < 1:
+        raise ValueError(f"num_calls ({num_calls}) must be >= 1: no calls, no percentiles")
+    batch = np.random.default_rng(0).standard_normal((policy.static_batch or 1, policy.input_dim)).astype(np.float32)
+    for _ in range(warmup_calls):  # first runs allocate arenas and page in the weights
+        policy.run_batch(batch)
+    times_ns = np.empty(num_calls)
+    for i in range(num_calls):
+        start = time.perf_counter_ns()
+        policy.run_batch(batch)
+        times_ns[i] = time.perf_counter_ns() - start
+    p50, p99 = np.percentile(times_ns / 1e6, [50, 99])
+    return LatencyReport(float(p50), float(p99), num_calls, budget_ms)
+
+
+@dataclass(frozen=True)
+class ClosedLoopReport:
+    task: str
+    episodes: int
+    successes: int
+
+    @property
+    def success_rate(self) -> float:
+        return self.successes / self.episodes if self.episodes else 0.0
+
+
+def closed_loop(policy: OnnxPolicy, task: TaskSpec, *, episodes: int = 5, seed: int = 0) -> ClosedLoopReport:
+    """Drive the nominal env with the ONNX policy; an episode succeeds if its last state reaches the goal."""
+    if episodes < 0:
+        raise ValueError(f"episodes ({episodes}) must be >= 0")
+    env = make_env(task)  # no randomization: the nominal task, as the evaluator scores it
+    successes = 0
+    try:
+        for episode in range(episodes):
+            obs, _ = env.reset(seed=seed + episode)
+            done = False
+            while not done:
+                action = policy(np.concatenate([obs["observation"], obs["desired_goal"]]))[0]
+                obs, _, terminated, truncated, _ = env.step(action)
+                done = terminated or truncated
+            successes += bool(goal_success(env, obs["achieved_goal"][None], obs["desired_goal"][None])[0])
+    finally:
+        env.close()
+    return ClosedLoopReport(task.name, episodes, successes)

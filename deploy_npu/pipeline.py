@@ -1,0 +1,112 @@
+"""The whole deploy check in one call: export, op audit, parity, latency, closed loop.
+
+    report = export_and_check("runs/r1/checkpoints", "policy.onnx", DeployCheckConfig(episodes=5))
+    print(report.summary())
+    sys.exit(0 if report.passed else 1)
+
+A policy passes when the audit finds nothing, parity is within tolerance and p99 latency is
+within the controller budget. The closed-loop success rate is reported, never gated: an early
+checkpoint legitimately scores ~0, and the evaluator owns the success targets.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from deploy_npu.audit import AuditReport, OpAuditError, audit_onnx
+from deploy_npu.export import ExportReport, export_onnx
+from deploy_npu.freeze import CheckpointSource, load_policy_checkpoint, reference_actor
+from deploy_npu.parity import (
+    CONTROL_BUDGET_MS,
+    PARITY_TOLERANCE,
+    ClosedLoopReport,
+    LatencyReport,
+    OnnxPolicy,
+    ParityReport,
+    check_parity,
+    closed_loop,
+    env_inputs,
+    measure_latency,
+    random_inputs,
+    task_for_spec,
+)
+
+
+def _f(default, help_text: str):
+    return field(default=default, metadata={"help": help_text})
+
+
+@dataclass(frozen=True)
+class DeployCheckConfig:
+    task: str | None = _f(None, "task the policy acts in; None: the only registered task whose dims fit")
+    opset: int = _f(17, "ONNX opset of the exported graph (>= 13)")
+    batch_size: int | None = _f(1, "static batch of the exported graph; None: dynamic batch axis (not NPU-ready)")
+    random_inputs: int = _f(512, "parity rows drawn around the checkpoint's input normalizer")
+    env_inputs: int = _f(512, "parity rows observed in the nominal env under random actions")
+    tolerance: float = _f(PARITY_TOLERANCE, "max |torch - onnx| action difference allowed")
+    latency_calls: int = _f(1000, "timed single-threaded onnxruntime calls")
+    budget_ms: float = _f(CONTROL_BUDGET_MS, "per-call p99 latency budget (120 Hz controller tick)")
+    episodes: int = _f(5, "closed-loop episodes in the nominal env (reported, not gated)")
+    seed: int = _f(0, "seed of parity inputs and closed-loop episode resets")
+
+
+@dataclass(frozen=True)
+class DeployReport:
+    export: ExportReport
+    audit: AuditReport
+    parity: ParityReport
+    latency: LatencyReport
+    closed_loop: ClosedLoopReport
+
+    @property
+    def passed(self) -> bool:
+        return self.audit.passed and self.parity.passed and self.latency.within_budget
+
+    def summary(self) -> str:
+        """A short human report, one check per line."""
+        ex, au, pa, la, cl = self.export, self.audit, self.parity, self.latency, self.closed_loop
+
+        def mark(ok: bool) -> str:
+            return "ok  " if ok else "FAIL"
+
+        ops = ", ".join(f"{op} {n}" for op, n in au.op_histogram.items())
+        lines = [
+            f"export    ok   {ex.onnx_path} (checkpoint version {ex.checkpoint_version}, opset {ex.opset}, "
+            f"{ex.input_name} {list(ex.input_shape)} -> {ex.output_name} {list(ex.output_shape)})",
+            f"audit     {mark(au.passed)} ops: {ops}",
+            *(f"            {finding}" for finding in au.findings),
+            f"parity    {mark(pa.passed)} max |torch - onnx| {pa.max_abs_error:.3g} over {pa.num_inputs} inputs "
+            f"(tolerance {pa.tolerance:g})",
+            f"latency   {mark(la.within_budget)} p50 {la.p50_ms:.4f} ms, p99 {la.p99_ms:.4f} ms over {la.num_calls} "
+            f"calls (budget {la.budget_ms:.2f} ms, 1 thread, onnxruntime CPU)",
+            f"closed    info success rate {cl.success_rate:.2f} ({cl.successes}/{cl.episodes} episodes, {cl.task})",
+            f"result    {'PASS' if self.passed else 'FAIL'}",
+        ]
+        return "\n".join(lines)
+
+
+def export_and_check(
+    checkpoint: CheckpointSource, out_path: str | os.PathLike, config: DeployCheckConfig = DeployCheckConfig()
+) -> DeployReport:
+    """Export, then run every check on the written file; a failed audit is reported, not raised."""
+    ckpt = load_policy_checkpoint(checkpoint)
+    task = task_for_spec(ckpt.spec, config.task)  # fail on a task mismatch before any work
+    exported = export_onnx(ckpt, out_path, opset=config.opset, batch_size=config.batch_size)
+    try:
+        audit = audit_onnx(exported.onnx_path, require_static_shapes=config.batch_size is not None)
+    except OpAuditError as exc:
+        audit = exc.report
+    policy = OnnxPolicy(exported.onnx_path)
+    inputs = np.concatenate(
+        [
+            random_inputs(ckpt, config.random_inputs, config.seed),
+            env_inputs(task, config.env_inputs, config.seed),
+        ]
+    )
+    parity = check_parity(policy, reference_actor(ckpt).deterministic, inputs, tolerance=config.tolerance)
+    latency = measure_latency(policy, num_calls=config.latency_calls, budget_ms=config.budget_ms)
+    loop = closed_loop(policy, task, episodes=config.episodes, seed=config.seed)
+    return DeployReport(exported, audit, parity, latency, loop)

@@ -1,0 +1,181 @@
+"""`fleetrl` command line: the only place that parses arguments.
+
+    fleetrl train --task FetchReach-v4            # whole local fleet, live progress, run dir
+    fleetrl config                                # every config field with its help line
+    fleetrl redis-cluster                         # a local Redis Cluster until Ctrl-C
+    fleetrl buffer     --config C --redis R [--port P]
+    fleetrl aggregator --config C [--port P] [--run-dir D]
+    fleetrl learner    --config C --redis R --aggregator A [--id N]
+    fleetrl sampler    --config C --buffer B --aggregator A [--id N]
+    fleetrl evaluator  --config C --buffer B --aggregator A
+    fleetrl export     --checkpoint CKPT --out policy.onnx
+
+Each role subcommand takes the addresses of the services it needs, so the same fleet can be
+spread over hosts: start `redis-cluster` (or point at your own cluster), then the buffer and
+aggregator, then as many samplers and learners as you like, all with the same --config.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import sys
+import time
+
+STARTED_AT = time.monotonic()  # wall-clock figures count from the command's start
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", help="RunConfig JSON (as written to <run_dir>/config.json); default: built-in")
+    p.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
+                   help="override one config field, value parsed as JSON (repeatable)")
+    p.add_argument("--task", help="shorthand for --set sim.task=TASK")
+    p.add_argument("--run-id", help="shorthand for --set run_id=ID")
+
+
+def _parser(export_args: bool = True) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="fleetrl", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    train = sub.add_parser("train", help="train with a complete local fleet (Redis Cluster included)")
+    _common(train)
+    train.add_argument("--run-dir", help="default: runs/<task>-<timestamp>")
+    train.add_argument("--samplers", type=int, help="shorthand for --set sampler.num_samplers=N")
+    train.add_argument("--learners", type=int, help="shorthand for --set learner.num_learners=N")
+    train.add_argument("--target-success", type=float, help="stop once evaluation success reaches this")
+    train.add_argument("--max-wall-sec", type=float, help="stop after this many seconds")
+    train.add_argument("--seed", type=int, help="seed of samplers and initial weights")
+    sub.add_parser("config", help="print every config field, its default and its help line")
+    cluster = sub.add_parser("redis-cluster", help="run a local Redis Cluster until Ctrl-C")
+    cluster.add_argument("--primaries", type=int, default=3)
+    for role, needs in (
+        ("buffer", ("redis",)),
+        ("aggregator", ()),
+        ("learner", ("redis", "aggregator")),
+        ("sampler", ("buffer", "aggregator")),
+        ("evaluator", ("buffer", "aggregator")),
+    ):
+        p = sub.add_parser(role, help=f"run one {role} process")
+        _common(p)
+        for need in needs:
+            p.add_argument(f"--{need}", required=True, help=f"address(es) of the {need}, host:port[,host:port]")
+        p.add_argument("--id", type=int, default=0, help="index of this process within its role")
+        p.add_argument("--port", type=int, default=0, help="port to serve on (services only)")
+        p.add_argument("--ready-file", help="write the bound address here once serving")
+        p.add_argument("--run-dir", help="checkpoints and TensorBoard go here (aggregator)")
+        p.add_argument("--heartbeat", help="heartbeat JSON file the watchdog reads")
+    export = sub.add_parser("export", help="freeze a checkpoint into ONNX and check it for an NPU controller")
+    if export_args:  # deploy_npu pulls in onnxruntime and torch: only for `fleetrl export`
+        from deploy_npu.cli import add_arguments
+
+        add_arguments(export)
+    return parser
+
+
+def _config(args: argparse.Namespace):  # noqa: ANN202
+    from fleetrl.config import RunConfig, with_overrides
+
+    config = RunConfig.load(args.config) if args.config else RunConfig()
+    overrides = list(args.set)
+    shorthands = {
+        "task": "sim.task", "run_id": "run_id", "samplers": "sampler.num_samplers",
+        "learners": "learner.num_learners", "target_success": "target_success", "max_wall_sec": "max_wall_sec",
+    }
+    for attr, dotted in shorthands.items():
+        value = getattr(args, attr, None)
+        if value is not None:
+            overrides.append(f"{dotted}={json.dumps(value)}")
+    if getattr(args, "seed", None) is not None:
+        overrides += [f"sampler.seed={args.seed}", f"aggregator.seed={args.seed}"]
+    if getattr(args, "run_dir", None) and args.command == "train":
+        overrides.append(f"run_dir={json.dumps(args.run_dir)}")
+    return with_overrides(config, overrides)
+
+
+def _train(args: argparse.Namespace) -> int:
+    import dataclasses
+
+    from fleetrl.launch import LocalFleet
+
+    config = _config(args)
+    if not args.run_dir and not any(s.startswith("run_dir=") for s in args.set):
+        stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+        config = dataclasses.replace(config, run_dir=f"runs/{config.sim.task}-{stamp}")
+    summary = LocalFleet(config, started_at=STARTED_AT).run()
+    print(f"\n{summary.stop_reason}")
+    if summary.reached_target:
+        print(f"reached {summary.target_success:.0%} evaluation success in {summary.wall_sec_to_target:.1f}s "
+              f"and {summary.env_steps_to_target} env steps (version {summary.version_to_target})")
+    print(f"results: {summary.run_dir} (summary.json, checkpoints/, tb/ for TensorBoard, logs/)")
+    return 0 if summary.reached_target or "interrupted" in summary.stop_reason else 1
+
+
+def _role(args: argparse.Namespace) -> int:
+    from fleetrl.process import die_with_parent, setup_logging, stop_event
+
+    config = _config(args).validate()
+    setup_logging(f"{args.command}-{args.id}")
+    die_with_parent()
+    stop = stop_event()
+    if args.command == "buffer":
+        from buffer.service import run_ingest_service
+        from sim.registry import get_task
+
+        task = get_task(config.sim.task)
+        run_ingest_service(config.buffer, config.run_id, task.task_id, task.schema(), args.redis, args.port,
+                           args.ready_file)
+    elif args.command == "aggregator":
+        from aggregator.service import run_aggregator
+
+        run_aggregator(config, args.port, args.run_dir, args.ready_file, stop)
+    elif args.command == "learner":
+        from learner.worker import LearnerEndpoints, run_learner
+
+        run_learner(config, args.id, LearnerEndpoints(args.aggregator, args.redis, args.heartbeat), stop)
+    elif args.command == "sampler":
+        from sampler.worker import SamplerEndpoints, run_sampler
+
+        run_sampler(config, args.id, SamplerEndpoints(args.buffer, args.aggregator, args.heartbeat), stop)
+    elif args.command == "evaluator":
+        from sampler.evaluator import run_evaluator
+
+        run_evaluator(config, args.id, args.buffer, args.aggregator, stop, args.heartbeat)
+    return 0
+
+
+def _redis_cluster(args: argparse.Namespace) -> int:
+    from fleetrl.local_cluster import LocalRedisCluster
+    from fleetrl.process import stop_event
+
+    stop = stop_event()
+    with LocalRedisCluster(args.primaries) as cluster:
+        print(cluster.addresses, flush=True)
+        stop.wait()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = _parser(export_args=bool(argv) and argv[0] == "export").parse_args(argv)
+    from fleetrl.config import ConfigError, help_lines
+
+    try:
+        if args.command == "train":
+            return _train(args)
+        if args.command == "config":
+            print("\n".join(help_lines()))
+            return 0
+        if args.command == "redis-cluster":
+            return _redis_cluster(args)
+        if args.command == "export":
+            from deploy_npu.cli import run
+
+            return run(args)
+        return _role(args)
+    except ConfigError as err:
+        print(f"fleetrl: config error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,177 @@
+"""The one wiring point: builds the local fleet from a RunConfig and connects every role.
+
+    fleet = LocalFleet(config, started_at=time.monotonic())
+    summary = fleet.run()           # blocks: progress display, stop rule, clean shutdown
+
+Topology (one comment per edge):
+    launcher -> LocalRedisCluster       starts >= 3 primaries on loopback, forms the cluster
+    buffer   -> Redis Cluster           ingest writes time windows (hash-tagged keys)
+    sampler  -> buffer (gRPC Push)      transition batches, retried until acked
+    sampler  -> aggregator (Watch)      actor weights, conflated to one per weights_interval_sec
+    learner  -> Redis Cluster           reads windows directly (no gRPC hop on the hot path)
+    learner  -> aggregator (Push/Watch) gradients in, full weights out
+    evaluator-> aggregator (Watch/Report) scores versions, reports success
+    evaluator-> buffer (Stats)          env steps at the time a version is scored
+    launcher -> aggregator, buffer (Stats) progress display and the stop rule
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import pathlib
+import socket
+import sys
+import time
+from contextlib import closing
+from dataclasses import asdict, dataclass, field
+
+from aggregator.client import AggregatorClient
+from buffer.client import IngestClient
+from fleetrl.config import RunConfig
+from fleetrl.local_cluster import LocalRedisCluster
+from fleetrl.process import heartbeat_file
+from fleetrl.progress import Progress, Snapshot
+from fleetrl.watchdog import RoleSpec, Watchdog
+
+log = logging.getLogger("fleetrl.launch")
+READY_TIMEOUT_SEC = 120.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Summary:
+    run_dir: str
+    task: str
+    reached_target: bool
+    target_success: float
+    stop_reason: str
+    wall_sec: float
+    wall_sec_to_target: float | None = None
+    env_steps_to_target: int | None = None
+    version_to_target: int | None = None
+    final_version: int = 0
+    final_env_steps: int = 0
+    transitions_stored: int = 0
+    best_success: float = 0.0
+    restarts: int = 0
+    checkpoints: list[str] = field(default_factory=list)
+
+
+class LocalFleet:
+    def __init__(self, config: RunConfig, started_at: float, num_redis_primaries: int = 3) -> None:
+        self.config = config.validate()
+        self.started_at = started_at
+        self.run_dir = pathlib.Path(config.run_dir)
+        self.num_redis_primaries = num_redis_primaries
+
+    def _role_argv(self, role: str, *args: str) -> tuple[str, ...]:
+        return (sys.executable, "-m", "fleetrl.cli", role, "--config", str(self.run_dir / "config.json"), *args)
+
+    def _start_service(self, dog: Watchdog, role: str, address: str, *extra: str) -> None:
+        """Services listen on ports fixed up front, so a restarted one keeps its address."""
+        ready = self.run_dir / "ready" / role
+        ready.unlink(missing_ok=True)
+        port = address.rsplit(":", 1)[1]
+        dog.start(RoleSpec(role, self._role_argv(role, "--port", port, "--ready-file", str(ready), *extra)))
+
+    def _wait_ready(self, dog: Watchdog, role: str) -> None:
+        ready = self.run_dir / "ready" / role
+        deadline = time.monotonic() + READY_TIMEOUT_SEC
+        while not ready.exists():
+            dog.poll()
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{role} not ready after {READY_TIMEOUT_SEC}s; see {dog.log_dir / role}.log")
+            time.sleep(0.05)
+
+    def _start_workers(self, dog: Watchdog, role: str, count: int, *extra: str) -> None:
+        for index in range(count):
+            name = f"{role}-{index}"
+            beat = heartbeat_file(self.run_dir, name)
+            argv = self._role_argv(role, "--id", str(index), "--heartbeat", beat, *extra)
+            dog.start(RoleSpec(name, argv, heartbeat_path=beat))
+
+    def _start_fleet(self, dog: Watchdog, cluster: LocalRedisCluster) -> tuple[str, str]:
+        """Start every role as early as its addresses allow: the 2 s Redis Cluster formation and
+        each process's imports then overlap instead of adding up."""
+        c = self.config
+        buffer, aggregator = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
+        self._start_service(dog, "aggregator", aggregator, "--run-dir", str(self.run_dir))
+        self._start_workers(dog, "sampler", c.sampler.num_samplers, "--buffer", buffer, "--aggregator", aggregator)
+        self._start_workers(dog, "evaluator", 1, "--buffer", buffer, "--aggregator", aggregator)
+        cluster.start()
+        self._start_service(dog, "buffer", buffer, "--redis", cluster.addresses)
+        self._start_workers(dog, "learner", c.learner.num_learners, "--redis", cluster.addresses,
+                            "--aggregator", aggregator)
+        self._wait_ready(dog, "aggregator")
+        self._wait_ready(dog, "buffer")
+        return buffer, aggregator
+
+    def run(self) -> Summary:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "ready").mkdir(exist_ok=True)
+        (self.run_dir / "config.json").write_text(self.config.to_json())
+        progress = Progress(self.config, self.run_dir, self.started_at)
+        try:
+            cluster = LocalRedisCluster(self.num_redis_primaries)
+            with closing(cluster), Watchdog(self.run_dir / "logs") as dog:  # roles stop before the cluster
+                buffer, aggregator = self._start_fleet(dog, cluster)
+                progress.note(f"fleet up: redis {cluster.addresses}, buffer {buffer}, aggregator {aggregator}")
+                reason = self._monitor(dog, progress, buffer, aggregator)
+                workers = [n for n in dog.roles if n not in ("buffer", "aggregator")]
+                dog.stop(workers)  # producers first, so nothing is pushed into a stopped service
+                dog.stop(["aggregator"])  # writes its final checkpoint
+                dog.stop(["buffer"])
+                restarts = dog.restarts
+        finally:
+            progress.close()
+        return self._summarize(progress, reason, restarts)
+
+    def _monitor(self, dog: Watchdog, progress: Progress, buffer: str, aggregator: str) -> str:
+        c = self.config
+        with IngestClient(buffer, sampler_id=0, run_id=c.run_id) as ingest, AggregatorClient(aggregator) as agg:
+            try:
+                while True:
+                    for event in dog.poll():
+                        progress.note(event)
+                    snap = Snapshot.take(ingest, agg, time.monotonic() - self.started_at, dog.restarts)
+                    if snap is not None:
+                        progress.update(snap)
+                        if progress.reached_target:
+                            return f"evaluation success {snap.eval_success:.2f} >= target {c.target_success}"
+                        if c.max_env_steps and snap.env_steps >= c.max_env_steps:
+                            return f"max_env_steps {c.max_env_steps} reached"
+                    if time.monotonic() - self.started_at >= c.max_wall_sec:
+                        return f"max_wall_sec {c.max_wall_sec} reached"
+                    time.sleep(0.25)
+            except KeyboardInterrupt:
+                return "interrupted (Ctrl-C)"
+
+    def _summarize(self, progress: Progress, reason: str, restarts: int) -> Summary:
+        last = progress.last
+        summary = Summary(
+            run_dir=str(self.run_dir),
+            task=self.config.sim.task,
+            reached_target=progress.reached_target,
+            target_success=self.config.target_success,
+            stop_reason=reason,
+            wall_sec=time.monotonic() - self.started_at,
+            restarts=restarts,
+            checkpoints=sorted(str(p) for p in (self.run_dir / "checkpoints").glob("ckpt_*.pt")),
+        )
+        if progress.target is not None:
+            summary.wall_sec_to_target = progress.target.wall_sec
+            summary.env_steps_to_target = progress.target.eval_env_steps
+            summary.version_to_target = progress.target.eval_version
+        if last is not None:
+            summary.final_version = last.version
+            summary.final_env_steps = last.env_steps
+            summary.transitions_stored = last.transitions
+            summary.best_success = progress.best_success
+        (self.run_dir / "summary.json").write_text(json.dumps(asdict(summary), indent=2))
+        return summary

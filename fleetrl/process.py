@@ -1,0 +1,96 @@
+"""Process glue shared by every role process: stop signals, ready files, heartbeats, timers.
+
+Kept apart from the math (Sample Factory's learner_worker.py vs learner.py split).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import logging
+import os
+import pathlib
+import signal
+import sys
+import threading
+import time
+from collections import defaultdict
+from contextlib import contextmanager
+
+PR_SET_PDEATHSIG = 1
+
+
+def setup_logging(role: str) -> logging.Logger:
+    logging.basicConfig(
+        level=os.environ.get("FLEETRL_LOG_LEVEL", "INFO"),
+        format=f"%(asctime)s {role} %(levelname)s %(message)s",
+        datefmt="%H:%M:%S",
+        stream=sys.stderr,
+    )
+    return logging.getLogger(f"fleetrl.{role}")
+
+
+def die_with_parent() -> None:
+    """Ask Linux to SIGTERM this process when its parent dies (no orphans after a crash)."""
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def stop_event() -> threading.Event:
+    """An Event set by SIGTERM or SIGINT: role loops poll it and shut down cleanly."""
+    event = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: event.set())
+    return event
+
+
+def write_ready_file(path: str | os.PathLike | None, address: str) -> None:
+    """Atomically publish a bound address; launchers poll for the file."""
+    if not path:
+        return
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write(address)
+    os.replace(tmp, path)
+
+
+class Heartbeat:
+    """Writes {time, phase timers, counters} to a JSON file every `interval_sec`.
+
+    The local watchdog restarts a role whose heartbeat goes stale; operators read the
+    per-phase timers to see where a role spends its time.
+    """
+
+    def __init__(self, path: str | os.PathLike | None, interval_sec: float = 2.0) -> None:
+        self.path = pathlib.Path(path) if path else None
+        self.interval_sec = interval_sec
+        self.phase_sec: dict[str, float] = defaultdict(float)
+        self.counters: dict[str, float] = {}
+        self._last = 0.0
+
+    @contextmanager
+    def phase(self, name: str):
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.phase_sec[name] += time.perf_counter() - start
+
+    def beat(self, force: bool = False, **counters: float) -> None:
+        self.counters.update(counters)
+        now = time.time()
+        if self.path is None or (not force and now - self._last < self.interval_sec):
+            return
+        self._last = now
+        payload = {"time": now, "pid": os.getpid(), "phase_sec": self.phase_sec, "counters": self.counters}
+        tmp = self.path.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_text(json.dumps(payload))
+        os.replace(tmp, self.path)
+
+
+def heartbeat_file(run_dir: str | os.PathLike, name: str) -> str:
+    """Where role `name` of a run writes its heartbeat."""
+    path = pathlib.Path(run_dir) / "heartbeats"
+    path.mkdir(parents=True, exist_ok=True)
+    return str(path / f"{name}.json")

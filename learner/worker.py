@@ -1,0 +1,132 @@
+"""The learner role process: sample from Redis, compute SAC gradients, push to the aggregator.
+
+    batches (Redis, direct) --> compute_gradients(weights v) --> PushGradients --> aggregator
+                                           ^                                          |
+                                           +------------ WatchWeights (v+1) ----------+
+
+The learner holds no optimizer: it always differentiates the newest weights it has, and waits
+only when those fall more than `max_grad_staleness` versions behind what it last pushed.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+
+import torch
+
+from aggregator.client import AggregatorClient, GradientPush, PendingPush, WeightsSnapshot
+from buffer.client import ReplaySampler
+from fleetrl.config import RunConfig
+from fleetrl.local_cluster import connect
+from fleetrl.process import Heartbeat
+from learner.models import GROUPS, SACModel
+from learner.sac import Batch, SACHyperparams, compute_gradients
+from sim.registry import get_task
+
+log = logging.getLogger("fleetrl.learner")
+
+
+@dataclass(frozen=True)
+class LearnerEndpoints:
+    aggregator: str  # host:port of the aggregator
+    redis: str  # host:port[,host:port...] of Redis Cluster nodes
+    heartbeat_path: str | None = None
+
+
+def _load(model: SACModel, snapshot: WeightsSnapshot) -> None:
+    for group in GROUPS:
+        model.set_flat(group, snapshot.tensors[group])
+
+
+def run_learner(config: RunConfig, learner_id: int, endpoints: LearnerEndpoints, stop: threading.Event) -> int:
+    """Loop until `stop` is set; returns the number of gradients pushed."""
+    torch.set_num_threads(config.learner.torch_threads)
+    task = get_task(config.sim.task)
+    hp = SACHyperparams(
+        gamma=config.learner.gamma,
+        target_entropy=config.learner.target_entropy
+        if config.learner.target_entropy is not None
+        else -float(task.act_dim),
+    )
+    heartbeat = Heartbeat(endpoints.heartbeat_path)
+    redis_client = connect(endpoints.redis)
+    pushed = 0
+    with AggregatorClient(endpoints.aggregator) as agg, agg.watch(f"learner-{learner_id}") as weights:
+        replay = ReplaySampler(
+            redis_client,
+            config.run_id,
+            task.schema(),
+            config.buffer,
+            seed=config.aggregator.seed + 7919 * (learner_id + 1),
+            refresh_interval_sec=config.learner.buffer_refresh_sec,
+        )
+        snapshot = _wait(lambda: weights.wait_newer_than(-1, timeout=1.0), stop, heartbeat)
+        if snapshot is None:
+            return 0
+        model = SACModel(snapshot.spec)
+        _load(model, snapshot)
+        loaded = snapshot.version
+        log.info("learner %d: weights v%d; waiting for %d transitions", learner_id, snapshot.version,
+                 config.learner.min_replay_transitions)
+        while not stop.is_set() and replay.size() < config.learner.min_replay_transitions:
+            replay.refresh()
+            heartbeat.beat(replay=replay.size())
+            stop.wait(0.1)
+        need = snapshot.version
+        pending: PendingPush | None = None  # one push in flight: its step overlaps the next gradient
+        while not stop.is_set():
+            fresh = _fresh_weights(weights, snapshot, need, heartbeat)
+            if fresh is None:
+                continue
+            snapshot = fresh
+            if snapshot.version != loaded:
+                _load(model, snapshot)
+                loaded = snapshot.version
+            with heartbeat.phase("sample"):
+                sampled = replay.sample(config.learner.batch_size)
+            t = sampled.transitions
+            with heartbeat.phase("gradients"):
+                batch = Batch.from_numpy(t.obs, t.goal, t.action, t.reward, t.next_obs, t.done)
+                result = compute_gradients(model, batch, hp)
+            push = GradientPush(
+                learner_id=learner_id,
+                base_version=snapshot.version,
+                grads=result.grads,
+                norm_stats=result.norm_stats,
+                batch_size=config.learner.batch_size,
+                metrics=result.metrics,
+            )
+            if pending is not None:
+                with heartbeat.phase("push"):
+                    ack = pending.result()
+                # The next gradient may be computed on weights at most max_grad_staleness behind.
+                need = max(need, int(ack.version) - config.learner.max_grad_staleness)
+                heartbeat.beat(pushed=pushed, version=ack.version, replay=replay.size())
+            pending = agg.push_gradients_async(push)
+            pushed += 1
+        if pending is not None:
+            pending.result()
+    redis_client.close()
+    log.info("learner %d: stopped after %d gradients", learner_id, pushed)
+    return pushed
+
+
+def _fresh_weights(weights, current: WeightsSnapshot, need: int, heartbeat: Heartbeat):  # noqa: ANN001, ANN202
+    """The newest snapshot if it is at least version `need`, else wait up to 1 s for one (None)."""
+    latest = weights.latest() or current
+    if latest.version >= need:
+        return latest
+    with heartbeat.phase("wait_weights"):
+        return weights.wait_newer_than(need - 1, timeout=1.0)
+
+
+def _wait(poll, stop: threading.Event, heartbeat: Heartbeat):  # noqa: ANN001, ANN202
+    while not stop.is_set():
+        value = poll()
+        if value is not None:
+            return value
+        heartbeat.beat(phase="waiting_for_weights")
+    return None
+

@@ -1,0 +1,74 @@
+"""OS hardening of a sampler worker: CPU pinning, mlockall, OOM-killer preference.
+
+Each step is tried, reported, and degrades with a warning when the OS refuses it (raising
+RLIMIT_MEMLOCK or writing a negative oom_score_adj needs privileges some hosts withhold).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import resource
+from dataclasses import dataclass, field
+
+log = logging.getLogger("fleetrl.sampler.hardening")
+
+MCL_CURRENT, MCL_FUTURE = 1, 2
+
+
+@dataclass
+class HardeningReport:
+    cpu: int | None = None
+    mlocked: bool = False
+    oom_score_adj: int | None = None
+    warnings: list[str] = field(default_factory=list)
+
+
+def pin_to_cpu(index: int) -> int:
+    """Pin this process to the index-th allowed CPU (round-robin); returns the CPU id."""
+    allowed = sorted(os.sched_getaffinity(0))
+    cpu = allowed[index % len(allowed)]
+    os.sched_setaffinity(0, {cpu})
+    return cpu
+
+
+def lock_memory() -> None:
+    """mlockall(current | future) so the worker never pages mid-episode; raises OSError if refused."""
+    try:
+        resource.setrlimit(resource.RLIMIT_MEMLOCK, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+    except (ValueError, OSError) as err:
+        log.debug("RLIMIT_MEMLOCK not raised: %s", err)
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    if libc.mlockall(MCL_CURRENT | MCL_FUTURE) != 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, f"mlockall failed: {os.strerror(errno)}")
+
+
+def prefer_survival(adj: int = -500) -> int:
+    """Ask the OOM killer to pick others first; returns the value written."""
+    with open("/proc/self/oom_score_adj", "w") as f:
+        f.write(str(adj))
+    return adj
+
+
+def harden(worker_index: int, pin: bool, mlock: bool) -> HardeningReport:
+    report = HardeningReport()
+    if pin:
+        try:
+            report.cpu = pin_to_cpu(worker_index)
+        except OSError as err:
+            report.warnings.append(f"CPU pinning refused ({err}); the worker floats across CPUs")
+    if mlock:
+        try:
+            lock_memory()
+            report.mlocked = True
+        except OSError as err:
+            report.warnings.append(f"{err}; pages may be swapped out under memory pressure")
+    try:
+        report.oom_score_adj = prefer_survival()
+    except OSError as err:
+        report.warnings.append(f"oom_score_adj not lowered ({err}); the OOM killer treats the worker as any other")
+    for warning in report.warnings:
+        log.warning(warning)
+    return report

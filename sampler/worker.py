@@ -1,0 +1,188 @@
+"""The sampler role process: act in a randomized sim, relabel with HER, push to the buffer.
+
+    while running:
+        policy.refresh(watcher.latest())          # newest actor weights, never blocks
+        episode = rollout(env, policy)            # stochastic actions (random for the first steps)
+        batch = relabel_future(episode, k)        # HER 'future'
+        pusher.put(batch)                         # background thread: Push until acked
+
+A rate limiter keeps the fleet from running ahead of the learners: all samplers together run
+at most `max_env_steps_per_update` env steps per aggregator version (after a warm-up of
+`random_steps` each), so on a small machine the CPU goes where it buys learning.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+
+from aggregator.client import AggregatorClient, WeightsSnapshot
+from buffer.client import IngestClient
+from fleetrl.config import RunConfig, SamplerConfig
+from fleetrl.policy import ACTOR_GROUPS, NumpyActor
+from fleetrl.process import Heartbeat
+from sampler.hardening import harden
+from sampler.her import Episode, relabel_future
+from sim.registry import TaskSpec, get_task, goal_reward, make_env
+
+log = logging.getLogger("fleetrl.sampler")
+
+
+@dataclass(frozen=True)
+class SamplerEndpoints:
+    buffer: str  # host:port of a buffer ingest service
+    aggregator: str  # host:port of the aggregator
+    heartbeat_path: str | None = None
+
+
+class Policy:
+    """The newest actor this process has; acts stochastically or deterministically."""
+
+    def __init__(self, seed: int = 0) -> None:
+        self.version = -1
+        self.actor: NumpyActor | None = None
+        self._rng = np.random.default_rng(seed)
+
+    def refresh(self, snapshot: WeightsSnapshot | None) -> bool:
+        if snapshot is None or snapshot.version == self.version:
+            return False
+        self.actor = NumpyActor(snapshot.spec, snapshot.tensors["actor"], snapshot.tensors["obs_norm"])
+        self.version = snapshot.version
+        return True
+
+    def act(self, obs: dict[str, np.ndarray], deterministic: bool) -> np.ndarray:
+        assert self.actor is not None, "refresh() with weights before acting"
+        x = np.concatenate([obs["observation"], obs["desired_goal"]]).astype(np.float32)[None]
+        action = self.actor.deterministic(x) if deterministic else self.actor.sample(x, self._rng)
+        return action[0]
+
+
+def rollout(env, policy: Policy | None, seed: int | None, rng: np.random.Generator, deterministic: bool = False):  # noqa: ANN001, ANN201
+    """One episode; policy None means uniform random actions. Returns (Episode, success)."""
+    obs, _ = env.reset(seed=seed)
+    rows: dict[str, list[np.ndarray]] = {k: [] for k in ("obs", "ag", "dg", "action", "next_obs", "term")}
+    info: dict = {}
+    while True:
+        if policy is None:
+            action = rng.uniform(-1.0, 1.0, env.action_space.shape).astype(np.float32)
+        else:
+            action = policy.act(obs, deterministic)
+        next_obs, _, terminated, truncated, info = env.step(action)
+        for key, value in (
+            ("obs", obs["observation"]),
+            ("ag", next_obs["achieved_goal"]),
+            ("dg", obs["desired_goal"]),
+            ("action", action),
+            ("next_obs", next_obs["observation"]),
+            ("term", float(terminated)),
+        ):
+            rows[key].append(value)
+        obs = next_obs
+        if terminated or truncated:
+            break
+    episode = Episode(
+        obs=np.asarray(rows["obs"], np.float32),
+        achieved_goal=np.asarray(rows["ag"], np.float32),
+        desired_goal=np.asarray(rows["dg"], np.float32),
+        action=np.asarray(rows["action"], np.float32),
+        next_obs=np.asarray(rows["next_obs"], np.float32),
+        terminated=np.asarray(rows["term"], np.float32),
+    )
+    return episode, bool(info.get("is_success", 0.0))
+
+
+class Pusher:
+    """Background pushes, so acting never waits on the network; a bounded queue gives backpressure."""
+
+    def __init__(self, ingest: IngestClient, task: TaskSpec, max_pending: int = 8) -> None:
+        self.ingest = ingest
+        self.task = task
+        self.queue: queue.Queue = queue.Queue(maxsize=max_pending)
+        self.acked_env_steps = 0
+        self.acked_transitions = 0
+        self.error: BaseException | None = None
+        self._seq = 0
+        self._thread = threading.Thread(target=self._run, name="pusher", daemon=True)
+        self._thread.start()
+
+    def put(self, transitions, policy_version: int, env_steps: int) -> None:  # noqa: ANN001
+        if self.error is not None:
+            raise RuntimeError("pusher thread failed") from self.error
+        self._seq += 1
+        self.queue.put((transitions, self._seq, policy_version, env_steps))
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Flush what is queued (bounded by `timeout`), then stop the thread."""
+        self.queue.put(None)
+        self._thread.join(timeout)
+
+    def _run(self) -> None:
+        while True:
+            item = self.queue.get()
+            if item is None:
+                return
+            transitions, seq, version, env_steps = item
+            try:
+                self.ingest.push(
+                    transitions, seq=seq, policy_version=version, task_id=self.task.task_id, env_steps=env_steps
+                )
+            except BaseException as err:  # surfaced to the acting thread on its next put()
+                self.error = err
+                return
+            self.acked_env_steps += env_steps
+            self.acked_transitions += len(transitions)
+
+
+def allowed_env_steps(cfg: SamplerConfig, version: int) -> float:
+    """This sampler's share of the fleet's env-step budget at aggregator `version`."""
+    if cfg.max_env_steps_per_update <= 0:
+        return float("inf")
+    return cfg.random_steps + cfg.max_env_steps_per_update * version / cfg.num_samplers
+
+
+def run_sampler(config: RunConfig, sampler_id: int, endpoints: SamplerEndpoints, stop: threading.Event) -> int:
+    """Collect and push until `stop` is set; returns env steps acked."""
+    cfg = config.sampler
+    task = get_task(config.sim.task)
+    env = make_env(task, config.sim.randomization)
+    report = harden(sampler_id, pin=cfg.pin_cpus, mlock=cfg.mlock)
+    log.info("sampler %d: task %s, cpu %s, mlocked %s", sampler_id, task.name, report.cpu, report.mlocked)
+    rng = np.random.default_rng(cfg.seed + 1000 * sampler_id)
+    heartbeat = Heartbeat(endpoints.heartbeat_path)
+    policy = Policy(seed=cfg.seed + 1000 * sampler_id + 1)
+    steps, episodes, successes = 0, 0, 0
+    with (
+        AggregatorClient(endpoints.aggregator) as agg,
+        agg.watch(f"sampler-{sampler_id}", ACTOR_GROUPS, cfg.weights_interval_sec) as watcher,
+        IngestClient(
+            endpoints.buffer, sampler_id=sampler_id, run_id=config.run_id, push_timeout_sec=cfg.push_timeout_sec
+        ) as ingest,
+    ):
+        pusher = Pusher(ingest, task)
+        while not stop.is_set():
+            policy.refresh(watcher.latest())
+            if steps >= allowed_env_steps(cfg, max(policy.version, 0)):
+                with heartbeat.phase("rate_limited"):
+                    policy.refresh(watcher.wait_newer_than(policy.version, timeout=0.5))
+                heartbeat.beat(env_steps=steps)
+                continue
+            acting = policy if (steps >= cfg.random_steps and policy.actor is not None) else None
+            with heartbeat.phase("rollout"):
+                episode, success = rollout(env, acting, seed=cfg.seed + 1000 * sampler_id + episodes, rng=rng)
+            with heartbeat.phase("relabel"):
+                transitions = relabel_future(episode, cfg.her_k, lambda a, d: goal_reward(env, a, d), rng)
+            with heartbeat.phase("enqueue"):
+                pusher.put(transitions, policy_version=max(policy.version, 0), env_steps=len(episode))
+            steps += len(episode)
+            episodes += 1
+            successes += success
+            heartbeat.beat(env_steps=steps, episodes=episodes, train_success=successes / episodes,
+                           acked_env_steps=pusher.acked_env_steps, version=policy.version)
+        pusher.close()
+    env.close()
+    log.info("sampler %d: stopped after %d env steps (%d acked)", sampler_id, steps, pusher.acked_env_steps)
+    return pusher.acked_env_steps

@@ -1,0 +1,166 @@
+"""Task registry: names, stable integer ids, dimensions, and the one way to build an env.
+
+Every transition on the wire carries a `task_id`; the learner and the exporter size their
+networks from `TaskSpec` dims without building an env. So the ids and dims below are
+literals, and tests check the dims against the real envs.
+
+    >>> from sim import get_task, make_env, goal_reward
+    >>> spec = get_task("FetchPush-v4")            # or get_task(1)
+    >>> spec.task_id, spec.schema().row_floats
+    (1, 59)
+    >>> env = make_env(spec, RandomizationConfig())   # domain-randomized FetchPush
+    >>> obs, info = env.reset(seed=0)
+    >>> obs["observation"].shape, env.action_space.shape
+    ((25,), (4,))
+    >>> goal_reward(env, obs["achieved_goal"][None], obs["desired_goal"][None])  # shape [1]
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import numbers
+import types
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import gymnasium as gym
+import numpy as np
+
+from fleetrl.config import RandomizationConfig
+from fleetrl.wire import TransitionSchema
+from sim.randomization import DomainRandomization
+
+# gymnasium_robotics prints an unrelated Adroit reward-change notice to stderr on import
+# (via farama_notifications). Every sampler process would print it; swallow that one import.
+with contextlib.redirect_stderr(io.StringIO()):
+    import gymnasium_robotics
+
+gym.register_envs(gymnasium_robotics)
+
+
+class UnknownTaskError(ValueError):
+    """A task name or id is not in the registry; the message lists the known tasks."""
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """One task: its stable wire id, the gymnasium id it builds, and its fixed dimensions.
+
+    `obs_dim` is the width of the "observation" entry only; goals are a separate column
+    (`goal_dim`), as in fleetrl.wire.TransitionSchema.
+
+        >>> get_task("FetchReach-v4").schema()
+        TransitionSchema(obs_dim=10, goal_dim=3, act_dim=4)
+    """
+
+    name: str
+    task_id: int
+    gym_id: str
+    obs_dim: int
+    goal_dim: int
+    act_dim: int
+    max_episode_steps: int
+
+    def schema(self) -> TransitionSchema:
+        """The column layout of this task's transitions (fixed-size records in the buffer)."""
+        return TransitionSchema(obs_dim=self.obs_dim, goal_dim=self.goal_dim, act_dim=self.act_dim)
+
+
+def _fetch(name: str, task_id: int, obs_dim: int) -> TaskSpec:
+    # Every Fetch task: 3-D goal (gripper or object position), 4-D action (dx, dy, dz,
+    # gripper), 50-step episodes as registered by gymnasium_robotics.
+    return TaskSpec(name, task_id, name, obs_dim, goal_dim=3, act_dim=4, max_episode_steps=50)
+
+
+# Ids are part of the wire format and of stored data: never renumber, only append.
+_SPECS = (
+    _fetch("FetchReach-v4", 0, obs_dim=10),
+    _fetch("FetchPush-v4", 1, obs_dim=25),
+    _fetch("FetchPickAndPlace-v4", 2, obs_dim=25),
+    _fetch("FetchSlide-v4", 3, obs_dim=25),
+)
+
+TASKS: Mapping[str, TaskSpec] = types.MappingProxyType({s.name: s for s in _SPECS})
+"""Every registered task by name, in task_id order."""
+
+_BY_ID: Mapping[int, TaskSpec] = types.MappingProxyType({s.task_id: s for s in _SPECS})
+if len(_BY_ID) != len(_SPECS) or len(TASKS) != len(_SPECS):
+    raise RuntimeError("sim.registry: duplicate task name or id in _SPECS")
+
+
+def _known_tasks() -> str:
+    return ", ".join(f"{s.name} (id {s.task_id})" for s in _SPECS)
+
+
+def get_task(name_or_id: str | int) -> TaskSpec:
+    """Look a task up by name or by its wire id.
+
+    >>> get_task("FetchSlide-v4").task_id
+    3
+    >>> get_task(3).name
+    'FetchSlide-v4'
+    >>> get_task("FetchFly-v0")   # UnknownTaskError: ... known tasks: FetchReach-v4 (id 0), ...
+    """
+    # bool is an int subclass; get_task(True) is a bug at the call site, not task 1.
+    if isinstance(name_or_id, numbers.Integral) and not isinstance(name_or_id, bool):
+        spec = _BY_ID.get(int(name_or_id))
+    elif isinstance(name_or_id, str):
+        spec = TASKS.get(name_or_id)
+    else:
+        spec = None
+    if spec is None:
+        raise UnknownTaskError(f"unknown task {name_or_id!r}; known tasks: {_known_tasks()}")
+    return spec
+
+
+def make_env(task: str | int | TaskSpec, randomization: RandomizationConfig | None = None) -> gym.Env:
+    """Build a task's env: dict observations, Box(-1, 1, (act_dim,)) actions, time limit.
+
+    With `randomization` given and enabled, the env is wrapped in DomainRandomization;
+    with None or `enabled=False` it is the nominal task (the evaluator's default).
+
+        >>> env = make_env("FetchReach-v4")                          # nominal
+        >>> env = make_env(0, RandomizationConfig(obs_noise_std=0.0))  # randomized dynamics
+    """
+    spec = task if isinstance(task, TaskSpec) else get_task(task)
+    env = gym.make(spec.gym_id, max_episode_steps=spec.max_episode_steps)
+    if randomization is not None and randomization.enabled:
+        env = DomainRandomization(env, randomization)
+    return env
+
+
+def _goal_arrays(env: gym.Env, achieved: np.ndarray, desired: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    achieved, desired = np.asarray(achieved), np.asarray(desired)
+    if achieved.shape != desired.shape or achieved.ndim == 0:
+        raise ValueError(
+            f"achieved_goal {achieved.shape} and desired_goal {desired.shape} must have the same "
+            "shape [..., goal_dim]: goals are compared row by row"
+        )
+    goal_dim = env.observation_space["desired_goal"].shape[-1]
+    if achieved.shape[-1] != goal_dim:
+        raise ValueError(f"goal arrays end in {achieved.shape[-1]}, this task's goal_dim is {goal_dim}")
+    return achieved, desired
+
+
+def goal_reward(env: gym.Env, achieved_goal: np.ndarray, desired_goal: np.ndarray) -> np.ndarray:
+    """The task's own sparse reward for each (achieved, desired) row: 0 reached, -1 not.
+
+    Used for HER relabeling, so it must be the env's reward, not a re-implementation:
+
+        >>> r = goal_reward(env, achieved, future_goals)   # [N, 3], [N, 3] -> [N] float32
+    """
+    achieved, desired = _goal_arrays(env, achieved_goal, desired_goal)
+    reward = env.unwrapped.compute_reward(achieved, desired, {})
+    return np.asarray(reward, dtype=np.float32).reshape(achieved.shape[:-1])
+
+
+def goal_success(env: gym.Env, achieved_goal: np.ndarray, desired_goal: np.ndarray) -> np.ndarray:
+    """Whether each achieved goal is within the task's distance_threshold of the desired one.
+
+    >>> goal_success(env, obs["achieved_goal"][None], obs["desired_goal"][None])
+    array([False])
+    """
+    achieved, desired = _goal_arrays(env, achieved_goal, desired_goal)
+    distance = np.linalg.norm(achieved - desired, axis=-1)
+    return distance < env.unwrapped.distance_threshold

@@ -1,0 +1,77 @@
+"""Shared fixtures. One real Redis Cluster serves the whole test session.
+
+    def test_something(redis_client):          # flushed cluster, fresh RedisCluster client
+        redis_client.set("{run}:x", 1)
+
+    def test_other(clean_redis_cluster):       # flushed cluster, for its .addresses
+        run_role(clean_redis_cluster.addresses)
+
+A test that needs a cluster of its own (to kill it, say) starts a LocalRedisCluster itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import numpy as np
+import pytest
+from redis.cluster import RedisCluster
+
+from fleetrl.local_cluster import LocalRedisCluster
+from fleetrl.wire import Transitions, TransitionSchema
+
+
+@pytest.fixture(scope="session")
+def redis_cluster() -> Iterator[LocalRedisCluster]:
+    """A 3-primary LocalRedisCluster for the whole session; tests flush it, never close it."""
+    with LocalRedisCluster(num_primaries=3) as cluster:
+        yield cluster
+
+
+def flush_redis(cluster: LocalRedisCluster) -> None:
+    """Drop every key on every node (between tests)."""
+    cluster.flush()
+
+
+@pytest.fixture
+def clean_redis_cluster(redis_cluster: LocalRedisCluster) -> LocalRedisCluster:
+    """The session cluster, flushed before the test."""
+    flush_redis(redis_cluster)
+    return redis_cluster
+
+
+@pytest.fixture
+def redis_client(clean_redis_cluster: LocalRedisCluster) -> Iterator[RedisCluster]:
+    """A client of the freshly flushed session cluster, closed after the test."""
+    client = clean_redis_cluster.client()
+    yield client
+    client.close()
+
+
+SMALL_SCHEMA = TransitionSchema(obs_dim=3, goal_dim=2, act_dim=2)
+
+
+@pytest.fixture
+def make_transitions() -> Callable[..., Transitions]:
+    """make_transitions(n, first_id=0, schema=SMALL_SCHEMA): rows whose values identify them.
+
+    Row i has reward == first_id + i (its id); every other value is derived from the id, so a
+    row read back can be checked against what was written.
+    """
+
+    def make(n: int, first_id: int = 0, schema: TransitionSchema = SMALL_SCHEMA) -> Transitions:
+        ids = np.arange(first_id, first_id + n, dtype=np.float32)
+
+        def block(dim: int, offset: float) -> np.ndarray:
+            return (ids[:, None] + offset + np.arange(dim, dtype=np.float32) / 8).astype(np.float32)
+
+        return Transitions(
+            obs=block(schema.obs_dim, 0.25),
+            goal=block(schema.goal_dim, 0.5),
+            action=block(schema.act_dim, 0.75),
+            reward=ids.copy(),
+            next_obs=block(schema.obs_dim, 1.25),
+            done=(ids % 2).astype(np.float32),
+        )
+
+    return make

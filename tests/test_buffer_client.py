@@ -1,0 +1,175 @@
+"""Client classes: the learner's ReplaySampler on the real cluster, the sampler's IngestClient
+over real gRPC."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from buffer.client import (
+    MAX_MESSAGE_BYTES,
+    EmptyBufferError,
+    IngestClient,
+    IngestUnavailable,
+    PushRejected,
+    ReplaySampler,
+)
+from buffer.service import IngestServer
+from buffer.storage import TemporalStorage
+from fleetrl.config import BufferConfig
+from fleetrl.wire import Transitions, TransitionSchema
+
+SCHEMA = TransitionSchema(obs_dim=3, goal_dim=2, act_dim=2)  # make_transitions' default
+CONFIG = BufferConfig(window_size_transitions=8, capacity_transitions=32)
+RUN = "run1"
+
+
+@pytest.fixture
+def storage(redis_client):
+    return TemporalStorage(redis_client, RUN, SCHEMA, CONFIG)
+
+
+@pytest.fixture
+def sampler(redis_client):
+    return ReplaySampler(redis_client, RUN, SCHEMA, CONFIG, seed=0, refresh_interval_sec=0.0)
+
+
+def _unused_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def sampled_ids(batch) -> set[int]:
+    return {int(i) for i in batch.transitions.reward}
+
+
+def test_sample_has_the_requested_shapes(storage, sampler, make_transitions):
+    storage.write(make_transitions(20), task_id=3, policy_version=9)
+    batch = sampler.sample(64)
+    assert len(batch) == 64
+    t = batch.transitions
+    assert t.obs.shape == (64, 3) and t.next_obs.shape == (64, 3)
+    assert t.goal.shape == (64, 2) and t.action.shape == (64, 2)
+    assert t.reward.shape == (64,) and t.done.shape == (64,)
+    assert all(a.dtype == np.float32 for a in t.columns().values())
+    assert batch.policy_version.tolist() == [9] * 64
+    assert batch.task_id.tolist() == [3] * 64
+
+
+def test_sampled_rows_are_rows_that_were_pushed(storage, sampler, make_transitions):
+    pushed = make_transitions(20, first_id=100)
+    storage.write(pushed, task_id=0, policy_version=1)
+    batch = sampler.sample(500)
+    expected = {int(row[7]): row for row in pushed.pack()}  # reward (the id) is column 7
+    for row in batch.transitions.pack():
+        np.testing.assert_array_equal(row, expected[int(row[7])])
+    assert sampled_ids(batch) == set(range(100, 120))  # uniform: 500 draws hit all 20
+
+
+def test_partial_newest_window_is_read_incrementally(storage, sampler, make_transitions, redis_client):
+    storage.write(make_transitions(3, first_id=0), task_id=0, policy_version=0)
+    assert sampler.refresh() and sampler.size() == 3
+    # Overwrite a slot the sampler already holds: a re-read would bring task_id 77 in.
+    records = storage.layout.encode(make_transitions(1, first_id=0), task_id=77, policy_version=0)
+    redis_client.setrange(storage.layout.window_key(0), 0, records.tobytes())
+    storage.write(make_transitions(4, first_id=3), task_id=0, policy_version=1)
+    assert sampler.refresh() and sampler.size() == 7
+    batch = sampler.sample(300)
+    assert sampled_ids(batch) == set(range(7))
+    assert 77 not in batch.task_id
+
+
+def test_refresh_without_new_data_changes_nothing(storage, sampler, make_transitions):
+    storage.write(make_transitions(10), task_id=0, policy_version=0)
+    assert sampler.refresh()
+    assert not sampler.refresh()
+    assert sampler.size() == 10
+
+
+def test_unwritten_slots_are_ignored_until_written(storage, sampler, make_transitions, redis_client):
+    redis_client.incrby(storage.layout.head_key, 2)  # positions 0, 1 reserved by a slow writer
+    storage.write(make_transitions(4, first_id=10), task_id=0, policy_version=0)  # positions 2..5
+    sampler.refresh()
+    assert sampler.size() == 4
+    assert sampled_ids(sampler.sample(200)) == {10, 11, 12, 13}
+    # The slow writer lands: the sampler re-reads from the gap and finds the rows.
+    records = storage.layout.encode(make_transitions(2, first_id=20), task_id=0, policy_version=0)
+    redis_client.setrange(storage.layout.window_key(0), 0, records.tobytes())
+    sampler.refresh()
+    assert sampler.size() == 6
+    assert sampled_ids(sampler.sample(300)) == {10, 11, 12, 13, 20, 21}
+
+
+def test_sampler_drops_evicted_windows(storage, sampler, make_transitions):
+    storage.write(make_transitions(16, first_id=0), task_id=0, policy_version=0)
+    sampler.refresh()
+    storage.write(make_transitions(32, first_id=16), task_id=0, policy_version=1)  # head 48, capacity 32
+    sampler.refresh()
+    assert list(storage.live_windows()) == [2, 3, 4, 5]
+    assert sampler.size() == 32
+    assert sampled_ids(sampler.sample(1000)) == set(range(16, 48))
+
+
+def test_sample_on_an_empty_buffer_says_what_to_do(sampler):
+    with pytest.raises(EmptyBufferError, match="wait_for"):
+        sampler.sample(4)
+    with pytest.raises(TimeoutError, match="holds 0 valid transitions"):
+        sampler.wait_for(1, timeout_sec=0.1)
+
+
+def test_wait_for_returns_once_enough_is_stored(storage, sampler, make_transitions):
+    timer = threading.Timer(0.2, storage.write, args=(make_transitions(5),), kwargs=dict(task_id=0, policy_version=0))
+    timer.start()
+    assert sampler.wait_for(5, timeout_sec=5.0) == 5
+    timer.join()
+
+
+def test_push_waits_for_a_service_that_starts_late(storage, make_transitions):
+    port = _unused_port()
+    server = IngestServer(storage, task_id=0, schema=SCHEMA, run_id=RUN, config=CONFIG, port=port)
+    timer = threading.Timer(0.5, server.start)
+    timer.start()
+    try:
+        with IngestClient(f"127.0.0.1:{port}", sampler_id=1, run_id=RUN, push_timeout_sec=1.0) as client:
+            ack = client.push(make_transitions(3), seq=0, policy_version=0, task_id=0, env_steps=3, max_retry_sec=20)
+        assert ack.stored == 3 and storage.head() == 3
+    finally:
+        timer.join()
+        server.close()
+
+
+def test_push_gives_up_after_max_retry_sec(make_transitions):
+    with IngestClient(f"127.0.0.1:{_unused_port()}", sampler_id=1, run_id=RUN, push_timeout_sec=0.2) as client:
+        start = time.monotonic()
+        with pytest.raises(IngestUnavailable, match="not acked after 0.5s"):
+            client.push(make_transitions(1), seq=0, policy_version=0, task_id=0, env_steps=1, max_retry_sec=0.5)
+        assert time.monotonic() - start < 3.0
+
+
+def test_batch_over_the_message_limit_fails_instead_of_retrying_forever():
+    n = MAX_MESSAGE_BYTES // (4 * SCHEMA.row_floats) + 1
+    big = Transitions(
+        obs=np.zeros((n, 3), np.float32),
+        goal=np.zeros((n, 2), np.float32),
+        action=np.zeros((n, 2), np.float32),
+        reward=np.zeros(n, np.float32),
+        next_obs=np.zeros((n, 3), np.float32),
+        done=np.zeros(n, np.float32),
+    )
+    with IngestClient(f"127.0.0.1:{_unused_port()}", sampler_id=1, run_id=RUN) as client:
+        with pytest.raises(ValueError, match="smaller batches"):
+            client.push(big, seq=0, policy_version=0, task_id=0, env_steps=n)
+
+
+def test_invalid_push_raises_at_once_without_retry(storage, make_transitions):
+    with IngestServer(storage, task_id=0, schema=SCHEMA, run_id=RUN, config=CONFIG) as server:
+        with IngestClient(server.address, sampler_id=1, run_id=RUN, push_timeout_sec=1.0) as client:
+            with pytest.raises(PushRejected, match="task_id: 4") as err:
+                client.push(make_transitions(2), seq=0, policy_version=0, task_id=4, env_steps=2)
+        assert err.value.details.startswith("task_id")
+        assert server.servicer.counters().rejected == 1  # one attempt, no retries

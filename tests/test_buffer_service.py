@@ -1,0 +1,233 @@
+"""The ingest service over real gRPC on loopback, storing into the real Redis Cluster."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+
+from buffer.client import GRPC_OPTIONS, IngestClient, IngestUnavailable
+from buffer.service import IngestServer
+from buffer.storage import TemporalStorage
+from fleetrl.config import BufferConfig
+from fleetrl.proto import fleetrl_pb2 as pb
+from fleetrl.proto import fleetrl_pb2_grpc as pb_grpc
+from fleetrl.wire import TransitionSchema, batch_to_proto
+
+SCHEMA = TransitionSchema(obs_dim=3, goal_dim=2, act_dim=2)  # make_transitions' default
+CONFIG = BufferConfig(window_size_transitions=8, capacity_transitions=1024, max_batch_transitions=64)
+RUN, TASK = "run1", 5
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def server(redis_client):
+    storage = TemporalStorage(redis_client, RUN, SCHEMA, CONFIG)
+    with IngestServer(storage, task_id=TASK, schema=SCHEMA, run_id=RUN, config=CONFIG) as srv:
+        yield srv
+
+
+@pytest.fixture
+def stub(server):
+    channel = grpc.insecure_channel(server.address, options=GRPC_OPTIONS)
+    yield pb_grpc.ReplayIngestStub(channel)
+    channel.close()
+
+
+def stored_bytes(storage: TemporalStorage) -> tuple[int, list[bytes]]:
+    head = storage.head()
+    keys = [storage.layout.window_key(w) for w in range(storage.layout.windows_below(head))]
+    return head, [storage.client.get(k) or b"" for k in keys]
+
+
+def good_batch(make_transitions, n: int = 4, seq: int = 0, first_id: int = 0) -> pb.TransitionBatch:
+    return batch_to_proto(
+        make_transitions(n, first_id=first_id),
+        run_id=RUN,
+        sampler_id=1,
+        seq=seq,
+        policy_version=2,
+        task_id=TASK,
+        env_steps=n,
+    )
+
+
+def _column(batch: pb.TransitionBatch, name: str) -> pb.Tensor:
+    return next(c for c in batch.columns if c.name == name)
+
+
+def _set_values(batch: pb.TransitionBatch, name: str, index: int, value: float) -> None:
+    column = _column(batch, name)
+    values = np.frombuffer(column.data, np.float32).copy()
+    values[index] = value
+    column.data = values.tobytes()
+
+
+def _wrong_dtype(b: pb.TransitionBatch, make) -> None:
+    column = _column(b, "obs")
+    column.dtype = "float64"
+    column.data = np.frombuffer(column.data, np.float32).astype(np.float64).tobytes()
+
+
+def _wrong_shape(b: pb.TransitionBatch, make) -> None:
+    column = _column(b, "reward")
+    column.shape[:] = [3]
+    column.data = column.data[:12]
+
+
+def _remove_done(b: pb.TransitionBatch, make) -> None:
+    del b.columns[[c.name for c in b.columns].index("done")]
+
+
+def _unknown_column(b: pb.TransitionBatch, make) -> None:
+    b.columns.append(pb.Tensor(name="foo", dtype="float32", shape=[4], data=b"\0" * 16))
+
+
+# One row per bad input: (case, mutate(batch, make_transitions) in place, expected in details).
+BAD_INPUTS: list[tuple[str, Callable[..., None], str]] = [
+    ("wrong run_id", lambda b, make: setattr(b, "run_id", "other"), "run_id: 'other'"),
+    ("unknown task id", lambda b, make: setattr(b, "task_id", 99), "task_id: 99"),
+    ("zero rows", lambda b, make: b.CopyFrom(good_batch(make, n=0)), "num_transitions: 0"),
+    (
+        "oversize",
+        lambda b, make: b.CopyFrom(good_batch(make, n=CONFIG.max_batch_transitions + 1)),
+        "num_transitions: 65 is outside [1, max_batch_transitions=64]",
+    ),
+    ("version past uint32", lambda b, make: setattr(b, "policy_version", 2**32), "policy_version: "),
+    ("wrong dtype", _wrong_dtype, "columns[obs].dtype: 'float64'"),
+    (
+        "byte count mismatch",
+        lambda b, make: setattr(_column(b, "goal"), "data", b"\0" * 5),
+        "columns[goal].data: 5 bytes",
+    ),
+    ("wrong shape", _wrong_shape, "columns[reward].shape: [3], expected [4]"),
+    ("NaN", lambda b, make: _set_values(b, "reward", 1, float("nan")), "columns[reward].data: contains NaN"),
+    ("inf", lambda b, make: _set_values(b, "obs", 2, float("inf")), "columns[obs].data: contains NaN or inf"),
+    ("missing column", _remove_done, "columns: missing column 'done'"),
+    (
+        "duplicate column",
+        lambda b, make: b.columns.append(_column(b, "reward")),
+        "columns[6].name: duplicate column 'reward'",
+    ),
+    ("unknown column", _unknown_column, "columns: unknown column(s) ['foo']"),
+]
+
+
+@pytest.mark.parametrize("case,mutate,details", BAD_INPUTS, ids=[row[0] for row in BAD_INPUTS])
+def test_bad_input_is_rejected_and_the_service_keeps_serving(case, mutate, details, server, stub, make_transitions):
+    storage = server.servicer.storage
+    assert stub.Push(good_batch(make_transitions, seq=0), timeout=5).stored == 4
+    before = stored_bytes(storage)
+    bad = good_batch(make_transitions, seq=1, first_id=100)
+    mutate(bad, make_transitions)
+    with pytest.raises(grpc.RpcError) as err:
+        stub.Push(bad, timeout=5)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert details in err.value.details()
+    assert stored_bytes(storage) == before
+    assert server.servicer.counters().rejected == 1
+    ack = stub.Push(good_batch(make_transitions, seq=1, first_id=200), timeout=5)
+    assert (ack.stored, ack.duplicate, ack.head) == (4, False, 8)
+
+
+def test_duplicate_seq_is_acked_without_writing(server, stub, make_transitions):
+    stub.Push(good_batch(make_transitions, seq=7), timeout=5)
+    before = stored_bytes(server.servicer.storage)
+    ack = stub.Push(good_batch(make_transitions, seq=7, first_id=50), timeout=5)
+    assert (ack.seq, ack.stored, ack.duplicate, ack.head) == (7, 0, True, 4)
+    assert stored_bytes(server.servicer.storage) == before
+
+
+def test_concurrent_retries_of_one_seq_store_it_once(server, make_transitions):
+    batch = good_batch(make_transitions, seq=3)
+    acks: list[pb.PushAck] = []
+
+    def push() -> None:
+        with grpc.insecure_channel(server.address) as channel:
+            acks.append(pb_grpc.ReplayIngestStub(channel).Push(batch, timeout=5))
+
+    threads = [threading.Thread(target=push) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(a.duplicate for a in acks) == [False] + [True] * 5
+    assert server.servicer.storage.head() == 4
+
+
+def test_stats_count_batches_steps_rejections_and_duplicates(server, stub, make_transitions):
+    for seq in range(3):
+        stub.Push(good_batch(make_transitions, n=5, seq=seq, first_id=5 * seq), timeout=5)
+    stub.Push(good_batch(make_transitions, n=5, seq=2), timeout=5)
+    for name in ("run_id", "run_id"):
+        bad = good_batch(make_transitions, seq=9)
+        setattr(bad, name, "nope")
+        with pytest.raises(grpc.RpcError):
+            stub.Push(bad, timeout=5)
+    bad = good_batch(make_transitions, seq=9)
+    _set_values(bad, "obs", 0, float("nan"))
+    with pytest.raises(grpc.RpcError):
+        stub.Push(bad, timeout=5)
+    stats = stub.Stats(pb.BufferStatsRequest(), timeout=5)
+    assert (stats.head, stats.env_steps, stats.batches) == (15, 15, 3)
+    assert (stats.rejected, stats.duplicates) == (3, 1)
+    assert (stats.oldest_window, stats.newest_window) == (0, 1)
+    assert server.servicer.counters().rejected_by_reason == {"run_id": 2, "columns.data": 1}
+
+
+def test_ingest_client_pushes_and_reads_stats(server, make_transitions):
+    with IngestClient(server.address, sampler_id=4, run_id=RUN, push_timeout_sec=5.0) as client:
+        ack = client.push(make_transitions(6), seq=0, policy_version=1, task_id=TASK, env_steps=6)
+        assert (ack.stored, ack.head) == (6, 6)
+        assert client.stats().env_steps == 6
+
+
+def test_run_ingest_service_serves_until_sigterm(clean_redis_cluster, tmp_path, make_transitions):
+    ready = tmp_path / "ready"
+    script = textwrap.dedent(
+        f"""
+        from buffer.service import run_ingest_service
+        from fleetrl.config import BufferConfig
+        from fleetrl.wire import TransitionSchema
+        run_ingest_service(BufferConfig(), {RUN!r}, {TASK}, TransitionSchema(3, 2, 2),
+                           {clean_redis_cluster.addresses!r}, 0, {str(ready)!r})
+        """
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    process = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, env=env)
+    try:
+        deadline = time.monotonic() + 30
+        while not ready.exists() and process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        address = ready.read_text()
+        with IngestClient(address, sampler_id=0, run_id=RUN, push_timeout_sec=5.0) as client:
+            ack = client.push(make_transitions(3), seq=0, policy_version=0, task_id=TASK, env_steps=3)
+        assert ack.stored == 3
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=10) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
+def test_redis_failure_is_unavailable_and_the_retry_is_stored(server, redis_client, make_transitions):
+    window_key = server.servicer.storage.layout.window_key(0)
+    redis_client.rpush(window_key, "not a string")  # SETRANGE on it fails with WRONGTYPE
+    with IngestClient(server.address, sampler_id=1, run_id=RUN, push_timeout_sec=1.0) as client:
+        with pytest.raises(IngestUnavailable, match="redis write failed"):
+            client.push(make_transitions(3), seq=0, policy_version=0, task_id=TASK, env_steps=3, max_retry_sec=0.3)
+        redis_client.delete(window_key)
+        ack = client.push(make_transitions(3), seq=0, policy_version=0, task_id=TASK, env_steps=3)
+    assert (ack.stored, ack.duplicate) == (3, False)  # the failed attempts were never acked
+    assert server.servicer.counters().batches == 1

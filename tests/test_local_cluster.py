@@ -1,0 +1,124 @@
+"""LocalRedisCluster: a real cluster forms, spreads keys, and leaves no process behind."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import redis
+
+from fleetrl.local_cluster import LocalClusterError, LocalRedisCluster, connect, parse_addresses
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie still answers kill(0); it is dead for our purpose.
+    stat = Path(f"/proc/{pid}/stat")
+    return stat.exists() and stat.read_text().split(") ")[-1][:1] != "Z"
+
+
+def _wait_dead(pids: list[int], timeout_sec: float) -> list[int]:
+    deadline = time.monotonic() + timeout_sec
+    while time.monotonic() < deadline:
+        alive = [p for p in pids if _alive(p)]
+        if not alive:
+            return []
+        time.sleep(0.05)
+    return [p for p in pids if _alive(p)]
+
+
+def test_cluster_has_three_primaries_all_ok(redis_cluster):
+    assert len(redis_cluster.nodes) >= 3
+    assert redis_cluster.addresses == ",".join(f"{h}:{p}" for h, p in redis_cluster.nodes)
+    for host, port in redis_cluster.nodes:
+        node = redis.Redis(host=host, port=port)
+        info = node.execute_command("CLUSTER", "INFO").decode()
+        assert "cluster_state:ok" in info
+        assert "cluster_slots_ok:16384" in info
+        assert f"cluster_size:{len(redis_cluster.nodes)}" in info
+        node.close()
+
+
+def test_keys_with_different_hash_tags_land_on_different_nodes(redis_client):
+    ports = set()
+    for i in range(12):
+        key = f"{{tag{i}}}:value"
+        redis_client.set(key, i)
+        assert int(redis_client.get(key)) == i
+        ports.add(redis_client.get_node_from_key(key).port)
+    assert len(ports) >= 3
+
+
+def test_connect_parses_addresses_and_reaches_the_cluster(clean_redis_cluster):
+    client = connect(clean_redis_cluster.addresses)
+    client.set("{a}:x", b"1")
+    assert client.get("{a}:x") == b"1"
+    client.close()
+
+
+@pytest.mark.parametrize("addresses", ["", " , ", "127.0.0.1", "127.0.0.1:", ":6379", "host:port", "h:70000", "h:0"])
+def test_connect_rejects_malformed_addresses(addresses):
+    with pytest.raises(ValueError, match="host:port"):
+        parse_addresses(addresses)
+
+
+def test_parse_addresses_accepts_several():
+    assert parse_addresses("127.0.0.1:7000, localhost:7001") == [("127.0.0.1", 7000), ("localhost", 7001)]
+
+
+def test_close_stops_every_process_and_removes_the_directory():
+    cluster = LocalRedisCluster(num_primaries=3).start()
+    pids = cluster.pids
+    assert all(_alive(p) for p in pids)
+    tmp = Path(cluster._tmp.name)  # the directory's path, to check it is gone
+    cluster.close()
+    assert _wait_dead(pids, 2.0) == []
+    assert not tmp.exists()
+    cluster.close()  # idempotent
+
+
+def test_nodes_die_with_a_killed_parent(tmp_path):
+    pid_file = tmp_path / "pids"
+    script = textwrap.dedent(
+        f"""
+        import time
+        from fleetrl.local_cluster import LocalRedisCluster
+        cluster = LocalRedisCluster().start()
+        open({str(pid_file)!r} + ".tmp", "w").write(",".join(map(str, cluster.pids)))
+        import os; os.replace({str(pid_file)!r} + ".tmp", {str(pid_file)!r})
+        time.sleep(60)
+        """
+    )
+    parent = subprocess.Popen([sys.executable, "-c", script], cwd=REPO)
+    try:
+        deadline = time.monotonic() + 30
+        while not pid_file.exists() and time.monotonic() < deadline and parent.poll() is None:
+            time.sleep(0.05)
+        pids = [int(p) for p in pid_file.read_text().split(",")]
+        assert all(_alive(p) for p in pids)
+    finally:
+        parent.send_signal(signal.SIGKILL)  # no cleanup code runs: only PDEATHSIG can help
+        parent.wait()
+    assert _wait_dead(pids, 5.0) == []
+
+
+def test_missing_redis_server_gives_the_install_hint(monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(LocalClusterError, match="sudo apt-get install -y redis-server"):
+        LocalRedisCluster().start()
+
+
+def test_fewer_than_three_primaries_is_refused():
+    with pytest.raises(ValueError, match="num_primaries \\(2\\) must be >= 3"):
+        LocalRedisCluster(num_primaries=2)
