@@ -30,7 +30,7 @@ from aggregator.client import AggregatorClient
 from buffer.client import IngestClient
 from fleetrl.config import RunConfig
 from fleetrl.local_cluster import LocalRedisCluster
-from fleetrl.process import heartbeat_file
+from fleetrl.process import heartbeat_file, stop_event
 from fleetrl.progress import Progress, Snapshot
 from fleetrl.watchdog import RoleSpec, Watchdog
 
@@ -83,7 +83,7 @@ class LocalFleet:
     def _wait_ready(self, dog: Watchdog, role: str) -> None:
         ready = self.run_dir / "ready" / role
         deadline = time.monotonic() + READY_TIMEOUT_SEC
-        while not ready.exists():
+        while not ready.exists() and not self._stop.is_set():
             dog.poll()
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{role} not ready after {READY_TIMEOUT_SEC}s; see {dog.log_dir / role}.log")
@@ -113,6 +113,9 @@ class LocalFleet:
         return buffer, aggregator
 
     def run(self) -> Summary:
+        # Ctrl-C (SIGINT to the whole foreground group) or SIGTERM: roles stop themselves, the
+        # launcher stops watching, shuts down in order and still writes the summary.
+        self._stop = stop_event()
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "ready").mkdir(exist_ok=True)
         (self.run_dir / "config.json").write_text(self.config.to_json())
@@ -135,22 +138,20 @@ class LocalFleet:
     def _monitor(self, dog: Watchdog, progress: Progress, buffer: str, aggregator: str) -> str:
         c = self.config
         with IngestClient(buffer, sampler_id=0, run_id=c.run_id) as ingest, AggregatorClient(aggregator) as agg:
-            try:
-                while True:
-                    for event in dog.poll():
-                        progress.note(event)
-                    snap = Snapshot.take(ingest, agg, time.monotonic() - self.started_at, dog.restarts)
-                    if snap is not None:
-                        progress.update(snap)
-                        if progress.reached_target:
-                            return f"evaluation success {snap.eval_success:.2f} >= target {c.target_success}"
-                        if c.max_env_steps and snap.env_steps >= c.max_env_steps:
-                            return f"max_env_steps {c.max_env_steps} reached"
-                    if time.monotonic() - self.started_at >= c.max_wall_sec:
-                        return f"max_wall_sec {c.max_wall_sec} reached"
-                    time.sleep(0.25)
-            except KeyboardInterrupt:
-                return "interrupted (Ctrl-C)"
+            while not self._stop.is_set():
+                for event in dog.poll():
+                    progress.note(event)
+                snap = Snapshot.take(ingest, agg, time.monotonic() - self.started_at, dog.restarts)
+                if snap is not None:
+                    progress.update(snap)
+                    if progress.reached_target:
+                        return f"evaluation success {snap.eval_success:.2f} >= target {c.target_success}"
+                    if c.max_env_steps and snap.env_steps >= c.max_env_steps:
+                        return f"max_env_steps {c.max_env_steps} reached"
+                if time.monotonic() - self.started_at >= c.max_wall_sec:
+                    return f"max_wall_sec {c.max_wall_sec} reached"
+                self._stop.wait(0.25)
+        return "interrupted (Ctrl-C or SIGTERM)"
 
     def _summarize(self, progress: Progress, reason: str, restarts: int) -> Summary:
         last = progress.last

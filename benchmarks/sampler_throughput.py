@@ -1,0 +1,385 @@
+"""Sampler throughput: single-process env.step/s against env steps the real fleet acks per second.
+
+    python3 benchmarks/sampler_throughput.py [--task FetchPush-v4] [--seconds 20] [--samplers 1]
+
+One invocation measures, on the same machine and one after the other:
+
+(a) single process: `env.step` of `sim.make_env(task, RandomizationConfig())` (the
+    domain-randomized env every sampler builds) with uniform random actions, reset on
+    episode end, after a short warm-up. The ceiling one sampler process could reach.
+(b) end to end: a LocalRedisCluster, then `python -m fleetrl.cli buffer|aggregator|sampler`
+    role processes started the way fleetrl.launch.LocalFleet starts them (no learner, no
+    evaluator). Samplers run with `sampler.max_env_steps_per_update=0` (rate limiter off)
+    and a `sampler.random_steps` they never reach, so they act with uniform random actions
+    like (a): the same env work per step, without the actor's forward pass. The buffer's
+    Stats are polled over a window after a warm-up: env steps acked (an ack means the rows
+    are in Redis) and transitions acked (the buffer head; HER's k relabeled copies included).
+
+The figures come LAST. Compare the ratio, which is taken within this one run; the absolute
+rates depend on whatever else the machine runs (the CPU lines above the figures say how much
+that was). With one sampler on a 2-core machine the sampler shares the CPUs with the ingest
+service and three redis-server processes, so the ratio includes that contention.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from contextlib import closing
+from dataclasses import asdict, dataclass
+from typing import NamedTuple
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+import numpy as np  # noqa: E402
+import psutil  # noqa: E402
+
+from buffer.client import IngestClient  # noqa: E402
+from fleetrl.config import RandomizationConfig, RunConfig, with_overrides  # noqa: E402
+from fleetrl.launch import free_port  # noqa: E402
+from fleetrl.local_cluster import LocalRedisCluster  # noqa: E402
+from fleetrl.process import heartbeat_file  # noqa: E402
+from fleetrl.watchdog import RoleSpec, Watchdog  # noqa: E402
+from sim.registry import get_task, make_env  # noqa: E402
+
+READY_TIMEOUT_SEC = 120.0
+FIRST_ACK_TIMEOUT_SEC = 120.0
+POLL_SEC = 0.5
+NEVER_POLICY_STEPS = 10**12  # sampler.random_steps: the samplers act randomly for the whole run
+
+
+@dataclass
+class Figures:
+    task: str
+    samplers: int
+    her_k: int
+    single_env_steps_per_sec: float
+    e2e_env_steps_per_sec: float
+    e2e_transitions_per_sec: float
+    ratio: float
+    single_window_sec: float
+    e2e_window_sec: float
+    # Per CPU-second of the process(es) doing the env steps: less sensitive to other load.
+    single_env_steps_per_cpu_sec: float
+    e2e_env_steps_per_sampler_cpu_sec: float
+    e2e_env_steps_per_fleet_cpu_sec: float  # CPU of samplers, buffer, redis and aggregator together
+    cpu_ratio: float  # e2e_env_steps_per_sampler_cpu_sec / single_env_steps_per_cpu_sec
+
+    @classmethod
+    def of(cls, args: argparse.Namespace, her_k: int, single: SingleResult, e2e: dict) -> Figures:
+        acked = e2e["env_steps_per_sec"]
+        cpu = e2e["cpu"]
+        sampler_cores = sum(v for k, v in cpu.items() if k.startswith("sampler")) / 100
+        fleet_cores = sum(v for k, v in cpu.items() if k not in ("benchmark", "machine", "others")) / 100
+        single_per_cpu = single.env_steps_per_sec / (single.cpu["benchmark"] / 100)
+        return cls(
+            task=args.task,
+            samplers=args.samplers,
+            her_k=her_k,
+            single_env_steps_per_sec=single.env_steps_per_sec,
+            e2e_env_steps_per_sec=acked,
+            e2e_transitions_per_sec=e2e["transitions_per_sec"],
+            ratio=acked / single.env_steps_per_sec,
+            single_window_sec=single.window_sec,
+            e2e_window_sec=e2e["window_sec"],
+            single_env_steps_per_cpu_sec=single_per_cpu,
+            e2e_env_steps_per_sampler_cpu_sec=acked / sampler_cores,
+            e2e_env_steps_per_fleet_cpu_sec=acked / fleet_cores,
+            cpu_ratio=acked / sampler_cores / single_per_cpu,
+        )
+
+
+class CpuMeter:
+    """CPU seconds used by given processes, and by the whole machine, between start() and stop()."""
+
+    def __init__(self, procs: dict[str, int]) -> None:
+        self.procs = {name: psutil.Process(pid) for name, pid in procs.items()}
+        self._start: dict[str, float] = {}
+        self._machine: tuple[float, float] = (0.0, 0.0)
+        self._t0 = 0.0
+
+    @staticmethod
+    def _busy() -> tuple[float, float]:
+        t = psutil.cpu_times()
+        idle = t.idle + getattr(t, "iowait", 0.0)
+        return sum(t) - idle, idle
+
+    def _cpu(self, proc: psutil.Process) -> float:
+        try:
+            t = proc.cpu_times()
+        except psutil.Error:
+            return float("nan")
+        return t.user + t.system
+
+    def start(self) -> None:
+        self._t0 = time.monotonic()
+        self._machine = self._busy()
+        self._start = {name: self._cpu(p) for name, p in self.procs.items()}
+
+    def stop(self) -> dict[str, float]:
+        """Percent of one core per process, plus 'machine' (all processes) and 'others' (not ours)."""
+        wall = time.monotonic() - self._t0
+        used = {name: 100 * (self._cpu(p) - self._start[name]) / wall for name, p in self.procs.items()}
+        ours = sum(v for v in used.values() if not np.isnan(v))
+        machine = 100 * (self._busy()[0] - self._machine[0]) / wall
+        used["machine"] = machine
+        used["others"] = max(0.0, machine - ours)
+        return used
+
+
+class SingleResult(NamedTuple):
+    env_steps_per_sec: float
+    window_sec: float
+    cpu: dict[str, float]  # CpuMeter.stop() over the measured window
+
+
+def measure_env_steps(task: str, seconds: float, warmup_sec: float, seed: int = 0) -> SingleResult:
+    """env.step calls per second of the randomized env with uniform random actions, reset on episode end."""
+    env = make_env(get_task(task), RandomizationConfig())
+    rng = np.random.default_rng(seed)
+    shape = env.action_space.shape
+    env.reset(seed=seed)
+    episodes = 1
+
+    def run_for(duration: float) -> tuple[int, float]:
+        nonlocal episodes
+        steps, start = 0, time.perf_counter()
+        while time.perf_counter() - start < duration:
+            _, _, terminated, truncated, _ = env.step(rng.uniform(-1.0, 1.0, shape).astype(np.float32))
+            steps += 1
+            if terminated or truncated:
+                env.reset(seed=seed + episodes)
+                episodes += 1
+        return steps, time.perf_counter() - start
+
+    run_for(warmup_sec)
+    meter = CpuMeter({"benchmark": os.getpid()})
+    meter.start()
+    steps, elapsed = run_for(seconds)
+    cpu = meter.stop()
+    env.close()
+    return SingleResult(steps / elapsed, elapsed, cpu)
+
+
+def bench_config(task: str, samplers: int, run_dir: pathlib.Path) -> RunConfig:
+    """The default RunConfig with the limiter off and random actions throughout."""
+    overrides = [
+        f"sim.task={json.dumps(task)}",
+        "run_id=bench",
+        f"run_dir={json.dumps(str(run_dir))}",
+        f"sampler.num_samplers={samplers}",
+        "sampler.max_env_steps_per_update=0",
+        f"sampler.random_steps={NEVER_POLICY_STEPS}",
+    ]
+    return with_overrides(RunConfig(), overrides).validate()
+
+
+class Fleet:
+    """Starts redis, aggregator, buffer and samplers as LocalFleet does (same CLI argv)."""
+
+    def __init__(self, config: RunConfig, run_dir: pathlib.Path, dog: Watchdog, cluster: LocalRedisCluster) -> None:
+        self.config, self.run_dir, self.dog, self.cluster = config, run_dir, dog, cluster
+        (run_dir / "ready").mkdir(parents=True, exist_ok=True)
+        self.config_path = run_dir / "config.json"
+        self.config_path.write_text(config.to_json())
+        self.env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+
+    def _argv(self, role: str, *args: str) -> tuple[str, ...]:
+        return (sys.executable, "-m", "fleetrl.cli", role, "--config", str(self.config_path), *args)
+
+    def _service(self, role: str, address: str, *extra: str) -> None:
+        ready = str(self.run_dir / "ready" / role)
+        argv = self._argv(role, "--port", address.rsplit(":", 1)[1], "--ready-file", ready, *extra)
+        self.dog.start(RoleSpec(role, argv, max_restarts=0, env=self.env))  # a restart would spoil the window
+
+    def _wait_ready(self, role: str) -> None:
+        deadline = time.monotonic() + READY_TIMEOUT_SEC
+        while not (self.run_dir / "ready" / role).exists():
+            self.dog.poll()  # raises RoleFailed (with the log path) if the role died
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{role} not ready after {READY_TIMEOUT_SEC}s; see {self.dog.log_dir}")
+            time.sleep(0.05)
+
+    def start(self) -> str:
+        """Start every role; returns the buffer address once buffer and aggregator serve."""
+        buffer, aggregator = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
+        self._service("aggregator", aggregator, "--run-dir", str(self.run_dir))
+        for index in range(self.config.sampler.num_samplers):
+            name = f"sampler-{index}"
+            beat = heartbeat_file(self.run_dir, name)
+            argv = self._argv(
+                "sampler", "--id", str(index), "--heartbeat", beat, "--buffer", buffer, "--aggregator", aggregator
+            )
+            self.dog.start(RoleSpec(name, argv, heartbeat_path=beat, max_restarts=0, env=self.env))
+        self.cluster.start()
+        self._service("buffer", buffer, "--redis", self.cluster.addresses)
+        self._wait_ready("aggregator")
+        self._wait_ready("buffer")
+        return buffer
+
+    def pids(self) -> dict[str, int]:
+        pids = {name: running.proc.pid for name, running in self.dog.roles.items()}
+        pids.update({f"redis-{i}": pid for i, pid in enumerate(self.cluster.pids)})
+        pids["benchmark"] = os.getpid()
+        return pids
+
+    def stop(self) -> None:
+        """Producers first, so nothing is pushed into a stopped service (as LocalFleet)."""
+        self.dog.stop([n for n in self.dog.roles if n.startswith("sampler")])
+        self.dog.stop(["aggregator", "buffer"])
+
+    def heartbeats(self) -> dict[str, dict]:
+        out = {}
+        for index in range(self.config.sampler.num_samplers):
+            try:
+                out[f"sampler-{index}"] = json.loads(
+                    pathlib.Path(heartbeat_file(self.run_dir, f"sampler-{index}")).read_text()
+                )
+            except (OSError, ValueError):
+                pass
+        return out
+
+
+def _stats(ingest: IngestClient) -> tuple[float, int, int]:
+    """(monotonic time, env steps acked, transitions stored) from one Stats call."""
+    before = time.monotonic()
+    stats = ingest.stats()
+    return (before + time.monotonic()) / 2, stats.env_steps, stats.head
+
+
+def measure_acked(fleet: Fleet, ingest: IngestClient, seconds: float, warmup_sec: float) -> dict:
+    """Wait for the first ack, warm up, then count acks over `seconds`; returns rates and diagnostics."""
+    deadline = time.monotonic() + FIRST_ACK_TIMEOUT_SEC
+    while ingest.stats(wait_for_ready=True).env_steps == 0:
+        fleet.dog.poll()
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no push acked after {FIRST_ACK_TIMEOUT_SEC}s; see {fleet.dog.log_dir}")
+        time.sleep(0.1)
+    print(f"[e2e] first batch acked; warming up {warmup_sec:.0f}s, then measuring {seconds:.0f}s", file=sys.stderr)
+    time.sleep(warmup_sec)
+    meter = CpuMeter(fleet.pids())
+    beats0 = fleet.heartbeats()
+    meter.start()
+    t0, steps0, head0 = _stats(ingest)
+    while time.monotonic() - t0 < seconds:
+        fleet.dog.poll()
+        time.sleep(min(POLL_SEC, max(0.0, seconds - (time.monotonic() - t0))))
+    t1, steps1, head1 = _stats(ingest)
+    cpu = meter.stop()
+    window = t1 - t0
+    return {
+        "window_sec": window,
+        "env_steps_per_sec": (steps1 - steps0) / window,
+        "transitions_per_sec": (head1 - head0) / window,
+        "cpu": cpu,
+        "phases": sampler_phases(beats0, fleet.heartbeats()),
+    }
+
+
+def sampler_phases(before: dict[str, dict], after: dict[str, dict]) -> dict[str, dict[str, float]]:
+    """Per sampler: share of wall time per heartbeat phase, and env steps made per second."""
+    out = {}
+    for name, b1 in after.items():
+        b0 = before.get(name)
+        if b0 is None or b1["time"] <= b0["time"]:
+            continue
+        wall = b1["time"] - b0["time"]
+        shares = {p: (sec - b0["phase_sec"].get(p, 0.0)) / wall for p, sec in b1["phase_sec"].items()}
+        shares["made_env_steps_per_sec"] = (b1["counters"]["env_steps"] - b0["counters"]["env_steps"]) / wall
+        out[name] = shares
+    return out
+
+
+def print_diagnostics(single_cpu: dict[str, float], e2e: dict) -> None:
+    def fmt(cpu: dict[str, float]) -> str:
+        return ", ".join(f"{k} {v:.0f}" for k, v in cpu.items())
+
+    print(f"cpu during (a), % of one core: {fmt(single_cpu)}")
+    print(f"cpu during (b), % of one core: {fmt(e2e['cpu'])}")
+    for name, shares in e2e["phases"].items():
+        made = shares.pop("made_env_steps_per_sec")
+        parts = ", ".join(f"{p} {100 * s:.0f}%" for p, s in shares.items())
+        print(f"{name} heartbeat phases (share of wall time): {parts}; made {made:.0f} env steps/s")
+
+
+def print_figures(f: Figures) -> None:
+    per_step = f.e2e_transitions_per_sec / f.e2e_env_steps_per_sec if f.e2e_env_steps_per_sec else float("nan")
+    print(f"\n=== sampler throughput: {f.task}, {f.samplers} sampler(s), uniform random actions in both ===")
+    print(f"single-process env.step/s:          {f.single_env_steps_per_sec:10.1f}   ({f.single_window_sec:.1f}s)")
+    print(f"end-to-end env steps acked/s:       {f.e2e_env_steps_per_sec:10.1f}   ({f.e2e_window_sec:.1f}s)")
+    print(
+        f"end-to-end transitions acked/s:     {f.e2e_transitions_per_sec:10.1f}   "
+        f"({per_step:.2f} per env step; HER k={f.her_k} relabeled copies included)"
+    )
+    print(f"ratio end-to-end / single-process:  {f.ratio:10.3f}")
+
+
+def run_e2e(args: argparse.Namespace, run_dir: pathlib.Path) -> tuple[RunConfig, dict]:
+    config = bench_config(args.task, args.samplers, run_dir)
+    cluster = LocalRedisCluster(3)
+    with closing(cluster), Watchdog(run_dir / "logs", stop_grace_sec=5.0) as dog:  # roles stop before redis
+        fleet = Fleet(config, run_dir, dog, cluster)
+        buffer = fleet.start()
+        print(f"[e2e] fleet up: redis {cluster.addresses}, buffer {buffer}", file=sys.stderr)
+        with IngestClient(buffer, sampler_id=0, run_id=config.run_id) as ingest:
+            result = measure_acked(fleet, ingest, args.seconds, args.warmup_sec)
+        fleet.stop()
+    return config, result
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--task", default="FetchPush-v4", help="task name from sim/registry.py")
+    p.add_argument("--seconds", type=float, default=20.0, help="measurement window of (a) and of (b)")
+    p.add_argument("--samplers", type=int, default=1, help="sampler processes in (b)")
+    p.add_argument("--warmup-sec", type=float, default=5.0, help="(b): after the first ack, before measuring")
+    p.add_argument("--run-dir", help="config, logs, heartbeats of (b); default: a temporary directory")
+    p.add_argument("--json", help="also write the figures here as JSON")
+    args = p.parse_args(argv)
+    if args.seconds <= 0 or args.samplers < 1 or args.warmup_sec < 0:
+        p.error(
+            f"--seconds ({args.seconds}) must be > 0, --samplers ({args.samplers}) >= 1, "
+            f"--warmup-sec ({args.warmup_sec}) >= 0"
+        )
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    # SIGTERM unwinds like Ctrl-C: the `with` blocks stop every role and redis node.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    run_dir = pathlib.Path(args.run_dir or tempfile.mkdtemp(prefix="fleetrl-bench-"))
+    ok = False
+    try:
+        print(f"[a] single process: {args.task} env.step, {args.seconds:.0f}s", file=sys.stderr)
+        single = measure_env_steps(args.task, args.seconds, warmup_sec=min(2.0, args.seconds))
+        print(f"[e2e] starting fleet in {run_dir}", file=sys.stderr)
+        config, e2e = run_e2e(args, run_dir)
+        ok = True
+    except KeyboardInterrupt:
+        print("interrupted; every process stopped", file=sys.stderr)
+        return 130
+    finally:
+        if not ok:
+            print(f"logs kept in {run_dir / 'logs'}", file=sys.stderr)
+        elif not args.run_dir:
+            shutil.rmtree(run_dir, ignore_errors=True)
+    figures = Figures.of(args, config.sampler.her_k, single, e2e)
+    if args.json:
+        payload = {**asdict(figures), "cpu_single": single.cpu, "cpu_e2e": e2e["cpu"], "phases": e2e["phases"]}
+        pathlib.Path(args.json).write_text(json.dumps(payload, indent=2))
+    print_diagnostics(single.cpu, e2e)
+    print_figures(figures)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

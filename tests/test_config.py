@@ -1,0 +1,169 @@
+"""RunConfig: defaults, cross-field checks, JSON roundtrip, CLI overrides, help lines."""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+
+import pytest
+
+from fleetrl.config import ConfigError, RunConfig, help_lines, with_overrides
+
+
+def test_defaults_validate_and_validate_returns_self():
+    config = RunConfig()
+    assert config.validate() is config
+
+
+# One row per cross-field check: (overrides that break it, text the ConfigError must contain).
+BAD_CONFIGS: list[tuple[list[str], str]] = [
+    (["buffer.window_size_transitions=0"], "buffer.window_size_transitions (0) must be >= 1"),
+    (
+        ["buffer.window_size_transitions=100", "buffer.capacity_transitions=199"],
+        "buffer.capacity_transitions (199) must be >= 2 * window_size_transitions",
+    ),
+    (["sampler.num_samplers=0"], "sampler.num_samplers (0) must be >= 1"),
+    (["learner.num_learners=0"], "learner.num_learners (0) must be >= 1"),
+    (["learner.batch_size=0", "learner.min_replay_transitions=0"], "learner.batch_size (0) must be >= 1"),
+    (
+        ["learner.batch_size=64", "learner.min_replay_transitions=63"],
+        "learner.min_replay_transitions (63) must be >= learner.batch_size",
+    ),
+    (["learner.max_grad_staleness=-1"], "learner.max_grad_staleness (-1) must be >= 0"),
+    (["learner.gamma=1.0"], "learner.gamma (1.0) must be in (0, 1)"),
+    (["learner.gamma=0"], "learner.gamma (0.0) must be in (0, 1)"),
+    (["aggregator.tau=0"], "aggregator.tau (0.0) must be in (0, 1]"),
+    (["aggregator.tau=1.5"], "aggregator.tau (1.5) must be in (0, 1]"),
+    (["aggregator.lr=0"], "aggregator.lr (0.0) must be > 0"),
+    (["aggregator.checkpoint_every_versions=0"], "aggregator.checkpoint_every_versions (0) must be >= 1"),
+    (["eval.episodes=0"], "eval.episodes (0) must be >= 1"),
+    (["target_success=1.01"], "target_success (1.01) must be in [0, 1]"),
+    (["target_success=-0.5"], "target_success (-0.5) must be in [0, 1]"),
+    (["sampler.her_k=-1"], "sampler.her_k (-1) must be >= 0"),
+    (["sampler.max_env_steps_per_update=-1"], "sampler.max_env_steps_per_update (-1.0) must be >= 0"),
+]
+
+
+@pytest.mark.parametrize("overrides,message", BAD_CONFIGS, ids=[" ".join(r[0]) for r in BAD_CONFIGS])
+def test_each_cross_field_check_names_field_and_value(overrides, message):
+    config = with_overrides(RunConfig(), overrides)  # parsing alone accepts it
+    with pytest.raises(ConfigError) as err:
+        config.validate()
+    assert message in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["buffer.window_size_transitions=100", "buffer.capacity_transitions=200"],
+        ["learner.batch_size=64", "learner.min_replay_transitions=64"],
+        ["aggregator.tau=1", "target_success=0", "sampler.her_k=0", "learner.max_grad_staleness=0"],
+    ],
+)
+def test_boundary_values_validate(overrides):
+    with_overrides(RunConfig(), overrides).validate()
+
+
+def test_json_roundtrip_is_equal_including_tuples_and_none(tmp_path):
+    config = with_overrides(
+        RunConfig(),
+        [
+            "run_id=abc",
+            "learner.hidden_sizes=[64, 32, 16]",
+            "learner.target_entropy=-2.5",
+            "sim.randomization.mass_scale=[0.5, 2]",
+            "sim.randomization.action_latency_steps=[1, 3]",
+            "eval.randomize=true",
+        ],
+    )
+    back = RunConfig.from_json(config.to_json())
+    assert back == config
+    assert back.learner.hidden_sizes == (64, 32, 16)
+    assert back.sim.randomization.mass_scale == (0.5, 2.0)
+    assert RunConfig.from_json(RunConfig().to_json()) == RunConfig()
+    path = tmp_path / "config.json"
+    path.write_text(config.to_json())
+    assert RunConfig.load(path) == config
+
+
+def test_from_json_rejects_unknown_field():
+    with pytest.raises(ConfigError, match="unknown config field LearnerConfig.nope"):
+        RunConfig.from_json('{"learner": {"nope": 1}}')
+
+
+def test_overrides_parse_json_values_tuples_none_and_plain_strings():
+    config = with_overrides(
+        RunConfig(),
+        [
+            "learner.batch_size=32",
+            "aggregator.lr=3e-4",
+            "aggregator.tau=1",  # an int where a float is expected is widened
+            "sampler.mlock=false",
+            "learner.hidden_sizes=[8, 8]",
+            "learner.target_entropy=null",
+            "run_dir=/tmp/some dir",  # not JSON: taken as a string
+            "sim.task=FetchPush-v4",
+        ],
+    )
+    assert config.learner.batch_size == 32
+    assert config.aggregator.lr == pytest.approx(3e-4)
+    assert config.aggregator.tau == 1.0 and isinstance(config.aggregator.tau, float)
+    assert config.sampler.mlock is False
+    assert config.learner.hidden_sizes == (8, 8)
+    assert config.learner.target_entropy is None
+    assert config.run_dir == "/tmp/some dir"
+    assert config.sim.task == "FetchPush-v4"
+    entropy = with_overrides(config, ["learner.target_entropy=-3"])
+    assert entropy.learner.target_entropy == -3.0
+    # the input config is frozen and untouched
+    assert RunConfig().learner.batch_size == 256
+
+
+# One row per bad override: (override, text the ConfigError must contain).
+BAD_OVERRIDES: list[tuple[str, str]] = [
+    ("learner.batch_size", "must look like section.field=value"),
+    ("learner.nope=1", "unknown config field 'learner.nope'"),
+    ("nosuch.batch_size=1", "unknown config section 'nosuch.batch_size'"),
+    ("run_id.x=1", "unknown config section 'run_id.x'"),
+    ("nope=1", "unknown config field 'nope'"),
+    ("learner.batch_size=1.5", "LearnerConfig.batch_size must be an integer, got 1.5"),
+    ("learner.batch_size=true", "LearnerConfig.batch_size must be an integer, got True"),
+    ("learner.batch_size=abc", "LearnerConfig.batch_size must be an integer, got 'abc'"),
+    ("aggregator.lr=fast", "AggregatorConfig.lr must be a number, got 'fast'"),
+    ("sampler.mlock=1", "SamplerConfig.mlock must be true or false, got 1"),
+    ("learner.hidden_sizes=64", "LearnerConfig.hidden_sizes must be a list, got 64"),
+    ("learner.hidden_sizes=[64, 1.5]", "LearnerConfig.hidden_sizes must be an integer, got 1.5"),
+    ("run_id=5", "RunConfig.run_id must be a string, got 5"),
+    ("learner=3", "RunConfig.learner must be an object, got 3"),
+    ("learner.target_entropy=low", "LearnerConfig.target_entropy must be a number, got 'low'"),
+]
+
+
+@pytest.mark.parametrize("override,message", BAD_OVERRIDES, ids=[r[0] for r in BAD_OVERRIDES])
+def test_bad_overrides_name_the_field(override, message):
+    with pytest.raises(ConfigError) as err:
+        with_overrides(RunConfig(), [override])
+    assert message in str(err.value)
+
+
+def _leaf_fields(cls: typing.Any, prefix: str = "") -> list[str]:
+    names = []
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        if dataclasses.is_dataclass(hints[f.name]):
+            names += _leaf_fields(hints[f.name], prefix + f.name + ".")
+        else:
+            names.append(prefix + f.name)
+    return names
+
+
+def test_help_lines_cover_every_field_with_default_and_help():
+    lines = help_lines()
+    fields = _leaf_fields(RunConfig)
+    assert len(fields) > 40
+    assert [line.split(" = ", 1)[0] for line in lines] == fields
+    for line in lines:
+        default, _, help_text = line.split(" = ", 1)[1].partition("  # ")
+        assert default and help_text.strip(), line
+    assert "learner.batch_size = 256  # transitions per gradient" in lines
+    assert "sim.randomization.mass_scale = (0.8, 1.2)  # per episode: object body mass scale" in lines

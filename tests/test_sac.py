@@ -1,0 +1,171 @@
+"""SAC losses and gradients (learner/sac.py): pure functions, fast on CPU."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from learner.models import GRADIENT_GROUPS, GROUPS, ModelSpec, SACModel, norm_stats
+from learner.sac import Batch, SACHyperparams, compute_gradients, critic_loss
+
+SPEC = ModelSpec(obs_dim=4, goal_dim=2, act_dim=2, hidden_sizes=(32, 32))
+HP = SACHyperparams(gamma=0.9, target_entropy=-2.0)
+
+
+def _batch(n: int = 64, seed: int = 0, spec: ModelSpec = SPEC) -> Batch:
+    rng = np.random.default_rng(seed)
+    obs = rng.normal(size=(n, spec.obs_dim))
+    goal = rng.normal(size=(n, spec.goal_dim))
+    return Batch.from_numpy(
+        obs,
+        goal,
+        rng.uniform(-1, 1, (n, spec.act_dim)),
+        -(rng.random(n) < 0.5).astype(np.float32),
+        obs + rng.normal(0, 0.1, obs.shape),
+        (rng.random(n) < 0.1).astype(np.float32),
+    )
+
+
+def _model(seed: int = 0) -> SACModel:
+    torch.manual_seed(seed)
+    return SACModel(SPEC, init_log_alpha=-1.0)
+
+
+def _all_weights(model: SACModel) -> dict[str, np.ndarray]:
+    return {g: model.get_flat(g) for g in GROUPS}
+
+
+def test_gradients_are_finite_flat_vectors_of_the_group_sizes():
+    model = _model()
+    batch = _batch()
+    result = compute_gradients(model, batch, HP)
+    sizes = model.group_sizes()
+    assert set(result.grads) == set(GRADIENT_GROUPS)
+    for group, grad in result.grads.items():
+        assert grad.dtype == np.float32
+        assert grad.shape == (sizes[group],)
+        assert np.all(np.isfinite(grad))
+        assert np.abs(grad).max() > 0, group
+    np.testing.assert_allclose(result.norm_stats, norm_stats(batch.obs_goal.numpy()), rtol=1e-6)
+    assert result.norm_stats[0] == 64
+    for key in ("loss/critic", "loss/actor", "loss/alpha", "alpha"):
+        assert np.isfinite(result.metrics[key])
+    assert result.metrics["alpha"] == pytest.approx(np.exp(-1.0), rel=1e-6)
+
+
+def test_compute_gradients_changes_no_weights_and_leaves_no_grad():
+    model = _model()
+    before = _all_weights(model)
+    compute_gradients(model, _batch(), HP)
+    after = _all_weights(model)
+    for group in GROUPS:
+        np.testing.assert_array_equal(after[group], before[group], err_msg=group)
+    assert all(p.grad is None for p in model.parameters())
+
+
+def test_critic_gradient_is_the_gradient_of_the_critic_loss_alone():
+    batch = _batch()
+    model = _model()
+    torch.manual_seed(7)  # critic_loss samples next actions: same seed, same samples
+    result = compute_gradients(model, batch, HP)
+    torch.manual_seed(7)
+    params = model.group_parameters("critic")
+    expected = torch.autograd.grad(critic_loss(model, batch, HP), params)
+    expected_flat = torch.cat([g.reshape(-1) for g in expected]).numpy()
+    np.testing.assert_allclose(result.grads["critic"], expected_flat, rtol=1e-5, atol=1e-7)
+
+
+def test_actor_gradient_ignores_critic_target_and_critic_gradient_ignores_actor_loss():
+    # The actor loss reads the critic, never the target critic: scrambling the target changes
+    # the critic's gradient but must leave the actor's and alpha's gradients untouched.
+    batch = _batch()
+    model = _model()
+    torch.manual_seed(3)
+    base = compute_gradients(model, batch, HP)
+    rng = np.random.default_rng(0)
+    target = model.get_flat("critic_target")
+    model.set_flat("critic_target", (target + rng.normal(0, 0.5, target.shape)).astype(np.float32))
+    torch.manual_seed(3)
+    moved = compute_gradients(model, batch, HP)
+    np.testing.assert_allclose(moved.grads["actor"], base.grads["actor"], rtol=1e-6, atol=1e-8)
+    np.testing.assert_allclose(moved.grads["log_alpha"], base.grads["log_alpha"], rtol=1e-6)
+    assert not np.allclose(moved.grads["critic"], base.grads["critic"])
+
+
+def _target(model: SACModel, batch: Batch, hp: SACHyperparams) -> torch.Tensor:
+    """The TD target critic_loss regresses to: recovered from the loss of zero-output critics."""
+    zero = model.get_flat("critic") * 0
+    model.set_flat("critic", zero)  # Q1 = Q2 = 0, so loss = 2 * mean(target^2) per row
+    targets = []
+    for i in range(len(batch.reward)):
+        row = Batch(*(t[i : i + 1] for t in (batch.obs_goal, batch.action, batch.reward,
+                                              batch.next_obs_goal, batch.done)))
+        with torch.no_grad():
+            loss = critic_loss(model, row, hp)
+        targets.append(torch.sqrt(loss / 2))  # |target|
+    return torch.stack(targets)
+
+
+@pytest.mark.parametrize("shift", [+50.0, -50.0])
+def test_clip_return_keeps_targets_in_the_return_range(shift):
+    gamma = 0.9
+    batch = _batch(n=32)
+    model = _model()
+    # Push the target critics far outside [-1/(1-gamma), 0] through their last bias.
+    for q in (model.critic_target.q1, model.critic_target.q2):
+        with torch.no_grad():
+            q[-1].bias.fill_(shift)
+    clipped = _target(model, batch, SACHyperparams(gamma=gamma, target_entropy=-2.0, clip_return=True))
+    # Targets lie in [-10, 0], so |target| <= 1/(1-gamma); with shift -50 they sit on the bound.
+    assert torch.all(clipped <= 1.0 / (1.0 - gamma) + 1e-5)
+    unclipped = _target(model, batch, SACHyperparams(gamma=gamma, target_entropy=-2.0, clip_return=False))
+    assert torch.all(unclipped > 1.0 / (1.0 - gamma) + 1.0)
+    if shift < 0:
+        np.testing.assert_allclose(clipped.numpy(), 1.0 / (1.0 - gamma), rtol=1e-5)
+    else:
+        assert torch.all(clipped == 0)
+
+
+def _reach_dataset(n: int, rng: np.random.Generator) -> tuple[np.ndarray, ...]:
+    """1-D point reaching: obs = position, goal = target, next = pos + 0.1*a; reward 0 on reach."""
+    obs = rng.uniform(-1, 1, (n, 1))
+    goal = rng.uniform(-1, 1, (n, 1))
+    action = rng.uniform(-1, 1, (n, 1))
+    next_obs = obs + 0.1 * action
+    reward = -(np.abs(next_obs - goal)[:, 0] > 0.05).astype(np.float32)
+    return obs, goal, action, reward, next_obs, np.zeros(n, np.float32)
+
+
+def test_a_few_hundred_sac_steps_reduce_the_critic_loss():
+    spec = ModelSpec(obs_dim=1, goal_dim=1, act_dim=1, hidden_sizes=(32, 32))
+    hp = SACHyperparams(gamma=0.5, target_entropy=-1.0)
+    torch.manual_seed(0)
+    rng = np.random.default_rng(0)
+    model = SACModel(spec, init_log_alpha=-3.0)
+    data = _reach_dataset(2048, rng)
+    optims = {g: torch.optim.Adam(model.group_parameters(g), lr=3e-3) for g in GRADIENT_GROUPS}
+
+    def critic_loss_on_all() -> float:
+        torch.manual_seed(123)
+        with torch.no_grad():
+            return critic_loss(model, Batch.from_numpy(*data), hp).item()
+
+    initial = critic_loss_on_all()
+    for _ in range(300):
+        idx = rng.integers(0, len(data[0]), 128)
+        result = compute_gradients(model, Batch.from_numpy(*(a[idx] for a in data)), hp)
+        for group, optim in optims.items():
+            optim.zero_grad()
+            for param, grad in zip(
+                model.group_parameters(group),
+                torch.from_numpy(result.grads[group]).split([p.numel() for p in model.group_parameters(group)]),
+                strict=True,
+            ):
+                param.grad = grad.reshape(param.shape).clone()
+            optim.step()
+        with torch.no_grad():
+            for t, s in zip(model.critic_target.parameters(), model.critic.parameters(), strict=True):
+                t.mul_(0.95).add_(s, alpha=0.05)
+    final = critic_loss_on_all()
+    assert final < 0.0 * initial, (initial, final)
