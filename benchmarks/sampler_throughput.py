@@ -56,6 +56,10 @@ POLL_SEC = 0.5
 NEVER_POLICY_STEPS = 10**12  # sampler.random_steps: the samplers act randomly for the whole run
 
 
+def _per(amount: float, per: float) -> float:
+    return amount / per if per > 0 else float("nan")
+
+
 @dataclass
 class Figures:
     task: str
@@ -79,7 +83,7 @@ class Figures:
         cpu = e2e["cpu"]
         sampler_cores = sum(v for k, v in cpu.items() if k.startswith("sampler")) / 100
         fleet_cores = sum(v for k, v in cpu.items() if k not in ("benchmark", "machine", "others")) / 100
-        single_per_cpu = single.env_steps_per_sec / (single.cpu["benchmark"] / 100)
+        single_per_cpu = _per(single.env_steps_per_sec, single.cpu["benchmark"] / 100)
         return cls(
             task=args.task,
             samplers=args.samplers,
@@ -87,13 +91,13 @@ class Figures:
             single_env_steps_per_sec=single.env_steps_per_sec,
             e2e_env_steps_per_sec=acked,
             e2e_transitions_per_sec=e2e["transitions_per_sec"],
-            ratio=acked / single.env_steps_per_sec,
+            ratio=_per(acked, single.env_steps_per_sec),
             single_window_sec=single.window_sec,
             e2e_window_sec=e2e["window_sec"],
             single_env_steps_per_cpu_sec=single_per_cpu,
-            e2e_env_steps_per_sampler_cpu_sec=acked / sampler_cores,
-            e2e_env_steps_per_fleet_cpu_sec=acked / fleet_cores,
-            cpu_ratio=acked / sampler_cores / single_per_cpu,
+            e2e_env_steps_per_sampler_cpu_sec=_per(acked, sampler_cores),
+            e2e_env_steps_per_fleet_cpu_sec=_per(acked, fleet_cores),
+            cpu_ratio=_per(_per(acked, sampler_cores), single_per_cpu),
         )
 
 
@@ -103,14 +107,16 @@ class CpuMeter:
     def __init__(self, procs: dict[str, int]) -> None:
         self.procs = {name: psutil.Process(pid) for name, pid in procs.items()}
         self._start: dict[str, float] = {}
-        self._machine: tuple[float, float] = (0.0, 0.0)
+        self._machine_busy = 0.0
         self._t0 = 0.0
 
     @staticmethod
-    def _busy() -> tuple[float, float]:
+    def _busy() -> float:
+        """CPU seconds the whole machine spent not idle (every core, every process)."""
         t = psutil.cpu_times()
-        idle = t.idle + getattr(t, "iowait", 0.0)
-        return sum(t) - idle, idle
+        # Linux counts guest time inside user time too: leave it out of the sum.
+        not_busy = ("idle", "iowait", "guest", "guest_nice")
+        return sum(getattr(t, f) for f in t._fields if f not in not_busy)
 
     def _cpu(self, proc: psutil.Process) -> float:
         try:
@@ -121,7 +127,7 @@ class CpuMeter:
 
     def start(self) -> None:
         self._t0 = time.monotonic()
-        self._machine = self._busy()
+        self._machine_busy = self._busy()
         self._start = {name: self._cpu(p) for name, p in self.procs.items()}
 
     def stop(self) -> dict[str, float]:
@@ -129,7 +135,7 @@ class CpuMeter:
         wall = time.monotonic() - self._t0
         used = {name: 100 * (self._cpu(p) - self._start[name]) / wall for name, p in self.procs.items()}
         ours = sum(v for v in used.values() if not np.isnan(v))
-        machine = 100 * (self._busy()[0] - self._machine[0]) / wall
+        machine = 100 * (self._busy() - self._machine_busy) / wall
         used["machine"] = machine
         used["others"] = max(0.0, machine - ours)
         return used
@@ -305,14 +311,24 @@ def print_diagnostics(single_cpu: dict[str, float], e2e: dict) -> None:
     print(f"cpu during (a), % of one core: {fmt(single_cpu)}")
     print(f"cpu during (b), % of one core: {fmt(e2e['cpu'])}")
     for name, shares in e2e["phases"].items():
-        made = shares.pop("made_env_steps_per_sec")
-        parts = ", ".join(f"{p} {100 * s:.0f}%" for p, s in shares.items())
+        made = shares["made_env_steps_per_sec"]
+        parts = ", ".join(f"{p} {100 * s:.0f}%" for p, s in shares.items() if p != "made_env_steps_per_sec")
         print(f"{name} heartbeat phases (share of wall time): {parts}; made {made:.0f} env steps/s")
 
 
 def print_figures(f: Figures) -> None:
     per_step = f.e2e_transitions_per_sec / f.e2e_env_steps_per_sec if f.e2e_env_steps_per_sec else float("nan")
     print(f"\n=== sampler throughput: {f.task}, {f.samplers} sampler(s), uniform random actions in both ===")
+    print("per CPU-second (less sensitive to other load on the machine; context for the ratio below):")
+    print(f"  single-process env.step per CPU-s:            {f.single_env_steps_per_cpu_sec:10.1f}")
+    print(
+        f"  end-to-end acked env steps per sampler CPU-s: {f.e2e_env_steps_per_sampler_cpu_sec:10.1f}  "
+        f"(ratio {f.cpu_ratio:.3f})"
+    )
+    print(
+        f"  end-to-end acked env steps per fleet CPU-s:   {f.e2e_env_steps_per_fleet_cpu_sec:10.1f}  "
+        "(samplers + buffer + redis + aggregator)"
+    )
     print(f"single-process env.step/s:          {f.single_env_steps_per_sec:10.1f}   ({f.single_window_sec:.1f}s)")
     print(f"end-to-end env steps acked/s:       {f.e2e_env_steps_per_sec:10.1f}   ({f.e2e_window_sec:.1f}s)")
     print(

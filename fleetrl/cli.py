@@ -45,7 +45,9 @@ def _parser(export_args: bool = True) -> argparse.ArgumentParser:
     train.add_argument("--target-success", type=float, help="stop once evaluation success reaches this")
     train.add_argument("--max-wall-sec", type=float, help="stop after this many seconds")
     train.add_argument("--seed", type=int, help="seed of samplers and initial weights")
-    sub.add_parser("config", help="print every config field, its default and its help line")
+    cfg = sub.add_parser("config", help="print every config field with its help line, or the config as JSON")
+    _common(cfg)
+    cfg.add_argument("--json", action="store_true", help="print the resolved RunConfig as JSON (for --config)")
     cluster = sub.add_parser("redis-cluster", help="run a local Redis Cluster until Ctrl-C")
     cluster.add_argument("--primaries", type=int, default=3)
     for role, needs in (
@@ -163,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "train":
             return _train(args)
         if args.command == "config":
-            print("\n".join(help_lines()))
+            print(_config(args).validate().to_json() if args.json else "\n".join(help_lines()))
             return 0
         if args.command == "redis-cluster":
             return _redis_cluster(args)

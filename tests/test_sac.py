@@ -137,7 +137,16 @@ def _reach_dataset(n: int, rng: np.random.Generator) -> tuple[np.ndarray, ...]:
     return obs, goal, action, reward, next_obs, np.zeros(n, np.float32)
 
 
-def test_a_few_hundred_sac_steps_reduce_the_critic_loss():
+@pytest.fixture
+def one_thread():
+    """Tiny networks: one intra-op thread is fastest and does not fight a busy host."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_a_few_hundred_sac_steps_reduce_the_critic_loss(one_thread):
     spec = ModelSpec(obs_dim=1, goal_dim=1, act_dim=1, hidden_sizes=(32, 32))
     hp = SACHyperparams(gamma=0.5, target_entropy=-1.0)
     torch.manual_seed(0)
@@ -152,8 +161,8 @@ def test_a_few_hundred_sac_steps_reduce_the_critic_loss():
             return critic_loss(model, Batch.from_numpy(*data), hp).item()
 
     initial = critic_loss_on_all()
-    for _ in range(300):
-        idx = rng.integers(0, len(data[0]), 128)
+    for _ in range(200):
+        idx = rng.integers(0, len(data[0]), 64)
         result = compute_gradients(model, Batch.from_numpy(*(a[idx] for a in data)), hp)
         for group, optim in optims.items():
             optim.zero_grad()
@@ -168,4 +177,4 @@ def test_a_few_hundred_sac_steps_reduce_the_critic_loss():
             for t, s in zip(model.critic_target.parameters(), model.critic.parameters(), strict=True):
                 t.mul_(0.95).add_(s, alpha=0.05)
     final = critic_loss_on_all()
-    assert final < 0.0 * initial, (initial, final)
+    assert final < 0.25 * initial, (initial, final)

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Sets up fleetrl on a fresh Debian/Ubuntu machine; sourced by train.sh and test.sh.
+#   - redis-server (Debian package) for the local Redis Cluster, python3-venv if missing
+#   - .venv with every Python dependency resolved in ONE pip command: torch 2.13.0 (CPU),
+#     mujoco 3.3.0 and gymnasium-robotics must be resolved together or mujoco ends up broken.
+# Idempotent: a second run installs nothing new.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+apt_needed=()
+command -v redis-server >/dev/null 2>&1 || apt_needed+=(redis-server)
+python3 -c "import ensurepip, venv" >/dev/null 2>&1 || apt_needed+=(python3-venv python3-pip)
+if [ ${#apt_needed[@]} -gt 0 ]; then
+  sudo_cmd=""
+  [ "$(id -u)" -ne 0 ] && sudo_cmd="sudo"
+  echo "fleetrl setup: installing ${apt_needed[*]} with apt-get" >&2
+  $sudo_cmd apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq "${apt_needed[@]}" >/dev/null
+fi
+
+if [ ! -x .venv/bin/python ]; then
+  echo "fleetrl setup: creating .venv" >&2
+  python3 -m venv .venv
+fi
+stamp=.venv/.fleetrl-installed
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+  echo "fleetrl setup: installing Python dependencies into .venv (first run: a few minutes)" >&2
+  .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[test]"
+  touch "$stamp"
+fi
+export PATH="$PWD/.venv/bin:$PATH"

@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# Set up (see setup.sh), then lint and run the whole test suite (unit and end-to-end: the
+# end-to-end tests start their own Redis Cluster, gRPC servers and role processes).
+# Extra arguments go to pytest, e.g. ./scripts/test.sh -m "not e2e"
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/setup.sh"
+ruff check .
+ruff format --check .
+exec python -m pytest -q "$@"

@@ -1,0 +1,286 @@
+"""AggregatorCore (the aggregator's math) and its checkpoint files, without any network."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from aggregator.checkpoint import (
+    checkpoint_path,
+    latest_checkpoint,
+    list_checkpoints,
+    load_checkpoint,
+    save_checkpoint,
+)
+from aggregator.core import AggregatorCore, GradientError
+from fleetrl.config import AggregatorConfig
+from learner.models import GRADIENT_GROUPS, GROUPS, ModelSpec, norm_from_stats, norm_stats
+
+SPEC = ModelSpec(obs_dim=3, goal_dim=2, act_dim=2, hidden_sizes=(8,))
+CONFIG = AggregatorConfig(lr=1e-2, tau=0.25, seed=0)
+
+
+def make_core(grads_per_step: int = 1, max_staleness: int = 1, config: AggregatorConfig = CONFIG) -> AggregatorCore:
+    return AggregatorCore(SPEC, config, grads_per_step=grads_per_step, max_staleness=max_staleness)
+
+
+def grads(core: AggregatorCore, seed: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {g: rng.normal(size=core.sizes[g]).astype(np.float32) for g in GRADIENT_GROUPS}
+
+
+def stats(seed: int, n: int = 16) -> np.ndarray:
+    rng = np.random.default_rng(1000 + seed)
+    return norm_stats(rng.normal(seed, 1.0 + seed, (n, SPEC.input_dim)))
+
+
+def adam_steps(start: np.ndarray, gradients: list[np.ndarray], lr: float) -> np.ndarray:
+    """A fresh torch Adam on one flat tensor, one step per gradient."""
+    param = torch.nn.Parameter(torch.from_numpy(start.copy()))
+    optim = torch.optim.Adam([param], lr=lr)
+    for g in gradients:
+        param.grad = torch.from_numpy(g.copy())
+        optim.step()
+    return param.detach().numpy()
+
+
+def test_grads_per_step_two_steps_on_the_second_push_with_adam_on_the_mean():
+    core = make_core(grads_per_step=2)
+    before = core.weights()
+    g1, g2 = grads(core, 1), grads(core, 2)
+    first = core.submit(0, g1, stats(0))
+    assert (first.applied, first.stale, first.version) == (True, False, 0)
+    for group in GROUPS:
+        np.testing.assert_array_equal(core.weights()[group], before[group])
+    second = core.submit(0, g2, stats(1))
+    assert (second.applied, second.stale, second.version) == (True, False, 1)
+    after = core.weights()
+    for group in GRADIENT_GROUPS:
+        expected = adam_steps(before[group], [(g1[group] + g2[group]) / 2], CONFIG.lr)
+        np.testing.assert_allclose(after[group], expected, rtol=1e-6, atol=1e-7)
+        assert not np.allclose(after[group], before[group])
+
+
+def test_successive_steps_follow_one_adam_optimizer():
+    core = make_core()
+    before = core.weights()
+    pushes = [grads(core, s) for s in range(3)]
+    for version, g in enumerate(pushes):
+        assert core.submit(version, g, stats(version)).version == version + 1
+    for group in GRADIENT_GROUPS:
+        expected = adam_steps(before[group], [g[group] for g in pushes], CONFIG.lr)
+        np.testing.assert_allclose(core.weights()[group], expected, rtol=1e-5, atol=1e-6)
+
+
+def test_push_older_than_max_staleness_is_dropped_and_changes_nothing():
+    core = make_core(max_staleness=1)
+    for version in range(3):
+        core.submit(version, grads(core, version), stats(version))
+    before = core.weights()
+    late = core.submit(1, grads(core, 9), stats(9))
+    assert (late.applied, late.stale, late.version) == (False, True, 3)
+    for group in GROUPS:
+        np.testing.assert_array_equal(core.weights()[group], before[group])
+    # exactly max_staleness behind is still used
+    ok = core.submit(2, grads(core, 10), stats(10))
+    assert (ok.applied, ok.stale, ok.version) == (True, False, 4)
+
+
+def test_stale_push_does_not_count_towards_a_pending_step():
+    core = make_core(grads_per_step=2, max_staleness=0)
+    core.submit(0, grads(core, 0), stats(0))
+    core.submit(0, grads(core, 1), stats(1))
+    assert core.version == 1
+    assert core.submit(0, grads(core, 2), stats(2)).stale
+    assert core.submit(1, grads(core, 3), stats(3)).version == 1  # one pending, not two
+    assert core.submit(1, grads(core, 4), stats(4)).version == 2
+
+
+def test_base_version_ahead_of_the_aggregator_is_an_error():
+    core = make_core()
+    with pytest.raises(GradientError) as err:
+        core.submit(1, grads(core, 0), stats(0))
+    assert err.value.field == "base_version"
+    assert "1 is ahead of the aggregator (0)" in str(err.value)
+    assert core.version == 0
+
+
+def _without(group: str):
+    return lambda g, s: ({k: v for k, v in g.items() if k != group}, s)
+
+
+def _with(group: str, value):
+    return lambda g, s: ({**g, group: value(g)}, s)
+
+
+def _poison(group: str, index: int, value: float):
+    def mutate(g, s):
+        bad = g[group].copy()
+        bad[index] = value
+        return {**g, group: bad}, s
+
+    return mutate
+
+
+def _stats(value):
+    return lambda g, s: (g, value(s))
+
+
+def _negative_count(g, s):
+    s = s.copy()
+    s[0] = -1
+    return g, s
+
+
+# One row per bad gradient: (case, mutate(grads, norm_stats) -> (grads, norm_stats), field, message).
+BAD_GRADIENTS = [
+    ("missing actor", _without("actor"), "tensors", "missing group(s) ['actor']"),
+    ("missing log_alpha", _without("log_alpha"), "tensors", "missing group(s) ['log_alpha']"),
+    ("unknown group", _with("critic_target", lambda g: g["critic"]), "tensors", "unknown group(s) ['critic_target']"),
+    ("short critic", _with("critic", lambda g: g["critic"][:-1]), "tensors[critic].shape", "expected ["),
+    ("2-D actor", _with("actor", lambda g: g["actor"][None]), "tensors[actor].shape", "[1, "),
+    ("scalar log_alpha", _with("log_alpha", lambda g: g["log_alpha"][0]), "tensors[log_alpha].shape", "[], expected [1]"),
+    ("NaN actor", _poison("actor", 5, float("nan")), "tensors[actor].data", "contains NaN or inf"),
+    ("inf critic", _poison("critic", 0, float("inf")), "tensors[critic].data", "contains NaN or inf"),
+    ("-inf log_alpha", _poison("log_alpha", 0, -float("inf")), "tensors[log_alpha].data", "contains NaN or inf"),
+    ("short norm_stats", _stats(lambda s: s[:-1]), "tensors[norm_stats].shape", f"expected [{1 + 2 * SPEC.input_dim}]"),
+    ("2-D norm_stats", _stats(lambda s: s[None]), "tensors[norm_stats].shape", "expected"),
+    ("NaN norm_stats", _stats(lambda s: np.where(np.arange(s.size) == 3, np.nan, s)), "tensors[norm_stats].data", "NaN"),
+    ("negative count", _negative_count, "tensors[norm_stats].data", "negative count"),
+]
+
+
+@pytest.mark.parametrize("case,mutate,field,message", BAD_GRADIENTS, ids=[r[0] for r in BAD_GRADIENTS])
+def test_bad_gradients_raise_naming_the_field_and_change_nothing(case, mutate, field, message):
+    core = make_core(grads_per_step=2)
+    core.submit(0, grads(core, 0), stats(0))  # one pending: a bad push must not complete the step
+    before = core.weights()
+    bad_grads, bad_stats = mutate(grads(core, 1), stats(1))
+    with pytest.raises(GradientError) as err:
+        core.submit(0, bad_grads, bad_stats)
+    assert err.value.field == field
+    assert message in str(err.value)
+    assert core.version == 0
+    for group in GROUPS:
+        np.testing.assert_array_equal(core.weights()[group], before[group])
+    assert core.submit(0, grads(core, 2), stats(2)).version == 1
+
+
+def test_target_critic_moves_by_tau_toward_the_critic_once_per_version():
+    core = make_core(grads_per_step=2)
+    start = core.weights()
+    np.testing.assert_array_equal(start["critic_target"], start["critic"])
+    target = start["critic_target"]
+    for version in range(3):
+        core.submit(version, grads(core, 2 * version), stats(0))
+        np.testing.assert_array_equal(core.weights()["critic_target"], target)  # pending: no move
+        core.submit(version, grads(core, 2 * version + 1), stats(0))
+        critic = core.weights()["critic"]
+        target = (1 - CONFIG.tau) * target + CONFIG.tau * critic
+        np.testing.assert_allclose(core.weights()["critic_target"], target, rtol=1e-5, atol=1e-7)
+    assert not np.allclose(core.weights()["critic_target"], core.weights()["critic"])
+
+
+def test_obs_norm_is_mean_and_std_of_every_reported_batch():
+    core = make_core(grads_per_step=2)
+    np.testing.assert_array_equal(
+        core.weights()["obs_norm"], np.concatenate([np.zeros(SPEC.input_dim), np.ones(SPEC.input_dim)])
+    )
+    rng = np.random.default_rng(0)
+    batches = [rng.normal(3.0 * i, 0.5 + i, (20 + i, SPEC.input_dim)) for i in range(4)]
+    for i, x in enumerate(batches):
+        core.submit(core.version, grads(core, i), norm_stats(x))
+    assert core.version == 2
+    everything = np.concatenate(batches)
+    norm = core.weights()["obs_norm"]
+    np.testing.assert_allclose(norm[: SPEC.input_dim], everything.mean(0), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(norm[SPEC.input_dim :], everything.std(0), rtol=1e-4)
+    totals = sum(norm_stats(x).astype(np.float64) for x in batches)
+    np.testing.assert_allclose(norm, norm_from_stats(totals, SPEC.input_dim), rtol=1e-6)
+
+
+def test_obs_norm_std_has_a_floor_for_constant_inputs():
+    core = make_core()
+    core.submit(0, grads(core, 0), norm_stats(np.full((8, SPEC.input_dim), 2.0)))
+    norm = core.weights()["obs_norm"]
+    np.testing.assert_allclose(norm[: SPEC.input_dim], 2.0, rtol=1e-6)
+    np.testing.assert_allclose(norm[SPEC.input_dim :], 0.01, rtol=1e-3)
+
+
+def test_grads_per_step_below_one_is_refused():
+    with pytest.raises(ValueError, match="grads_per_step"):
+        make_core(grads_per_step=0)
+
+
+def _advance(core: AggregatorCore, versions: int, seed: int) -> None:
+    for i in range(versions):
+        core.submit(core.version, grads(core, seed + i), stats(seed + i))
+
+
+def test_state_roundtrip_preserves_version_weights_and_optimizer(tmp_path):
+    core = make_core()
+    _advance(core, 4, seed=0)
+    save_checkpoint(tmp_path, core.state(), keep=3)
+    restored = make_core(config=AggregatorConfig(lr=CONFIG.lr, tau=CONFIG.tau, seed=99))  # other init
+    restored.load_state(load_checkpoint(tmp_path))
+    assert restored.version == core.version == 4
+    for group in GROUPS:
+        np.testing.assert_array_equal(restored.weights()[group], core.weights()[group])
+    _advance(core, 2, seed=50)
+    _advance(restored, 2, seed=50)
+    for group in GROUPS:
+        np.testing.assert_array_equal(restored.weights()[group], core.weights()[group], err_msg=group)
+    # A fresh Adam on the restored weights would step differently: the optimizer state matters.
+    fresh = make_core()
+    fresh.load_state({**load_checkpoint(tmp_path), "optim": make_core().state()["optim"]})
+    _advance(fresh, 2, seed=50)
+    assert not np.allclose(fresh.weights()["actor"], core.weights()["actor"])
+
+
+def test_load_state_refuses_another_model_spec():
+    other = AggregatorCore(ModelSpec(3, 2, 2, (16,)), CONFIG, grads_per_step=1, max_staleness=1)
+    with pytest.raises(ValueError, match="does not match"):
+        make_core().load_state(other.state())
+
+
+def test_checkpoints_are_named_by_version_pruned_to_keep_and_loaded_newest_first(tmp_path):
+    core = make_core()
+    directory = tmp_path / "checkpoints"
+    assert list_checkpoints(directory) == [] and latest_checkpoint(directory) is None
+    saved = {}
+    for _ in range(5):
+        _advance(core, 1, seed=core.version)
+        saved[core.version] = core.weights()["actor"]
+        path = save_checkpoint(directory, core.state(), keep=2)
+        assert path == checkpoint_path(directory, core.version) == directory / f"ckpt_{core.version:010d}.pt"
+    assert [p.name for p in list_checkpoints(directory)] == ["ckpt_0000000004.pt", "ckpt_0000000005.pt"]
+    assert sorted(os.listdir(directory)) == ["ckpt_0000000004.pt", "ckpt_0000000005.pt"]  # no .tmp left over
+    assert latest_checkpoint(directory) == directory / "ckpt_0000000005.pt"
+    assert load_checkpoint(directory)["version"] == 5
+    older = load_checkpoint(directory / "ckpt_0000000004.pt")
+    assert older["version"] == 4
+    np.testing.assert_array_equal(older["weights"]["actor"], saved[4])
+
+
+def test_checkpoint_listing_orders_by_version_and_ignores_torn_and_foreign_files(tmp_path):
+    core = make_core()
+    for version in (9, 10, 123):
+        core.version = version
+        save_checkpoint(tmp_path, core.state(), keep=10)
+    (tmp_path / "ckpt_0000000999.tmp").write_bytes(b"torn")  # a crash mid-write
+    (tmp_path / "ckpt_5.pt").write_bytes(b"foreign")
+    (tmp_path / "notes.txt").write_text("x")
+    assert [p.name for p in list_checkpoints(tmp_path)] == [
+        "ckpt_0000000009.pt",
+        "ckpt_0000000010.pt",
+        "ckpt_0000000123.pt",
+    ]
+    assert load_checkpoint(tmp_path)["version"] == 123
+
+
+def test_loading_a_directory_without_checkpoints_names_it(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no checkpoint"):
+        load_checkpoint(tmp_path)
