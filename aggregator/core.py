@@ -37,11 +37,14 @@ class SubmitResult:
 
 
 class AggregatorCore:
-    def __init__(self, spec: ModelSpec, config: AggregatorConfig, grads_per_step: int, max_staleness: int):
+    def __init__(
+        self, spec: ModelSpec, config: AggregatorConfig, grads_per_step: int, max_staleness: int, task: str = ""
+    ) -> None:
         if grads_per_step < 1:
             raise ValueError(f"grads_per_step ({grads_per_step}) must be >= 1: no gradient, no step")
         torch.manual_seed(config.seed)
         self.spec = spec
+        self.task = task  # recorded in checkpoints, so an exported policy knows its task
         self.config = config
         self.grads_per_step = grads_per_step
         self.max_staleness = max_staleness
@@ -114,6 +117,7 @@ class AggregatorCore:
     def state(self) -> dict:
         return {
             "version": self.version,
+            "task": self.task,
             "spec": self.spec.to_json(),
             "weights": self.weights(),
             "optim": {g: self._optim[g].state_dict() for g in GRADIENT_GROUPS},

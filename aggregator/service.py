@@ -239,7 +239,7 @@ def run_aggregator(
     task = get_task(config.sim.task)
     spec = ModelSpec(task.obs_dim, task.goal_dim, task.act_dim, config.learner.hidden_sizes)
     grads_per_step = config.aggregator.grads_per_step or config.learner.num_learners
-    core = AggregatorCore(spec, config.aggregator, grads_per_step, config.learner.max_grad_staleness)
+    core = AggregatorCore(spec, config.aggregator, grads_per_step, config.learner.max_grad_staleness, task.name)
     writer = _summary_writer(run_dir, "aggregator")
     with AggregatorServer(core, config.aggregator, run_dir, port=port) as server:
         write_ready_file(ready_file, server.address)

@@ -41,6 +41,7 @@ class PolicyCheckpoint:
     actor: np.ndarray  # flat float32 actor parameters
     obs_norm: np.ndarray  # flat float32 input mean ++ std
     source: str  # where it came from, for reports and error messages
+    task: str | None = None  # task the run trained on (checkpoints record it); None if unknown
 
 
 CheckpointSource = str | os.PathLike | Mapping[str, Any] | PolicyCheckpoint
@@ -92,7 +93,8 @@ def load_policy_checkpoint(checkpoint: CheckpointSource) -> PolicyCheckpoint:
     for group, flat in flats.items():
         if not np.all(np.isfinite(flat)):
             raise CheckpointError(f"checkpoint {source}: weights[{group!r}] contain NaN or inf; the policy is unusable")
-    return PolicyCheckpoint(int(state["version"]), spec, flats["actor"], flats["obs_norm"], source)
+    task = state.get("task") or None
+    return PolicyCheckpoint(int(state["version"]), spec, flats["actor"], flats["obs_norm"], source, task)
 
 
 def reference_actor(ckpt: PolicyCheckpoint) -> SquashedGaussianActor:

@@ -93,7 +93,8 @@ def export_and_check(
 ) -> DeployReport:
     """Export, then run every check on the written file; a failed audit is reported, not raised."""
     ckpt = load_policy_checkpoint(checkpoint)
-    task = task_for_spec(ckpt.spec, config.task)  # fail on a task mismatch before any work
+    # The task named on the command line, else the one the checkpoint records, else by dims.
+    task = task_for_spec(ckpt.spec, config.task if config.task is not None else ckpt.task)
     exported = export_onnx(ckpt, out_path, opset=config.opset, batch_size=config.batch_size)
     try:
         audit = audit_onnx(exported.onnx_path, require_static_shapes=config.batch_size is not None)

@@ -1,0 +1,266 @@
+"""The aggregator over real gRPC on loopback, driven by the real AggregatorClient."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+
+import grpc
+import numpy as np
+import pytest
+
+from aggregator.client import AggregatorClient, GradientPush
+from aggregator.core import AggregatorCore
+from aggregator.service import GRPC_OPTIONS, AggregatorServer
+from fleetrl.config import AggregatorConfig
+from fleetrl.policy import GRADIENT_GROUPS, GROUPS, ModelSpec
+from fleetrl.proto import fleetrl_pb2 as pb
+from fleetrl.proto import fleetrl_pb2_grpc as pb_grpc
+from learner.models import norm_stats
+
+SPEC = ModelSpec(obs_dim=3, goal_dim=2, act_dim=2, hidden_sizes=(8,))
+CONFIG = AggregatorConfig(lr=1e-2, tau=0.1, checkpoint_every_versions=1000, keep_checkpoints=2)
+
+
+def make_core() -> AggregatorCore:
+    return AggregatorCore(SPEC, CONFIG, grads_per_step=1, max_staleness=1)
+
+
+def push(core: AggregatorCore, base_version: int, seed: int = 0) -> GradientPush:
+    rng = np.random.default_rng(seed)
+    return GradientPush(
+        learner_id=0,
+        base_version=base_version,
+        grads={g: rng.normal(size=core.sizes[g]).astype(np.float32) for g in GRADIENT_GROUPS},
+        norm_stats=norm_stats(rng.normal(size=(8, SPEC.input_dim))),
+        batch_size=8,
+        metrics={"loss/critic": 0.5},
+    )
+
+
+@pytest.fixture
+def server(tmp_path):
+    with AggregatorServer(make_core(), CONFIG, run_dir=tmp_path) as srv:
+        yield srv
+
+
+@pytest.fixture
+def client(server):
+    with AggregatorClient(server.address, timeout_sec=5.0) as agg:
+        yield agg
+
+
+@pytest.fixture
+def stub(server):
+    channel = grpc.insecure_channel(server.address, options=GRPC_OPTIONS)
+    yield pb_grpc.AggregatorStub(channel)
+    channel.close()
+
+
+def test_pushes_increment_the_version_and_watchers_see_each_new_version(server, client):
+    core = server.servicer.core
+    with client.watch("sampler-0") as watcher:
+        first = watcher.wait_newer_than(-1, timeout=10)
+        assert first is not None and first.version == 0
+        assert first.spec == SPEC
+        assert set(first.tensors) == set(GROUPS)
+        for version in range(3):
+            ack = client.push_gradients(push(core, version, seed=version))
+            assert (ack.applied, ack.version) == (True, version + 1)
+            snapshot = watcher.wait_newer_than(version, timeout=10)
+            assert snapshot is not None and snapshot.version == version + 1
+        for group in GROUPS:
+            np.testing.assert_array_equal(snapshot.tensors[group], core.weights()[group])
+        assert not np.array_equal(snapshot.tensors["actor"], first.tensors["actor"])
+        stats = client.stats()
+        assert (stats.version, stats.gradients_applied, stats.subscribers) == (3, 3, 1)
+    assert server.servicer.metrics == {"loss/critic": 0.5}
+
+
+def test_async_push_is_acked_and_a_stale_push_is_reported(server, client):
+    core = server.servicer.core
+    pending = [client.push_gradients_async(push(core, v, seed=v)) for v in (0,)]
+    assert pending[0].result().version == 1
+    client.push_gradients(push(core, 1))
+    client.push_gradients(push(core, 2))
+    before = core.weights()
+    ack = client.push_gradients(push(core, 0, seed=5))  # 3 versions behind, max_staleness 1
+    assert (ack.applied, ack.version) == (False, 3)
+    assert "stale" in ack.reason
+    np.testing.assert_array_equal(core.weights()["actor"], before["actor"])
+    stats = client.stats()
+    assert (stats.gradients_applied, stats.gradients_stale, stats.gradients_rejected) == (3, 1, 0)
+
+
+def test_a_watcher_of_some_groups_gets_only_those(server, client):
+    with client.watch("evaluator-0", groups=("actor", "obs_norm")) as watcher:
+        client.push_gradients(push(server.servicer.core, 0))
+        snapshot = watcher.wait_newer_than(0, timeout=10)
+    assert snapshot is not None and snapshot.version == 1
+    assert set(snapshot.tensors) == {"actor", "obs_norm"}
+    weights = server.servicer.core.weights()
+    np.testing.assert_array_equal(snapshot.tensors["actor"], weights["actor"])
+    np.testing.assert_array_equal(snapshot.tensors["obs_norm"], weights["obs_norm"])
+
+
+def test_min_interval_conflates_versions(server, client):
+    core = server.servicer.core
+    versions = 12
+    with client.watch("slow", min_interval_sec=0.3) as slow:
+        assert slow.wait_newer_than(-1, timeout=10).version == 0
+        start = time.monotonic()
+        for v in range(versions):
+            client.push_gradients(push(core, v, seed=v))
+        newest = slow.wait_newer_than(versions - 1, timeout=10)
+        elapsed = time.monotonic() - start
+        assert newest is not None and newest.version == versions
+        received = slow.received
+    assert received < versions  # the 13 versions (0..12) arrived in fewer messages
+    assert received <= 2 + elapsed / 0.3 + 1
+
+
+def _tensor(msg: pb.Gradients, name: str) -> pb.Tensor:
+    return next(t for t in msg.tensors if t.name == name)
+
+
+def _set_first(msg: pb.Gradients, name: str, value: float) -> None:
+    tensor = _tensor(msg, name)
+    data = np.frombuffer(tensor.data, np.float32).copy()
+    data[0] = value
+    tensor.data = data.tobytes()
+
+
+def _float64(msg: pb.Gradients) -> None:
+    tensor = _tensor(msg, "actor")
+    tensor.dtype = "float64"
+    tensor.data = np.frombuffer(tensor.data, np.float32).astype(np.float64).tobytes()
+
+
+def _short_shape(msg: pb.Gradients) -> None:
+    tensor = _tensor(msg, "critic")
+    tensor.shape[:] = [tensor.shape[0] - 1]
+    tensor.data = tensor.data[:-4]
+
+
+def _drop(msg: pb.Gradients, name: str) -> None:
+    del msg.tensors[[t.name for t in msg.tensors].index(name)]
+
+
+# One row per bad push: (case, mutate(Gradients) in place, expected in details, rejected field).
+BAD_PUSHES: list[tuple[str, Callable[[pb.Gradients], None], str, str]] = [
+    ("bad dtype", _float64, "tensors[actor].dtype: 'float64'", "tensors[actor].dtype"),
+    (
+        "byte count mismatch",
+        lambda m: setattr(_tensor(m, "log_alpha"), "data", b"\0" * 3),
+        "tensors[log_alpha].data: 3 bytes, shape [1] needs 4",
+        "tensors[log_alpha].data",
+    ),
+    ("missing norm_stats", lambda m: _drop(m, "norm_stats"), "tensors: missing norm_stats", "tensors"),
+    ("missing group", lambda m: _drop(m, "critic"), "tensors: missing group(s) ['critic']", "tensors"),
+    ("wrong shape", _short_shape, "tensors[critic].shape: [", "tensors[critic].shape"),
+    ("NaN", lambda m: _set_first(m, "actor", float("nan")), "tensors[actor].data: contains NaN", "tensors[actor].data"),
+    ("inf stats", lambda m: _set_first(m, "norm_stats", float("inf")), "tensors[norm_stats].data", "tensors[norm_stats].data"),
+    ("version ahead", lambda m: setattr(m, "base_version", 7), "base_version: 7 is ahead", "base_version"),
+]
+
+
+@pytest.mark.parametrize("case,mutate,details,field", BAD_PUSHES, ids=[r[0] for r in BAD_PUSHES])
+def test_bad_push_is_invalid_argument_and_the_server_keeps_serving(case, mutate, details, field, server, client, stub):
+    core = server.servicer.core
+    client.push_gradients(push(core, 0))
+    before = core.weights()
+    bad = push(core, 1, seed=1).to_proto()
+    mutate(bad)
+    with pytest.raises(grpc.RpcError) as err:
+        stub.PushGradients(bad, timeout=5)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert details in err.value.details()
+    assert core.version == 1
+    for group in GROUPS:
+        np.testing.assert_array_equal(core.weights()[group], before[group])
+    stats = client.stats()
+    assert (stats.version, stats.gradients_applied, stats.gradients_rejected) == (1, 1, 1)
+    assert server.servicer.rejected_by_field == {field: 1}
+    assert client.push_gradients(push(core, 1, seed=2)).version == 2
+
+
+def test_watch_with_an_unknown_group_is_invalid_argument(stub):
+    with pytest.raises(grpc.RpcError) as err:
+        next(iter(stub.WatchWeights(pb.WatchRequest(subscriber="x", groups=["actor", "bogus"]), timeout=5)))
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "groups: unknown ['bogus']" in err.value.details()
+
+
+def test_watch_with_a_negative_interval_is_invalid_argument(stub):
+    with pytest.raises(grpc.RpcError) as err:
+        next(iter(stub.WatchWeights(pb.WatchRequest(subscriber="x", min_interval_sec=-1), timeout=5)))
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "min_interval_sec" in err.value.details()
+
+
+@pytest.mark.parametrize(
+    "report,details",
+    [
+        (pb.EvalReport(version=0, success_rate=1.5), "success_rate: 1.5 not in [0, 1]"),
+        (pb.EvalReport(version=0, success_rate=-0.1), "success_rate: -0.1 not in [0, 1]"),
+        (pb.EvalReport(version=0, success_rate=float("nan")), "success_rate: nan"),
+        (pb.EvalReport(version=5, success_rate=0.5), "version: 5 > 0"),
+    ],
+    ids=["above 1", "below 0", "NaN", "future version"],
+)
+def test_bad_eval_report_is_invalid_argument(report, details, server, client, tmp_path):
+    with pytest.raises(grpc.RpcError) as err:
+        client.report_eval(report)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert details in err.value.details()
+    stats = client.stats()
+    assert stats.last_eval.episodes == 0 and stats.gradients_rejected == 1
+    assert not (tmp_path / "evals.jsonl").exists()
+
+
+def test_eval_reports_show_in_stats_and_append_to_evals_jsonl(server, client, tmp_path):
+    core = server.servicer.core
+    for v in range(2):
+        client.push_gradients(push(core, v, seed=v))
+    client.report_eval(pb.EvalReport(version=2, episodes=20, success_rate=0.75, mean_return=-12.5,
+                                     env_steps=4000, evaluator="evaluator-0"))
+    client.report_eval(pb.EvalReport(version=1, episodes=20, success_rate=0.5, env_steps=3000))  # older: logged only
+    stats = client.stats()
+    assert (stats.last_eval.version, stats.last_eval.success_rate, stats.last_eval.episodes) == (2, 0.75, 20)
+    assert stats.last_eval.evaluator == "evaluator-0"
+    assert stats.env_steps == 4000
+    rows = [json.loads(line) for line in (tmp_path / "evals.jsonl").read_text().splitlines()]
+    assert [(r["version"], r["success_rate"], r["env_steps"]) for r in rows] == [(2, 0.75, 4000), (1, 0.5, 3000)]
+    assert rows[0]["mean_return"] == -12.5 and rows[0]["evaluator"] == "evaluator-0"
+
+
+def test_versions_and_weights_survive_a_restart_on_the_same_run_dir(tmp_path):
+    with AggregatorServer(make_core(), CONFIG, run_dir=tmp_path) as first:
+        core = first.servicer.core
+        with AggregatorClient(first.address, timeout_sec=5.0) as agg:
+            for v in range(3):
+                agg.push_gradients(push(core, v, seed=v))
+        weights = core.weights()
+    assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["ckpt_0000000003.pt"]
+    with AggregatorServer(make_core(), CONFIG, run_dir=tmp_path) as second:
+        restored = second.servicer.core
+        assert restored.version == 3
+        for group in GROUPS:
+            np.testing.assert_array_equal(restored.weights()[group], weights[group])
+        with AggregatorClient(second.address, timeout_sec=5.0) as agg, agg.watch("learner-0") as watcher:
+            assert watcher.wait_newer_than(-1, timeout=10).version == 3
+            assert agg.push_gradients(push(restored, 3)).version == 4
+            assert agg.stats().version == 4
+
+
+def test_checkpoints_are_written_every_n_versions_and_pruned(tmp_path):
+    config = AggregatorConfig(lr=1e-2, checkpoint_every_versions=2, keep_checkpoints=2)
+    core = AggregatorCore(SPEC, config, grads_per_step=1, max_staleness=1)
+    with AggregatorServer(core, config, run_dir=tmp_path) as srv, AggregatorClient(srv.address) as agg:
+        for v in range(7):
+            agg.push_gradients(push(core, v, seed=v))
+        names = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
+        assert names == ["ckpt_0000000004.pt", "ckpt_0000000006.pt"]
+    names = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
+    assert names == ["ckpt_0000000006.pt", "ckpt_0000000007.pt"]  # close() checkpoints the last version
