@@ -6,7 +6,8 @@ One invocation measures, on the same machine and one after the other:
 
 (a) single process: `env.step` of `sim.make_env(task, RandomizationConfig())` (the
     domain-randomized env every sampler builds) with uniform random actions, reset on
-    episode end, after a short warm-up. The ceiling one sampler process could reach.
+    episode end, after a short warm-up: the ceiling of one sampler process. Half of its
+    `--seconds` run before (b) and half after, so a drift in the machine's load shows.
 (b) end to end: a LocalRedisCluster, then `python -m fleetrl.cli buffer|aggregator|sampler`
     role processes started the way fleetrl.launch.LocalFleet starts them (no learner, no
     evaluator). Samplers run with `sampler.max_env_steps_per_update=0` (rate limiter off)
@@ -24,6 +25,7 @@ service and three redis-server processes, so the ratio includes that contention.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import pathlib
@@ -34,7 +36,6 @@ import tempfile
 import time
 from contextlib import closing
 from dataclasses import asdict, dataclass
-from typing import NamedTuple
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -83,7 +84,6 @@ class Figures:
         cpu = e2e["cpu"]
         sampler_cores = sum(v for k, v in cpu.items() if k.startswith("sampler")) / 100
         fleet_cores = sum(v for k, v in cpu.items() if k not in ("benchmark", "machine", "others")) / 100
-        single_per_cpu = _per(single.env_steps_per_sec, single.cpu["benchmark"] / 100)
         return cls(
             task=args.task,
             samplers=args.samplers,
@@ -94,10 +94,10 @@ class Figures:
             ratio=_per(acked, single.env_steps_per_sec),
             single_window_sec=single.window_sec,
             e2e_window_sec=e2e["window_sec"],
-            single_env_steps_per_cpu_sec=single_per_cpu,
+            single_env_steps_per_cpu_sec=single.env_steps_per_cpu_sec,
             e2e_env_steps_per_sampler_cpu_sec=_per(acked, sampler_cores),
             e2e_env_steps_per_fleet_cpu_sec=_per(acked, fleet_cores),
-            cpu_ratio=_per(_per(acked, sampler_cores), single_per_cpu),
+            cpu_ratio=_per(_per(acked, sampler_cores), single.env_steps_per_cpu_sec),
         )
 
 
@@ -119,11 +119,9 @@ class CpuMeter:
         return sum(getattr(t, f) for f in t._fields if f not in not_busy)
 
     def _cpu(self, proc: psutil.Process) -> float:
-        try:
-            t = proc.cpu_times()
-        except psutil.Error:
-            return float("nan")
-        return t.user + t.system
+        with contextlib.suppress(psutil.Error):
+            return sum(proc.cpu_times()[:2])  # user + system
+        return float("nan")
 
     def start(self) -> None:
         self._t0 = time.monotonic()
@@ -141,10 +139,26 @@ class CpuMeter:
         return used
 
 
-class SingleResult(NamedTuple):
-    env_steps_per_sec: float
+@dataclass
+class SingleResult:
+    env_steps: int
     window_sec: float
     cpu: dict[str, float]  # CpuMeter.stop() over the measured window
+
+    @property
+    def env_steps_per_sec(self) -> float:
+        return self.env_steps / self.window_sec
+
+    @property
+    def env_steps_per_cpu_sec(self) -> float:
+        return _per(self.env_steps_per_sec, self.cpu["benchmark"] / 100)
+
+    @staticmethod
+    def combine(a: SingleResult, b: SingleResult) -> SingleResult:
+        """Both windows as one: steps and seconds add up, CPU shares are time-weighted."""
+        window = a.window_sec + b.window_sec
+        cpu = {k: (a.cpu[k] * a.window_sec + b.cpu[k] * b.window_sec) / window for k in a.cpu}
+        return SingleResult(a.env_steps + b.env_steps, window, cpu)
 
 
 def measure_env_steps(task: str, seconds: float, warmup_sec: float, seed: int = 0) -> SingleResult:
@@ -172,7 +186,7 @@ def measure_env_steps(task: str, seconds: float, warmup_sec: float, seed: int = 
     steps, elapsed = run_for(seconds)
     cpu = meter.stop()
     env.close()
-    return SingleResult(steps / elapsed, elapsed, cpu)
+    return SingleResult(steps, elapsed, cpu)
 
 
 def bench_config(task: str, samplers: int, run_dir: pathlib.Path) -> RunConfig:
@@ -243,14 +257,15 @@ class Fleet:
         self.dog.stop(["aggregator", "buffer"])
 
     def heartbeats(self) -> dict[str, dict]:
+        """Each sampler's newest heartbeat JSON (phase timers, counters); missing ones left out."""
+        paths = {
+            f"sampler-{i}": heartbeat_file(self.run_dir, f"sampler-{i}")
+            for i in range(self.config.sampler.num_samplers)
+        }
         out = {}
-        for index in range(self.config.sampler.num_samplers):
-            try:
-                out[f"sampler-{index}"] = json.loads(
-                    pathlib.Path(heartbeat_file(self.run_dir, f"sampler-{index}")).read_text()
-                )
-            except (OSError, ValueError):
-                pass
+        for name, path in paths.items():
+            with contextlib.suppress(OSError, ValueError):
+                out[name] = json.loads(pathlib.Path(path).read_text())
         return out
 
 
@@ -304,11 +319,12 @@ def sampler_phases(before: dict[str, dict], after: dict[str, dict]) -> dict[str,
     return out
 
 
-def print_diagnostics(single_cpu: dict[str, float], e2e: dict) -> None:
+def print_diagnostics(before: SingleResult, after: SingleResult, e2e: dict) -> None:
     def fmt(cpu: dict[str, float]) -> str:
         return ", ".join(f"{k} {v:.0f}" for k, v in cpu.items())
 
-    print(f"cpu during (a), % of one core: {fmt(single_cpu)}")
+    for when, single in (("before", before), ("after", after)):
+        print(f"(a) {when} (b): {single.env_steps_per_sec:.1f} env.step/s; cpu, % of one core: {fmt(single.cpu)}")
     print(f"cpu during (b), % of one core: {fmt(e2e['cpu'])}")
     for name, shares in e2e["phases"].items():
         made = shares["made_env_steps_per_sec"]
@@ -317,25 +333,21 @@ def print_diagnostics(single_cpu: dict[str, float], e2e: dict) -> None:
 
 
 def print_figures(f: Figures) -> None:
-    per_step = f.e2e_transitions_per_sec / f.e2e_env_steps_per_sec if f.e2e_env_steps_per_sec else float("nan")
+    her = f"{_per(f.e2e_transitions_per_sec, f.e2e_env_steps_per_sec):.2f} per env step, HER k={f.her_k} included"
+    rows = [
+        ("per CPU-second (context: less sensitive to other load than the rates below)", None, ""),
+        ("  single-process env.step per CPU-s", f.single_env_steps_per_cpu_sec, ""),
+        ("  end-to-end acked env steps per sampler CPU-s", f.e2e_env_steps_per_sampler_cpu_sec, f"{f.cpu_ratio:.3f}x"),
+        ("  end-to-end acked env steps per fleet CPU-s", f.e2e_env_steps_per_fleet_cpu_sec, "all roles + redis"),
+        ("single-process env.step/s", f.single_env_steps_per_sec, f"{f.single_window_sec:.1f}s"),
+        ("end-to-end env steps acked/s", f.e2e_env_steps_per_sec, f"{f.e2e_window_sec:.1f}s"),
+        ("end-to-end transitions acked/s", f.e2e_transitions_per_sec, her),
+        ("ratio end-to-end / single-process", f.ratio, "env steps acked/s over env.step/s"),
+    ]
     print(f"\n=== sampler throughput: {f.task}, {f.samplers} sampler(s), uniform random actions in both ===")
-    print("per CPU-second (less sensitive to other load on the machine; context for the ratio below):")
-    print(f"  single-process env.step per CPU-s:            {f.single_env_steps_per_cpu_sec:10.1f}")
-    print(
-        f"  end-to-end acked env steps per sampler CPU-s: {f.e2e_env_steps_per_sampler_cpu_sec:10.1f}  "
-        f"(ratio {f.cpu_ratio:.3f})"
-    )
-    print(
-        f"  end-to-end acked env steps per fleet CPU-s:   {f.e2e_env_steps_per_fleet_cpu_sec:10.1f}  "
-        "(samplers + buffer + redis + aggregator)"
-    )
-    print(f"single-process env.step/s:          {f.single_env_steps_per_sec:10.1f}   ({f.single_window_sec:.1f}s)")
-    print(f"end-to-end env steps acked/s:       {f.e2e_env_steps_per_sec:10.1f}   ({f.e2e_window_sec:.1f}s)")
-    print(
-        f"end-to-end transitions acked/s:     {f.e2e_transitions_per_sec:10.1f}   "
-        f"({per_step:.2f} per env step; HER k={f.her_k} relabeled copies included)"
-    )
-    print(f"ratio end-to-end / single-process:  {f.ratio:10.3f}")
+    for label, value, note in rows:
+        figure = "" if value is None else f"{value:10.3f}" if label.startswith("ratio") else f"{value:10.1f}"
+        print(f"{label + ':':48s}{figure}" + (f"   ({note})" if note else ""))
 
 
 def run_e2e(args: argparse.Namespace, run_dir: pathlib.Path) -> tuple[RunConfig, dict]:
@@ -361,10 +373,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--json", help="also write the figures here as JSON")
     args = p.parse_args(argv)
     if args.seconds <= 0 or args.samplers < 1 or args.warmup_sec < 0:
-        p.error(
-            f"--seconds ({args.seconds}) must be > 0, --samplers ({args.samplers}) >= 1, "
-            f"--warmup-sec ({args.warmup_sec}) >= 0"
-        )
+        got = f"--seconds {args.seconds}, --samplers {args.samplers}, --warmup-sec {args.warmup_sec}"
+        p.error(f"{got}: need --seconds > 0 (the window), --samplers >= 1, --warmup-sec >= 0")
     return args
 
 
@@ -375,24 +385,30 @@ def main(argv: list[str] | None = None) -> int:
     run_dir = pathlib.Path(args.run_dir or tempfile.mkdtemp(prefix="fleetrl-bench-"))
     ok = False
     try:
-        print(f"[a] single process: {args.task} env.step, {args.seconds:.0f}s", file=sys.stderr)
-        single = measure_env_steps(args.task, args.seconds, warmup_sec=min(2.0, args.seconds))
+        # (a) is split in halves around (b): a drift in the machine's load shows as a gap
+        # between the halves instead of skewing the ratio one way.
+        half = args.seconds / 2
+        print(f"[a] single process: {args.task} env.step, {half:.0f}s before and after (b)", file=sys.stderr)
+        before = measure_env_steps(args.task, half, warmup_sec=min(2.0, half))
         print(f"[e2e] starting fleet in {run_dir}", file=sys.stderr)
         config, e2e = run_e2e(args, run_dir)
+        after = measure_env_steps(args.task, half, warmup_sec=min(1.0, half), seed=1)
         ok = True
     except KeyboardInterrupt:
         print("interrupted; every process stopped", file=sys.stderr)
+        ok = True
         return 130
     finally:
-        if not ok:
+        if not ok:  # a role failed or timed out: its log says why
             print(f"logs kept in {run_dir / 'logs'}", file=sys.stderr)
         elif not args.run_dir:
             shutil.rmtree(run_dir, ignore_errors=True)
+    single = SingleResult.combine(before, after)
     figures = Figures.of(args, config.sampler.her_k, single, e2e)
     if args.json:
         payload = {**asdict(figures), "cpu_single": single.cpu, "cpu_e2e": e2e["cpu"], "phases": e2e["phases"]}
         pathlib.Path(args.json).write_text(json.dumps(payload, indent=2))
-    print_diagnostics(single.cpu, e2e)
+    print_diagnostics(before, after, e2e)
     print_figures(figures)
     return 0
 

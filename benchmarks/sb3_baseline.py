@@ -16,8 +16,8 @@ deterministic episodes on the nominal task with held-out seeds 1_000_000 + i (th
 every time), ended early once the target is out of reach. Training stops at the first
 evaluation with success >= `--target`, or at `--max-steps` / `--max-wall-sec`.
 
-Prints LAST the env steps and the wall-clock seconds since process start (interpreter start,
-imports included, as the fleet's figure counts from the `fleetrl` command's start) at the
+Prints LAST the env steps and the wall-clock seconds since process start (interpreter start
+and imports included; `fleetrl train` counts from its CLI module's import, just after) at the
 first evaluation that reached the target; evaluation time is included and shown separately.
 """
 

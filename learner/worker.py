@@ -127,6 +127,6 @@ def _wait(poll, stop: threading.Event, heartbeat: Heartbeat):  # noqa: ANN001, A
         value = poll()
         if value is not None:
             return value
-        heartbeat.beat(phase="waiting_for_weights")
+        heartbeat.beat()
     return None
 

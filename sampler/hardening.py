@@ -12,6 +12,8 @@ import os
 import resource
 from dataclasses import dataclass, field
 
+import psutil
+
 log = logging.getLogger("fleetrl.sampler.hardening")
 
 MCL_CURRENT, MCL_FUTURE = 1, 2
@@ -26,9 +28,16 @@ class HardeningReport:
 
 
 def pin_to_cpu(index: int) -> int:
-    """Pin this process to the index-th allowed CPU (round-robin); returns the CPU id."""
+    """Pin this process to an allowed CPU and return its id.
+
+    CPUs are ranked by their load over the last 0.1 s and worker `index` takes the
+    index-th least loaded (round-robin): several fleets on one host then spread out instead
+    of every fleet's sampler 0 sharing CPU 0.
+    """
     allowed = sorted(os.sched_getaffinity(0))
-    cpu = allowed[index % len(allowed)]
+    load = psutil.cpu_percent(interval=0.1, percpu=True)
+    ranked = sorted(allowed, key=lambda c: (load[c] if c < len(load) else 0.0, c))
+    cpu = ranked[index % len(ranked)]
     os.sched_setaffinity(0, {cpu})
     return cpu
 

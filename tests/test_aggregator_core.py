@@ -142,13 +142,23 @@ BAD_GRADIENTS = [
     ("unknown group", _with("critic_target", lambda g: g["critic"]), "tensors", "unknown group(s) ['critic_target']"),
     ("short critic", _with("critic", lambda g: g["critic"][:-1]), "tensors[critic].shape", "expected ["),
     ("2-D actor", _with("actor", lambda g: g["actor"][None]), "tensors[actor].shape", "[1, "),
-    ("scalar log_alpha", _with("log_alpha", lambda g: g["log_alpha"][0]), "tensors[log_alpha].shape", "[], expected [1]"),
+    (
+        "scalar log_alpha",
+        _with("log_alpha", lambda g: g["log_alpha"][0]),
+        "tensors[log_alpha].shape",
+        "[], expected [1]",
+    ),
     ("NaN actor", _poison("actor", 5, float("nan")), "tensors[actor].data", "contains NaN or inf"),
     ("inf critic", _poison("critic", 0, float("inf")), "tensors[critic].data", "contains NaN or inf"),
     ("-inf log_alpha", _poison("log_alpha", 0, -float("inf")), "tensors[log_alpha].data", "contains NaN or inf"),
     ("short norm_stats", _stats(lambda s: s[:-1]), "tensors[norm_stats].shape", f"expected [{1 + 2 * SPEC.input_dim}]"),
     ("2-D norm_stats", _stats(lambda s: s[None]), "tensors[norm_stats].shape", "expected"),
-    ("NaN norm_stats", _stats(lambda s: np.where(np.arange(s.size) == 3, np.nan, s)), "tensors[norm_stats].data", "NaN"),
+    (
+        "NaN norm_stats",
+        _stats(lambda s: np.where(np.arange(s.size) == 3, np.nan, s)),
+        "tensors[norm_stats].data",
+        "NaN",
+    ),
     ("negative count", _negative_count, "tensors[norm_stats].data", "negative count"),
 ]
 

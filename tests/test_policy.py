@@ -54,8 +54,9 @@ def test_numpy_actor_matches_build_actor_and_samples_in_range():
     model, actor, inputs = _model_and_actor(spec, 3)
     rebuilt = build_actor(spec, model.get_flat("actor"), model.get_flat("obs_norm"))
     with torch.no_grad():
-        np.testing.assert_allclose(actor.deterministic(inputs), rebuilt.deterministic(torch.from_numpy(inputs)),
-                                   atol=1e-5)
+        np.testing.assert_allclose(
+            actor.deterministic(inputs), rebuilt.deterministic(torch.from_numpy(inputs)), atol=1e-5
+        )
     a = actor.sample(inputs, np.random.default_rng(0))
     b = actor.sample(inputs, np.random.default_rng(0))
     c = actor.sample(inputs, np.random.default_rng(1))

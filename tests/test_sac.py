@@ -99,8 +99,9 @@ def _target(model: SACModel, batch: Batch, hp: SACHyperparams) -> torch.Tensor:
     model.set_flat("critic", zero)  # Q1 = Q2 = 0, so loss = 2 * mean(target^2) per row
     targets = []
     for i in range(len(batch.reward)):
-        row = Batch(*(t[i : i + 1] for t in (batch.obs_goal, batch.action, batch.reward,
-                                              batch.next_obs_goal, batch.done)))
+        row = Batch(
+            *(t[i : i + 1] for t in (batch.obs_goal, batch.action, batch.reward, batch.next_obs_goal, batch.done))
+        )
         with torch.no_grad():
             loss = critic_loss(model, row, hp)
         targets.append(torch.sqrt(loss / 2))  # |target|

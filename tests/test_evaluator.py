@@ -1,0 +1,112 @@
+"""evaluate() on the real FetchReach env: scripted policies with known outcomes, early stop, seeds."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from aggregator.client import WeightsSnapshot
+from fleetrl.config import EvalConfig
+from fleetrl.policy import ModelSpec
+from sampler.evaluator import evaluate
+from sampler.worker import Policy, rollout
+from sim.registry import get_task, make_env
+
+SEED = 1_000_000
+
+
+class Reacher:
+    """Moves the gripper toward the goal: action = clip(gain * (goal - gripper)), gripper 0."""
+
+    def __init__(self, gain: float) -> None:
+        self.gain = gain
+        self.modes: list[bool] = []
+        self.first_goals: list[np.ndarray] = []
+        self._last_goal: np.ndarray | None = None
+
+    def act(self, obs: dict[str, np.ndarray], deterministic: bool) -> np.ndarray:
+        self.modes.append(deterministic)
+        goal = obs["desired_goal"]
+        if self._last_goal is None or not np.array_equal(goal, self._last_goal):
+            self.first_goals.append(goal.copy())
+            self._last_goal = goal.copy()
+        action = np.zeros(4, np.float32)
+        action[:3] = np.clip((goal - obs["observation"][:3]) * self.gain, -1.0, 1.0)
+        return action
+
+
+@pytest.fixture(scope="module")
+def env():
+    env = make_env("FetchReach-v4")
+    yield env
+    env.close()
+
+
+def test_a_reaching_policy_scores_full_success_with_deterministic_actions(env):
+    policy = Reacher(gain=10.0)
+    result = evaluate(env, policy, EvalConfig(episodes=5, seed=SEED))
+    assert (result.success_rate, result.episodes) == (1.0, 5)
+    assert -10.0 < result.mean_return <= 0.0  # a few steps of -1 before the goal is reached
+    assert len(policy.modes) == 5 * 50 and all(policy.modes)
+
+
+def test_a_policy_that_would_reach_the_target_is_never_cut_short(env):
+    result = evaluate(env, Reacher(gain=10.0), EvalConfig(episodes=10, seed=SEED), stop_below=0.9)
+    assert (result.success_rate, result.episodes) == (1.0, 10)
+
+
+def test_a_hopeless_policy_stops_as_soon_as_the_target_is_out_of_reach(env):
+    config = EvalConfig(episodes=10, seed=SEED)
+    still = Reacher(gain=0.0)
+    # Per-episode outcomes on the same seeds, to know where the early stop must happen.
+    outcomes = [
+        rollout(env, still, seed=SEED + i, rng=np.random.default_rng(0), deterministic=True)[1]
+        for i in range(config.episodes)
+    ]
+    assert sum(outcomes) < 9
+    failures = np.cumsum(~np.array(outcomes))
+    stop_after = int(np.argmax(failures > 1)) + 1  # 0.9 of 10 episodes allows one failure
+    result = evaluate(env, Reacher(gain=0.0), config, stop_below=0.9)
+    assert result.episodes == stop_after < config.episodes
+    assert result.success_rate == pytest.approx(np.mean(outcomes[:stop_after]))
+    full = evaluate(env, Reacher(gain=0.0), config)
+    assert full.episodes == 10 and full.success_rate == pytest.approx(np.mean(outcomes))
+
+
+def test_identical_seeds_give_identical_results_and_other_seeds_other_goals(env):
+    config = EvalConfig(episodes=6, seed=SEED)
+    a, b, c = Reacher(gain=0.5), Reacher(gain=0.5), Reacher(gain=0.5)
+    first = evaluate(env, a, config)
+    evaluate(env, Reacher(gain=0.0), EvalConfig(episodes=2, seed=7))  # other work on the env in between
+    second = evaluate(env, b, config)
+    assert first == second
+    assert len(a.first_goals) == 6
+    np.testing.assert_array_equal(np.array(a.first_goals), np.array(b.first_goals))
+    evaluate(env, c, EvalConfig(episodes=6, seed=SEED + 100))
+    assert not np.allclose(np.array(a.first_goals), np.array(c.first_goals))
+
+
+def _snapshot(version: int, seed: int) -> WeightsSnapshot:
+    task = get_task("FetchReach-v4")
+    spec = ModelSpec(task.obs_dim, task.goal_dim, task.act_dim, (16,))
+    rng = np.random.default_rng(seed)
+    obs_norm = np.concatenate([np.zeros(spec.input_dim), np.ones(spec.input_dim)]).astype(np.float32)
+    actor = rng.normal(0, 0.3, spec.actor_size()).astype(np.float32)
+    return WeightsSnapshot(version=version, tensors={"actor": actor, "obs_norm": obs_norm}, spec=spec)
+
+
+def test_the_sampler_policy_evaluates_deterministically_from_a_weights_snapshot(env):
+    policy = Policy(seed=0)
+    assert policy.refresh(None) is False
+    assert policy.refresh(_snapshot(3, seed=0)) is True
+    assert policy.version == 3
+    assert policy.refresh(_snapshot(3, seed=1)) is False  # same version: kept
+    config = EvalConfig(episodes=3, seed=SEED)
+    first = evaluate(env, policy, config)
+    assert first.episodes == 3 and 0.0 <= first.success_rate <= 1.0
+    assert evaluate(env, policy, config) == first  # deterministic actions: no sampling noise
+    obs, _ = env.reset(seed=SEED)
+    action = policy.act(obs, deterministic=True)
+    assert action.shape == (4,) and np.all(np.abs(action) < 1.0)
+    np.testing.assert_array_equal(action, policy.act(obs, deterministic=True))
+    assert not np.array_equal(policy.act(obs, deterministic=False), policy.act(obs, deterministic=False))

@@ -1,0 +1,109 @@
+"""Sampler OS hardening: pinning, mlockall, OOM preference; each refusal degrades to a warning.
+
+harden() changes the whole process (affinity, locked memory, OOM score), so the real calls run
+in a child interpreter; the in-process tests patch the privileged calls and restore affinity.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from sampler import hardening
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def run_child(worker_index: int, pin: bool, mlock: bool) -> dict:
+    script = textwrap.dedent(
+        f"""
+        import json, os
+        from sampler.hardening import harden
+        allowed = sorted(os.sched_getaffinity(0))
+        report = harden({worker_index}, pin={pin}, mlock={mlock})
+        with open("/proc/self/oom_score_adj") as f:
+            oom = int(f.read())
+        print(json.dumps({{"allowed": allowed, "after": sorted(os.sched_getaffinity(0)), "cpu": report.cpu,
+                          "mlocked": report.mlocked, "oom_score_adj": report.oom_score_adj, "oom": oom,
+                          "warnings": report.warnings}}))
+        """
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("worker_index", [0, 1, 5])
+def test_harden_pins_to_one_allowed_cpu_round_robin(worker_index):
+    report = run_child(worker_index, pin=True, mlock=False)
+    allowed = report["allowed"]
+    assert report["cpu"] == allowed[worker_index % len(allowed)]
+    assert report["after"] == [report["cpu"]]
+    assert report["mlocked"] is False
+
+
+def test_harden_locks_memory_and_lowers_oom_score_or_says_why_not():
+    report = run_child(0, pin=False, mlock=True)
+    assert report["cpu"] is None
+    assert len(report["after"]) == len(report["allowed"])  # pin=False leaves affinity alone
+    if not report["mlocked"]:
+        assert any("mlockall failed" in w for w in report["warnings"]), report
+    if report["oom_score_adj"] is None:
+        assert any("oom_score_adj not lowered" in w for w in report["warnings"]), report
+    else:
+        assert report["oom_score_adj"] == report["oom"] == -500
+    assert len(report["warnings"]) == (not report["mlocked"]) + (report["oom_score_adj"] is None)
+
+
+@pytest.fixture
+def restore_affinity():
+    allowed, setaffinity = os.sched_getaffinity(0), os.sched_setaffinity  # the real call, even if patched
+    yield allowed
+    setaffinity(0, allowed)
+
+
+def _refuse(*args, **kwargs):
+    raise OSError(1, "Operation not permitted")
+
+
+def test_refused_mlock_and_oom_score_give_warnings_not_errors(monkeypatch, restore_affinity):
+    monkeypatch.setattr(hardening, "lock_memory", _refuse)
+    monkeypatch.setattr(hardening, "prefer_survival", _refuse)
+    report = hardening.harden(0, pin=True, mlock=True)
+    assert report.cpu == sorted(restore_affinity)[0]
+    assert os.sched_getaffinity(0) == {report.cpu}
+    assert report.mlocked is False and report.oom_score_adj is None
+    assert len(report.warnings) == 2
+    assert "Operation not permitted" in report.warnings[0] and "swapped out" in report.warnings[0]
+    assert report.warnings[1].startswith("oom_score_adj not lowered")
+
+
+def test_refused_pinning_gives_a_warning_and_leaves_affinity(monkeypatch, restore_affinity):
+    monkeypatch.setattr(hardening.os, "sched_setaffinity", _refuse)
+    monkeypatch.setattr(hardening, "prefer_survival", _refuse)
+    report = hardening.harden(3, pin=True, mlock=False)
+    assert report.cpu is None
+    assert os.sched_getaffinity(0) == restore_affinity
+    assert report.warnings[0].startswith("CPU pinning refused")
+    assert "floats across CPUs" in report.warnings[0]
+
+
+def test_refused_mlockall_syscall_raises_oserror_with_errno(monkeypatch):
+    class FakeLibc:
+        def mlockall(self, flags):
+            assert flags == hardening.MCL_CURRENT | hardening.MCL_FUTURE
+            return -1
+
+    monkeypatch.setattr(hardening.ctypes, "CDLL", lambda *a, **k: FakeLibc())
+    monkeypatch.setattr(hardening.ctypes, "get_errno", lambda: 12)
+    monkeypatch.setattr(hardening.resource, "setrlimit", _refuse)
+    with pytest.raises(OSError, match="mlockall failed") as err:
+        hardening.lock_memory()
+    assert err.value.errno == 12

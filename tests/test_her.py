@@ -1,0 +1,120 @@
+"""HER 'future' relabeling (sampler/her.py): row counts, goal provenance, rewards."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from sampler.her import Episode, relabel_future
+from sampler.worker import rollout
+from sim.registry import goal_reward, make_env
+
+T, OBS, GOAL, ACT = 7, 4, 3, 2
+
+
+def reach_reward(achieved: np.ndarray, desired: np.ndarray) -> np.ndarray:
+    return -(np.linalg.norm(achieved - desired, axis=-1) > 0.05).astype(np.float32)
+
+
+def make_episode(length: int = T, seed: int = 0) -> Episode:
+    rng = np.random.default_rng(seed)
+    steps = np.arange(length, dtype=np.float32)
+    return Episode(
+        obs=rng.normal(size=(length, OBS)).astype(np.float32),
+        # distinct per step (1 apart), so a relabeled goal identifies the step it came from
+        achieved_goal=(steps[:, None] + np.array([0.0, 10.0, 20.0], np.float32)).astype(np.float32),
+        desired_goal=np.tile(np.array([100.0, 100.0, 100.0], np.float32), (length, 1)),
+        action=rng.uniform(-1, 1, (length, ACT)).astype(np.float32),
+        next_obs=rng.normal(size=(length, OBS)).astype(np.float32),
+        terminated=np.zeros(length, np.float32),
+    )
+
+
+def source_steps(episode: Episode, goals: np.ndarray) -> np.ndarray:
+    """For each goal row, the step whose achieved goal it equals (asserting there is exactly one)."""
+    matches = np.all(goals[:, None, :] == episode.achieved_goal[None, :, :], axis=-1)
+    assert np.all(matches.sum(1) == 1), "a relabeled goal is not an achieved goal of the episode"
+    return matches.argmax(1)
+
+
+@pytest.mark.parametrize("k", [0, 1, 4])
+def test_output_has_k_plus_one_copies_with_the_real_goal_first(k):
+    episode = make_episode()
+    out = relabel_future(episode, k, reach_reward, np.random.default_rng(0))
+    assert len(out) == (k + 1) * T
+    for name in ("obs", "goal", "action", "reward", "next_obs", "done"):
+        assert getattr(out, name).dtype == np.float32, name
+    np.testing.assert_array_equal(out.goal[:T], episode.desired_goal)
+    for copy in range(k + 1):
+        rows = slice(copy * T, (copy + 1) * T)
+        np.testing.assert_array_equal(out.obs[rows], episode.obs)
+        np.testing.assert_array_equal(out.action[rows], episode.action)
+        np.testing.assert_array_equal(out.next_obs[rows], episode.next_obs)
+        np.testing.assert_array_equal(out.done[rows], episode.terminated)
+
+
+def test_k_zero_is_the_plain_episode():
+    episode = make_episode()
+    episode.terminated[-1] = 1.0
+    out = relabel_future(episode, 0, reach_reward, np.random.default_rng(0))
+    np.testing.assert_array_equal(out.goal, episode.desired_goal)
+    np.testing.assert_array_equal(out.reward, reach_reward(episode.achieved_goal, episode.desired_goal))
+    np.testing.assert_array_equal(out.done, episode.terminated)
+    assert np.all(out.reward == -1)
+
+
+def test_relabeled_goals_come_from_the_same_or_a_later_step():
+    episode = make_episode(length=20)
+    k = 50
+    out = relabel_future(episode, k, reach_reward, np.random.default_rng(1))
+    steps = np.tile(np.arange(20), k)
+    sources = source_steps(episode, out.goal[20:])
+    assert np.all(sources >= steps)
+    # the last step can only be relabeled with its own achieved goal: always a success
+    assert np.all(sources[steps == 19] == 19)
+    # 'future' is uniform over [t, T): from step 0 every step is drawn, and not only the first
+    from_first = sources[steps == 0]
+    assert len(set(from_first)) > 10
+    assert 5 < from_first.mean() < 14
+
+
+def test_rewards_are_the_reward_function_of_achieved_and_goal():
+    episode = make_episode()
+    k = 4
+    out = relabel_future(episode, k, reach_reward, np.random.default_rng(2))
+    achieved = np.tile(episode.achieved_goal, (k + 1, 1))
+    np.testing.assert_array_equal(out.reward, reach_reward(achieved, out.goal))
+    relabeled = slice(T, None)
+    same_step = source_steps(episode, out.goal[relabeled]) == np.tile(np.arange(T), k)
+    np.testing.assert_array_equal(out.reward[relabeled] == 0, same_step)
+    assert same_step.any() and not same_step.all()
+
+
+def test_same_rng_seed_gives_the_same_relabeling():
+    episode = make_episode()
+    a = relabel_future(episode, 3, reach_reward, np.random.default_rng(5))
+    b = relabel_future(episode, 3, reach_reward, np.random.default_rng(5))
+    np.testing.assert_array_equal(a.pack(), b.pack())
+
+
+def test_real_rows_of_a_fetch_rollout_carry_the_env_rewards():
+    env = make_env("FetchReach-v4")
+    try:
+        rng = np.random.default_rng(0)
+        obs, _ = env.reset(seed=3)
+        env_rewards = []
+        for _ in range(50):
+            action = rng.uniform(-1.0, 1.0, env.action_space.shape).astype(np.float32)
+            obs, reward, terminated, truncated, _ = env.step(action)
+            env_rewards.append(reward)
+            if terminated or truncated:
+                break
+        episode, _ = rollout(env, None, seed=3, rng=np.random.default_rng(0))  # same seed, same actions
+        out = relabel_future(episode, 4, lambda a, d: goal_reward(env, a, d), np.random.default_rng(0))
+    finally:
+        env.close()
+    assert len(episode) == len(env_rewards) == 50
+    np.testing.assert_array_equal(out.reward[:50], np.asarray(env_rewards, np.float32))
+    # relabeling turns failures into successes: the real goal was missed, relabeled ones are hit
+    assert out.reward[:50].mean() < out.reward[50:].mean()
+    assert np.all(out.reward[50:].reshape(4, 50)[:, -1] == 0)

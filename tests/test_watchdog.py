@@ -1,0 +1,113 @@
+"""The watchdog with real child processes: restarts on exit and on silence, gives up, stops all."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from fleetrl.watchdog import RoleFailed, RoleSpec, Watchdog
+
+REPO = Path(__file__).resolve().parents[1]
+ENV = {"PYTHONPATH": str(REPO)}
+SLEEPER = (sys.executable, "-c", "import time; time.sleep(60)")
+
+
+def poll_until(dog: Watchdog, done, timeout: float = 20.0) -> list[str]:  # noqa: ANN001
+    events: list[str] = []
+    deadline = time.monotonic() + timeout
+    while not done(events):
+        assert time.monotonic() < deadline, f"timed out; events so far: {events}"
+        events += dog.poll()
+        time.sleep(0.05)
+    return events
+
+
+def test_a_crashing_role_is_restarted_up_to_max_restarts_then_fails_naming_its_log(tmp_path):
+    argv = (sys.executable, "-c", "print('crashing now', flush=True); import sys; sys.exit(3)")
+    with Watchdog(tmp_path / "logs", stop_grace_sec=2) as dog:
+        dog.start(RoleSpec("crasher", argv, max_restarts=2))
+        events: list[str] = []
+        deadline = time.monotonic() + 20
+        with pytest.raises(RoleFailed) as err:
+            while time.monotonic() < deadline:
+                events += dog.poll()
+                time.sleep(0.05)
+        assert dog.restarts == 2
+    assert events == ["crasher exited with code 3: restarted"] * 2
+    log_path = tmp_path / "logs" / "crasher.log"
+    assert "crasher exited with code 3 after 2 restarts" in str(err.value)
+    assert str(log_path) in str(err.value)
+    assert log_path.read_text().count("crashing now") == 3  # the first run and both restarts, appended
+
+
+def test_a_role_with_a_stale_heartbeat_is_restarted_and_a_beating_one_is_not(tmp_path):
+    hung_beat = tmp_path / "hung.json"
+    live_beat = tmp_path / "live.json"
+    beating = (
+        sys.executable,
+        "-c",
+        "import time\nfrom fleetrl.process import Heartbeat\n"
+        f"hb = Heartbeat({str(live_beat)!r}, interval_sec=0.1)\n"
+        "while True:\n    hb.beat()\n    time.sleep(0.1)\n",
+    )
+    with Watchdog(tmp_path / "logs", stop_grace_sec=2) as dog:
+        dog.start(RoleSpec("hung", SLEEPER, heartbeat_path=str(hung_beat), heartbeat_timeout_sec=1.0))
+        dog.start(RoleSpec("live", beating, heartbeat_path=str(live_beat), heartbeat_timeout_sec=1.0, env=ENV))
+        first = dog.roles["hung"].proc
+        live = dog.roles["live"].proc
+        events = poll_until(dog, lambda e: len(e) >= 1)
+        assert events == ["hung stopped sending heartbeats: restarted"]
+        assert first.poll() is not None  # the hung process was terminated, not left behind
+        assert dog.roles["hung"].proc.pid != first.pid
+        assert dog.roles["hung"].restarts == 1
+        time.sleep(0.5)
+        assert dog.poll() == []  # the restarted role gets a fresh start-up grace
+        assert dog.roles["live"].proc is live and dog.roles["live"].restarts == 0
+        assert live.poll() is None and live_beat.exists()
+
+
+def test_stop_all_terminates_sleeping_roles_and_kills_those_that_ignore_sigterm(tmp_path):
+    stubborn = (
+        sys.executable,
+        "-c",
+        "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nprint('ready', flush=True)\n"
+        "time.sleep(60)\n",
+    )
+    log_dir = tmp_path / "logs"
+    dog = Watchdog(log_dir, stop_grace_sec=1.0)
+    for i in range(2):
+        dog.start(RoleSpec(f"sleeper-{i}", SLEEPER))
+    dog.start(RoleSpec("stubborn", stubborn))
+    deadline = time.monotonic() + 20
+    while "ready" not in (log_dir / "stubborn.log").read_text():
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    start = time.monotonic()
+    dog.stop_all()
+    assert time.monotonic() - start < 5
+    codes = {name: running.proc.poll() for name, running in dog.roles.items()}
+    assert codes == {"sleeper-0": -signal.SIGTERM, "sleeper-1": -signal.SIGTERM, "stubborn": -signal.SIGKILL}
+    assert sorted(os.listdir(log_dir)) == ["sleeper-0.log", "sleeper-1.log", "stubborn.log"]
+
+
+def test_exiting_the_context_stops_every_role_and_names_are_unique(tmp_path):
+    with Watchdog(tmp_path, stop_grace_sec=2) as dog:
+        dog.start(RoleSpec("a", SLEEPER))
+        with pytest.raises(ValueError, match="already started"):
+            dog.start(RoleSpec("a", SLEEPER))
+        proc = dog.roles["a"].proc
+        assert dog.poll() == [] and proc.poll() is None
+    assert proc.poll() == -signal.SIGTERM
+
+
+def test_role_env_and_output_reach_the_log(tmp_path):
+    argv = (sys.executable, "-c", "import os, sys; print(os.environ['ROLE_X']); print('err', file=sys.stderr)")
+    with Watchdog(tmp_path, stop_grace_sec=2) as dog:
+        dog.start(RoleSpec("printer", argv, env={"ROLE_X": "hello-env"}, max_restarts=0))
+        dog.roles["printer"].proc.wait(20)
+    assert (tmp_path / "printer.log").read_text().split() == ["hello-env", "err"]
