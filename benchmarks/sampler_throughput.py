@@ -45,13 +45,12 @@ import psutil  # noqa: E402
 
 from buffer.client import IngestClient  # noqa: E402
 from fleetrl.config import RandomizationConfig, RunConfig, with_overrides  # noqa: E402
-from fleetrl.launch import free_port  # noqa: E402
+from fleetrl.launch import LocalFleet  # noqa: E402
 from fleetrl.local_cluster import LocalRedisCluster  # noqa: E402
 from fleetrl.process import heartbeat_file  # noqa: E402
-from fleetrl.watchdog import RoleSpec, Watchdog  # noqa: E402
+from fleetrl.watchdog import Watchdog  # noqa: E402
 from sim.registry import get_task, make_env  # noqa: E402
 
-READY_TIMEOUT_SEC = 120.0
 FIRST_ACK_TIMEOUT_SEC = 120.0
 POLL_SEC = 0.5
 NEVER_POLICY_STEPS = 10**12  # sampler.random_steps: the samplers act randomly for the whole run
@@ -203,46 +202,17 @@ def bench_config(task: str, samplers: int, run_dir: pathlib.Path) -> RunConfig:
 
 
 class Fleet:
-    """Starts redis, aggregator, buffer and samplers as LocalFleet does (same CLI argv)."""
+    """Aggregator, buffer and samplers started by fleetrl.launch.LocalFleet itself (no learner,
+    no evaluator, no restarts: a restart would spoil the measurement window)."""
 
     def __init__(self, config: RunConfig, run_dir: pathlib.Path, dog: Watchdog, cluster: LocalRedisCluster) -> None:
         self.config, self.run_dir, self.dog, self.cluster = config, run_dir, dog, cluster
-        (run_dir / "ready").mkdir(parents=True, exist_ok=True)
-        self.config_path = run_dir / "config.json"
-        self.config_path.write_text(config.to_json())
-        self.env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-
-    def _argv(self, role: str, *args: str) -> tuple[str, ...]:
-        return (sys.executable, "-m", "fleetrl.cli", role, "--config", str(self.config_path), *args)
-
-    def _service(self, role: str, address: str, *extra: str) -> None:
-        ready = str(self.run_dir / "ready" / role)
-        argv = self._argv(role, "--port", address.rsplit(":", 1)[1], "--ready-file", ready, *extra)
-        self.dog.start(RoleSpec(role, argv, max_restarts=0, env=self.env))  # a restart would spoil the window
-
-    def _wait_ready(self, role: str) -> None:
-        deadline = time.monotonic() + READY_TIMEOUT_SEC
-        while not (self.run_dir / "ready" / role).exists():
-            self.dog.poll()  # raises RoleFailed (with the log path) if the role died
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{role} not ready after {READY_TIMEOUT_SEC}s; see {self.dog.log_dir}")
-            time.sleep(0.05)
+        self.local = LocalFleet(config, started_at=time.monotonic())
+        self.local.prepare()
 
     def start(self) -> str:
         """Start every role; returns the buffer address once buffer and aggregator serve."""
-        buffer, aggregator = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
-        self._service("aggregator", aggregator, "--run-dir", str(self.run_dir))
-        for index in range(self.config.sampler.num_samplers):
-            name = f"sampler-{index}"
-            beat = heartbeat_file(self.run_dir, name)
-            argv = self._argv(
-                "sampler", "--id", str(index), "--heartbeat", beat, "--buffer", buffer, "--aggregator", aggregator
-            )
-            self.dog.start(RoleSpec(name, argv, heartbeat_path=beat, max_restarts=0, env=self.env))
-        self.cluster.start()
-        self._service("buffer", buffer, "--redis", self.cluster.addresses)
-        self._wait_ready("aggregator")
-        self._wait_ready("buffer")
+        buffer, _ = self.local.start_roles(self.dog, self.cluster, learners=False, evaluator=False, max_restarts=0)
         return buffer
 
     def pids(self) -> dict[str, int]:
@@ -252,9 +222,7 @@ class Fleet:
         return pids
 
     def stop(self) -> None:
-        """Producers first, so nothing is pushed into a stopped service (as LocalFleet)."""
-        self.dog.stop([n for n in self.dog.roles if n.startswith("sampler")])
-        self.dog.stop(["aggregator", "buffer"])
+        LocalFleet.stop_roles(self.dog)
 
     def heartbeats(self) -> dict[str, dict]:
         """Each sampler's newest heartbeat JSON (phase timers, counters); missing ones left out."""

@@ -22,6 +22,7 @@ import logging
 import pathlib
 import socket
 import sys
+import threading
 import time
 from contextlib import closing
 from dataclasses import asdict, dataclass, field
@@ -69,6 +70,8 @@ class LocalFleet:
         self.started_at = started_at
         self.run_dir = pathlib.Path(config.run_dir)
         self.num_redis_primaries = num_redis_primaries
+        self._max_restarts = 3
+        self._stop = threading.Event()
 
     def _role_argv(self, role: str, *args: str) -> tuple[str, ...]:
         return (sys.executable, "-m", "fleetrl.cli", role, "--config", str(self.run_dir / "config.json"), *args)
@@ -78,7 +81,8 @@ class LocalFleet:
         ready = self.run_dir / "ready" / role
         ready.unlink(missing_ok=True)
         port = address.rsplit(":", 1)[1]
-        dog.start(RoleSpec(role, self._role_argv(role, "--port", port, "--ready-file", str(ready), *extra)))
+        argv = self._role_argv(role, "--port", port, "--ready-file", str(ready), *extra)
+        dog.start(RoleSpec(role, argv, max_restarts=self._max_restarts))
 
     def _wait_ready(self, dog: Watchdog, role: str) -> None:
         ready = self.run_dir / "ready" / role
@@ -94,42 +98,60 @@ class LocalFleet:
             name = f"{role}-{index}"
             beat = heartbeat_file(self.run_dir, name)
             argv = self._role_argv(role, "--id", str(index), "--heartbeat", beat, *extra)
-            dog.start(RoleSpec(name, argv, heartbeat_path=beat))
+            dog.start(RoleSpec(name, argv, heartbeat_path=beat, max_restarts=self._max_restarts))
 
-    def _start_fleet(self, dog: Watchdog, cluster: LocalRedisCluster) -> tuple[str, str]:
-        """Start every role as early as its addresses allow: the 2 s Redis Cluster formation and
-        each process's imports then overlap instead of adding up."""
+    def prepare(self) -> None:
+        """Create the run directory and write the resolved config every role process reads."""
+        (self.run_dir / "ready").mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "config.json").write_text(self.config.to_json())
+
+    def start_roles(
+        self, dog: Watchdog, cluster: LocalRedisCluster, *, learners: bool = True, evaluator: bool = True,
+        max_restarts: int = 3,
+    ) -> tuple[str, str]:
+        """Start the fleet's roles; returns (buffer, aggregator) addresses once both serve.
+
+        Every role starts as early as its addresses allow: the 2 s Redis Cluster formation and
+        each process's imports then overlap instead of adding up. `cluster` is started here.
+        Benchmarks leave out learners or the evaluator, and use max_restarts=0.
+        """
         c = self.config
+        self._max_restarts = max_restarts
         buffer, aggregator = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
         self._start_service(dog, "aggregator", aggregator, "--run-dir", str(self.run_dir))
         self._start_workers(dog, "sampler", c.sampler.num_samplers, "--buffer", buffer, "--aggregator", aggregator)
-        self._start_workers(dog, "evaluator", 1, "--buffer", buffer, "--aggregator", aggregator)
+        if evaluator:
+            self._start_workers(dog, "evaluator", 1, "--buffer", buffer, "--aggregator", aggregator)
         cluster.start()
         self._start_service(dog, "buffer", buffer, "--redis", cluster.addresses)
-        self._start_workers(dog, "learner", c.learner.num_learners, "--redis", cluster.addresses,
-                            "--aggregator", aggregator)
+        if learners:
+            self._start_workers(dog, "learner", c.learner.num_learners, "--redis", cluster.addresses,
+                                "--aggregator", aggregator)
         self._wait_ready(dog, "aggregator")
         self._wait_ready(dog, "buffer")
         return buffer, aggregator
+
+    @staticmethod
+    def stop_roles(dog: Watchdog) -> None:
+        """Producers first, so nothing is pushed into a stopped service; the aggregator then
+        writes its final checkpoint; the buffer last."""
+        dog.stop([n for n in dog.roles if n not in ("buffer", "aggregator")])
+        dog.stop(["aggregator"])
+        dog.stop(["buffer"])
 
     def run(self) -> Summary:
         # Ctrl-C (SIGINT to the whole foreground group) or SIGTERM: roles stop themselves, the
         # launcher stops watching, shuts down in order and still writes the summary.
         self._stop = stop_event()
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        (self.run_dir / "ready").mkdir(exist_ok=True)
-        (self.run_dir / "config.json").write_text(self.config.to_json())
+        self.prepare()
         progress = Progress(self.config, self.run_dir, self.started_at)
         try:
             cluster = LocalRedisCluster(self.num_redis_primaries)
             with closing(cluster), Watchdog(self.run_dir / "logs") as dog:  # roles stop before the cluster
-                buffer, aggregator = self._start_fleet(dog, cluster)
+                buffer, aggregator = self.start_roles(dog, cluster)
                 progress.note(f"fleet up: redis {cluster.addresses}, buffer {buffer}, aggregator {aggregator}")
                 reason = self._monitor(dog, progress, buffer, aggregator)
-                workers = [n for n in dog.roles if n not in ("buffer", "aggregator")]
-                dog.stop(workers)  # producers first, so nothing is pushed into a stopped service
-                dog.stop(["aggregator"])  # writes its final checkpoint
-                dog.stop(["buffer"])
+                self.stop_roles(dog)
                 restarts = dog.restarts
         finally:
             progress.close()
