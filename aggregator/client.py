@@ -91,9 +91,7 @@ class AggregatorClient:
     def report_eval(self, report: pb.EvalReport) -> None:
         self._retry(lambda: self._stub.ReportEval(report, timeout=self.timeout_sec))
 
-    def watch(
-        self, subscriber: str, groups: tuple[str, ...] = (), min_interval_sec: float = 0.0
-    ) -> WeightsWatcher:
+    def watch(self, subscriber: str, groups: tuple[str, ...] = (), min_interval_sec: float = 0.0) -> WeightsWatcher:
         return WeightsWatcher(self._stub, subscriber, groups, min_interval_sec)
 
     def _retry(self, call, deadline_sec: float = 120.0):  # noqa: ANN001, ANN202
@@ -134,7 +132,7 @@ class WeightsWatcher:
         self._cond = threading.Condition()
         self._latest: WeightsSnapshot | None = None
         self._closed = False
-        self._call = None
+        self._call: grpc.Call | None = None  # the open WatchWeights stream, for close() to cancel
         self.received = 0
         self._thread = threading.Thread(target=self._run, name=f"watch-{subscriber}", daemon=True)
         self._thread.start()
@@ -171,8 +169,9 @@ class WeightsWatcher:
         delay = 0.05
         while not self._closed:
             try:
-                self._call = self._stub.WatchWeights(self._request, wait_for_ready=True)
-                for msg in self._call:
+                call = self._stub.WatchWeights(self._request, wait_for_ready=True)
+                self._call = call
+                for msg in call:
                     self._store(msg)
                     delay = 0.05
             except grpc.RpcError as err:

@@ -75,9 +75,7 @@ class AggregatorCore:
             raise GradientError("tensors", f"unknown group(s) {extra}; expected {list(GRADIENT_GROUPS)}")
         for g in GRADIENT_GROUPS:
             if grads[g].shape != (self.sizes[g],):
-                raise GradientError(
-                    f"tensors[{g}].shape", f"{list(grads[g].shape)}, expected [{self.sizes[g]}]"
-                )
+                raise GradientError(f"tensors[{g}].shape", f"{list(grads[g].shape)}, expected [{self.sizes[g]}]")
             if not np.all(np.isfinite(grads[g])):
                 raise GradientError(f"tensors[{g}].data", "contains NaN or inf")
 
@@ -103,9 +101,7 @@ class AggregatorCore:
         self._pending.clear()
         with torch.no_grad():
             # Polyak averaging of the target critics, once per version.
-            self._flat["critic_target"].mul_(1.0 - self.config.tau).add_(
-                self._flat["critic"], alpha=self.config.tau
-            )
+            self._flat["critic_target"].mul_(1.0 - self.config.tau).add_(self._flat["critic"], alpha=self.config.tau)
             norm = norm_from_stats(self._norm_totals, self.spec.input_dim)
             self._flat["obs_norm"].copy_(torch.from_numpy(norm))
         self.version += 1

@@ -79,7 +79,11 @@ class AggregatorServicer(pb_grpc.AggregatorServicer):
     # --- gradients -------------------------------------------------------------------
     def PushGradients(self, request: pb.Gradients, context: grpc.ServicerContext) -> pb.GradientAck:
         try:
-            tensors = {t.name: from_tensor(t, "tensors") for t in request.tensors}
+            tensors: dict[str, np.ndarray] = {}
+            for i, t in enumerate(request.tensors):
+                if t.name in tensors:
+                    raise WireError(f"tensors[{i}].name", f"duplicate tensor {t.name!r}")
+                tensors[t.name] = from_tensor(t, "tensors")
             norm = tensors.pop("norm_stats", None)
             if norm is None:
                 raise GradientError("tensors", "missing norm_stats")
@@ -113,11 +117,12 @@ class AggregatorServicer(pb_grpc.AggregatorServicer):
         path = save_checkpoint(self.run_dir / "checkpoints", state, keep=self.config.keep_checkpoints)
         log.info("checkpoint version %d -> %s", state["version"], path)
 
-    def checkpoint_now(self) -> pathlib.Path | None:
+    def checkpoint_now(self, clean_shutdown: bool = False) -> pathlib.Path | None:
         if self.run_dir is None:
             return None
         with self._lock:
             state = self.core.state()
+            state["clean_shutdown"] = clean_shutdown
             self._last_checkpoint_version = self.core.version
         return save_checkpoint(self.run_dir / "checkpoints", state, keep=self.config.keep_checkpoints)
 
@@ -169,10 +174,10 @@ class AggregatorServicer(pb_grpc.AggregatorServicer):
 
     def ReportEval(self, request: pb.EvalReport, context: grpc.ServicerContext) -> pb.EvalAck:
         if not 0.0 <= request.success_rate <= 1.0 or not np.isfinite(request.success_rate):
-            self.counts["rejected"] += 1
+            self.counts["eval_rejected"] += 1
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"success_rate: {request.success_rate} not in [0, 1]")
         if request.version > self.core.version:
-            self.counts["rejected"] += 1
+            self.counts["eval_rejected"] += 1
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"version: {request.version} > {self.core.version}")
         with self._lock:
             if request.version >= self.last_eval.version:
@@ -207,7 +212,13 @@ class AggregatorServer:
         if self.run_dir is not None:
             newest = latest_checkpoint(self.run_dir / "checkpoints")
             if newest is not None:
-                core.load_state(load_checkpoint(newest))
+                state = load_checkpoint(newest)
+                core.load_state(state)
+                if not state.get("clean_shutdown", False):
+                    # After a crash, up to checkpoint_every_versions - 1 newer versions may have been
+                    # broadcast and lost. Jumping past them keeps versions monotonic for every
+                    # subscriber (a learner never holds weights "ahead" of the aggregator).
+                    core.version += config.checkpoint_every_versions
                 log.info("restored version %d from %s", core.version, newest)
         self.servicer = AggregatorServicer(core, config, self.run_dir)
         self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=32), options=GRPC_OPTIONS)
@@ -228,8 +239,8 @@ class AggregatorServer:
         return self._server.wait_for_termination(timeout)
 
     def close(self, grace: float = 1.0) -> None:
-        self.servicer.checkpoint_now()
-        self._server.stop(grace).wait()
+        self._server.stop(grace).wait()  # no step can land after the final checkpoint
+        self.servicer.checkpoint_now(clean_shutdown=True)
 
 
 def run_aggregator(

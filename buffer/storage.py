@@ -16,7 +16,7 @@ recency-weighted sampling.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 import numpy as np
 from redis.cluster import RedisCluster
@@ -112,4 +112,6 @@ class TemporalStorage:
 
     def read_window(self, window: int) -> np.ndarray:
         """All records of a window, unwritten slots included (valid == 0); for tools and tests."""
-        return self.layout.decode(self.client.get(self.layout.window_key(window)) or b"")
+        # Clients here never set decode_responses, so GET returns bytes; redis types it bytes | str.
+        data = cast("bytes | None", self.client.get(self.layout.window_key(window)))
+        return self.layout.decode(data or b"")

@@ -66,7 +66,7 @@ def _trace_to_onnx(module: torch.nn.Module, input_dim: int, opset: int, batch_si
         torch.onnx.export(
             module,
             (torch.zeros(batch_size or 1, input_dim),),
-            buffer,
+            buffer,  # type: ignore[arg-type]  # typed str | PathLike, but the TorchScript exporter writes file-likes
             dynamo=False,
             opset_version=opset,
             input_names=[INPUT_NAME],

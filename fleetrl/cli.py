@@ -28,8 +28,13 @@ STARTED_AT = time.monotonic()  # wall-clock figures count from the command's sta
 
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="RunConfig JSON (as written to <run_dir>/config.json); default: built-in")
-    p.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
-                   help="override one config field, value parsed as JSON (repeatable)")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="SECTION.FIELD=VALUE",
+        help="override one config field, value parsed as JSON (repeatable)",
+    )
     p.add_argument("--task", help="shorthand for --set sim.task=TASK")
     p.add_argument("--run-id", help="shorthand for --set run_id=ID")
 
@@ -80,8 +85,12 @@ def _config(args: argparse.Namespace):  # noqa: ANN202
     config = RunConfig.load(args.config) if args.config else RunConfig()
     overrides = list(args.set)
     shorthands = {
-        "task": "sim.task", "run_id": "run_id", "samplers": "sampler.num_samplers",
-        "learners": "learner.num_learners", "target_success": "target_success", "max_wall_sec": "max_wall_sec",
+        "task": "sim.task",
+        "run_id": "run_id",
+        "samplers": "sampler.num_samplers",
+        "learners": "learner.num_learners",
+        "target_success": "target_success",
+        "max_wall_sec": "max_wall_sec",
     }
     for attr, dotted in shorthands.items():
         value = getattr(args, attr, None)
@@ -106,8 +115,10 @@ def _train(args: argparse.Namespace) -> int:
     summary = LocalFleet(config, started_at=STARTED_AT).run()
     print(f"\n{summary.stop_reason}")
     if summary.reached_target:
-        print(f"reached {summary.target_success:.0%} evaluation success in {summary.wall_sec_to_target:.1f}s "
-              f"and {summary.env_steps_to_target} env steps (version {summary.version_to_target})")
+        print(
+            f"reached {summary.target_success:.0%} evaluation success in {summary.wall_sec_to_target:.1f}s "
+            f"and {summary.env_steps_to_target} env steps (version {summary.version_to_target})"
+        )
     print(f"results: {summary.run_dir} (summary.json, checkpoints/, tb/ for TensorBoard, logs/)")
     return 0 if summary.reached_target or "interrupted" in summary.stop_reason else 1
 
@@ -124,8 +135,9 @@ def _role(args: argparse.Namespace) -> int:
         from sim.registry import get_task
 
         task = get_task(config.sim.task)
-        run_ingest_service(config.buffer, config.run_id, task.task_id, task.schema(), args.redis, args.port,
-                           args.ready_file)
+        run_ingest_service(
+            config.buffer, config.run_id, task.task_id, task.schema(), args.redis, args.port, args.ready_file
+        )
     elif args.command == "aggregator":
         from aggregator.service import run_aggregator
 

@@ -104,9 +104,7 @@ class EvalConfig:
     seed: int = _f(1_000_000, "held-out seeds start here, far from every sampler's seeds")
     randomize: bool = _f(False, "evaluate under domain randomization instead of the nominal task")
     min_interval_sec: float = _f(2.0, "score a new version at most this often")
-    stop_early: bool = _f(
-        True, "end a score once target_success is out of reach (it then covers fewer episodes)"
-    )
+    stop_early: bool = _f(True, "end a score once target_success is out of reach (it then covers fewer episodes)")
     nice: int = _f(5, "niceness of the evaluator process: it scores on spare CPU first")
 
 
@@ -147,6 +145,21 @@ class RunConfig:
             (self.aggregator.lr > 0, "aggregator.lr", "> 0"),
             (self.aggregator.checkpoint_every_versions >= 1, "aggregator.checkpoint_every_versions", ">= 1"),
             (self.eval.episodes >= 1, "eval.episodes", ">= 1"),
+            (
+                self.aggregator.keep_checkpoints >= 1,
+                "aggregator.keep_checkpoints",
+                ">= 1: a restarted aggregator resumes from the newest checkpoint",
+            ),
+            (
+                self.aggregator.grads_per_step >= 0,
+                "aggregator.grads_per_step",
+                ">= 0 (0 = number of learners): the aggregator could not start",
+            ),
+            (
+                self.sampler.weights_interval_sec >= 0,
+                "sampler.weights_interval_sec",
+                ">= 0: the aggregator refuses a negative interval and samplers would never get weights",
+            ),
             (0.0 <= self.target_success <= 1.0, "target_success", "in [0, 1]"),
             (self.sampler.her_k >= 0, "sampler.her_k", ">= 0"),
             (self.sampler.max_env_steps_per_update >= 0, "sampler.max_env_steps_per_update", ">= 0"),
@@ -196,8 +209,11 @@ def _coerce(tp: Any, value: Any, where: str) -> Any:
     if origin is tuple:
         if not isinstance(value, (list, tuple)):
             raise ConfigError(f"{where} must be a list, got {value!r}")
-        item_tp = args[0]
-        return tuple(_coerce(item_tp, v, where) for v in value)
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(_coerce(args[0], v, where) for v in value)
+        if len(value) != len(args):
+            raise ConfigError(f"{where} must be a list of {len(args)} items, got {value!r}")
+        return tuple(_coerce(t, v, where) for t, v in zip(args, value, strict=True))
     if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
         if value is None and type(None) in args:
             return None

@@ -106,7 +106,12 @@ class LocalFleet:
         (self.run_dir / "config.json").write_text(self.config.to_json())
 
     def start_roles(
-        self, dog: Watchdog, cluster: LocalRedisCluster, *, learners: bool = True, evaluator: bool = True,
+        self,
+        dog: Watchdog,
+        cluster: LocalRedisCluster,
+        *,
+        learners: bool = True,
+        evaluator: bool = True,
         max_restarts: int = 3,
     ) -> tuple[str, str]:
         """Start the fleet's roles; returns (buffer, aggregator) addresses once both serve.
@@ -125,8 +130,9 @@ class LocalFleet:
         cluster.start()
         self._start_service(dog, "buffer", buffer, "--redis", cluster.addresses)
         if learners:
-            self._start_workers(dog, "learner", c.learner.num_learners, "--redis", cluster.addresses,
-                                "--aggregator", aggregator)
+            self._start_workers(
+                dog, "learner", c.learner.num_learners, "--redis", cluster.addresses, "--aggregator", aggregator
+            )
         self._wait_ready(dog, "aggregator")
         self._wait_ready(dog, "buffer")
         return buffer, aggregator

@@ -133,8 +133,13 @@ class Progress:
         if s is not None:
             env_rate, tr_rate, upd_rate = self._rates
             table.add_row(
-                f"{s.wall_sec:.1f}", str(s.env_steps), f"{env_rate:.0f}", f"{tr_rate:.0f}",
-                str(s.version), f"{upd_rate:.1f}", f"{s.eval_success:.2f} @ v{s.eval_version}",
+                f"{s.wall_sec:.1f}",
+                str(s.env_steps),
+                f"{env_rate:.0f}",
+                f"{tr_rate:.0f}",
+                str(s.version),
+                f"{upd_rate:.1f}",
+                f"{s.eval_success:.2f} @ v{s.eval_version}",
             )
         return table
 

@@ -38,9 +38,7 @@ def from_tensor(tensor: pb.Tensor, field: str = "tensor") -> np.ndarray:
     dtype = np.dtype(tensor.dtype)
     expected = int(np.prod(tensor.shape, dtype=np.int64)) * dtype.itemsize
     if len(tensor.data) != expected:
-        raise WireError(
-            f"{where}.data", f"{len(tensor.data)} bytes, shape {list(tensor.shape)} needs {expected}"
-        )
+        raise WireError(f"{where}.data", f"{len(tensor.data)} bytes, shape {list(tensor.shape)} needs {expected}")
     return np.frombuffer(tensor.data, dtype=dtype).reshape(tuple(tensor.shape))
 
 
@@ -90,9 +88,7 @@ class Transitions:
     def pack(self) -> np.ndarray:
         """Rows of float32 in schema column order, shape [N, row_floats]."""
         n = len(self)
-        return np.concatenate(
-            [np.asarray(c, dtype=np.float32).reshape(n, -1) for c in self.columns().values()], axis=1
-        )
+        return np.concatenate([np.asarray(c, dtype=np.float32).reshape(n, -1) for c in self.columns().values()], axis=1)
 
     @classmethod
     def unpack(cls, rows: np.ndarray, schema: TransitionSchema) -> Transitions:
@@ -106,9 +102,7 @@ class Transitions:
 
     @classmethod
     def concat(cls, parts: list[Transitions]) -> Transitions:
-        return cls(
-            **{name: np.concatenate([getattr(p, name) for p in parts]) for name in TransitionSchema.COLUMNS}
-        )
+        return cls(**{name: np.concatenate([getattr(p, name) for p in parts]) for name in TransitionSchema.COLUMNS})
 
 
 def batch_to_proto(

@@ -49,6 +49,9 @@ def mlp(in_dim: int, hidden: tuple[int, ...], out_dim: int) -> nn.Sequential:
 class Normalizer(nn.Module):
     """x -> clip((x - mean) / std, +-NORM_CLIP); mean and std are buffers, not trained."""
 
+    mean: torch.Tensor  # registered buffers: declared so they type as tensors, not Tensor | Module
+    std: torch.Tensor
+
     def __init__(self, dim: int) -> None:
         super().__init__()
         self.register_buffer("mean", torch.zeros(dim))

@@ -73,9 +73,7 @@ def critic_loss(model: SACModel, batch: Batch, hp: SACHyperparams) -> torch.Tens
     return ((q1 - target) ** 2).mean() + ((q2 - target) ** 2).mean()
 
 
-def actor_and_alpha_loss(
-    model: SACModel, batch: Batch, hp: SACHyperparams
-) -> tuple[torch.Tensor, torch.Tensor]:
+def actor_and_alpha_loss(model: SACModel, batch: Batch, hp: SACHyperparams) -> tuple[torch.Tensor, torch.Tensor]:
     action, log_prob = model.actor.sample(batch.obs_goal)
     q1, q2 = model.critic(batch.obs_goal, action)
     alpha = model.log_alpha.detach().exp()

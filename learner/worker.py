@@ -68,8 +68,12 @@ def run_learner(config: RunConfig, learner_id: int, endpoints: LearnerEndpoints,
         model = SACModel(snapshot.spec)
         _load(model, snapshot)
         loaded = snapshot.version
-        log.info("learner %d: weights v%d; waiting for %d transitions", learner_id, snapshot.version,
-                 config.learner.min_replay_transitions)
+        log.info(
+            "learner %d: weights v%d; waiting for %d transitions",
+            learner_id,
+            snapshot.version,
+            config.learner.min_replay_transitions,
+        )
         while not stop.is_set() and replay.size() < config.learner.min_replay_transitions:
             replay.refresh()
             heartbeat.beat(replay=replay.size())
@@ -129,4 +133,3 @@ def _wait(poll, stop: threading.Event, heartbeat: Heartbeat):  # noqa: ANN001, A
             return value
         heartbeat.beat()
     return None
-

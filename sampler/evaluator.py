@@ -49,12 +49,13 @@ def evaluate(env, policy: Policy, config: EvalConfig, stop_below: float | None =
     rng = np.random.default_rng(config.seed)
     successes: list[bool] = []
     returns: list[float] = []
-    allowed_failures = None if stop_below is None else config.episodes - int(np.ceil(stop_below * config.episodes))
     for i in range(config.episodes):
         episode, success = rollout(env, policy, seed=config.seed + i, rng=rng, deterministic=True)
         successes.append(success)
         returns.append(float(goal_reward(env, episode.achieved_goal, episode.desired_goal).sum()))
-        if allowed_failures is not None and len(successes) - sum(successes) > allowed_failures:
+        # Integer-free bound: the best rate still reachable if every remaining episode succeeds.
+        best_possible = (config.episodes - (len(successes) - sum(successes))) / config.episodes
+        if stop_below is not None and best_possible < stop_below:
             break
     return EvalResult(float(np.mean(successes)), float(np.mean(returns)), len(successes))
 
@@ -70,8 +71,14 @@ def _acked_env_steps(ingest: IngestClient) -> int:
             time.sleep(0.5)
 
 
-def run_evaluator(config: RunConfig, evaluator_id: int, buffer: str, aggregator: str, stop: threading.Event,
-                  heartbeat_path: str | None = None) -> int:
+def run_evaluator(
+    config: RunConfig,
+    evaluator_id: int,
+    buffer: str,
+    aggregator: str,
+    stop: threading.Event,
+    heartbeat_path: str | None = None,
+) -> int:
     """Score versions until `stop` is set; returns how many versions were scored."""
     os.nice(config.eval.nice)  # scoring uses spare CPU first; training loops keep priority
     task = get_task(config.sim.task)
@@ -110,8 +117,13 @@ def run_evaluator(config: RunConfig, evaluator_id: int, buffer: str, aggregator:
             )
             agg.report_eval(report)
             scored += 1
-            log.info("version %d: success %.2f over %d episodes (env steps %d)", policy.version,
-                     result.success_rate, result.episodes, env_steps)
+            log.info(
+                "version %d: success %.2f over %d episodes (env steps %d)",
+                policy.version,
+                result.success_rate,
+                result.episodes,
+                env_steps,
+            )
             heartbeat.beat(scored=scored, version=policy.version, success=result.success_rate)
     env.close()
     return scored

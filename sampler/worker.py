@@ -64,7 +64,7 @@ class Policy:
 def rollout(env, policy: Policy | None, seed: int | None, rng: np.random.Generator, deterministic: bool = False):  # noqa: ANN001, ANN201
     """One episode; policy None means uniform random actions. Returns (Episode, success)."""
     obs, _ = env.reset(seed=seed)
-    rows: dict[str, list[np.ndarray]] = {k: [] for k in ("obs", "ag", "dg", "action", "next_obs", "term")}
+    rows: dict[str, list[np.ndarray | float]] = {k: [] for k in ("obs", "ag", "dg", "action", "next_obs", "term")}
     info: dict = {}
     while True:
         if policy is None:
@@ -180,8 +180,13 @@ def run_sampler(config: RunConfig, sampler_id: int, endpoints: SamplerEndpoints,
             steps += len(episode)
             episodes += 1
             successes += success
-            heartbeat.beat(env_steps=steps, episodes=episodes, train_success=successes / episodes,
-                           acked_env_steps=pusher.acked_env_steps, version=policy.version)
+            heartbeat.beat(
+                env_steps=steps,
+                episodes=episodes,
+                train_success=successes / episodes,
+                acked_env_steps=pusher.acked_env_steps,
+                version=policy.version,
+            )
         pusher.close()
     env.close()
     log.info("sampler %d: stopped after %d env steps (%d acked)", sampler_id, steps, pusher.acked_env_steps)

@@ -6,4 +6,5 @@ set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/setup.sh"
 ruff check .
 ruff format --check .
+mypy  # files and settings: [tool.mypy] in pyproject.toml
 exec python -m pytest -q "$@"

@@ -37,7 +37,7 @@ import math
 import re
 from collections import deque
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import gymnasium as gym
 import mujoco
@@ -100,9 +100,7 @@ def validate_randomization(config: RandomizationConfig) -> None:
         raise ConfigError(f"randomization.obs_noise_std ({std}) must be finite and >= 0")
     low, high = config.action_latency_steps
     if not (isinstance(low, int) and isinstance(high, int) and 0 <= low <= high):
-        raise ConfigError(
-            f"randomization.action_latency_steps ({(low, high)}) must be integers with 0 <= low <= high"
-        )
+        raise ConfigError(f"randomization.action_latency_steps ({(low, high)}) must be integers with 0 <= low <= high")
 
 
 def _scale_weld_solref(solref: np.ndarray, scale: float) -> np.ndarray:
@@ -175,9 +173,7 @@ class _ModelScaler:
         m.dof_damping[:] = self._damping * params.damping_scale
         m.eq_solref[:] = self._solref
         if self.welds.size:
-            m.eq_solref[self.welds] = _scale_weld_solref(
-                self._solref[self.welds], params.weld_stiffness_scale
-            )
+            m.eq_solref[self.welds] = _scale_weld_solref(self._solref[self.welds], params.weld_stiffness_scale)
         mujoco.mj_setConst(m, self._scratch)
 
 
@@ -256,7 +252,8 @@ class DomainRandomization(gym.Wrapper, gym.utils.RecordConstructorArgs):
         # Scale before the env resets, so its reset-time mj_forward already sees this episode.
         self._scaler.apply(self._params)
         obs, info = self.env.reset(seed=seed, options=options)
-        zero = np.zeros(self.action_space.shape, dtype=self.action_space.dtype)
+        box = cast(gym.spaces.Box, self.action_space)  # MuJoCo (Fetch) envs act in a Box; gym types any Space
+        zero = np.zeros(box.shape, dtype=box.dtype)
         self._pending = deque(zero for _ in range(self._params.latency_steps))
         return self._noisy(obs), info
 
@@ -268,7 +265,8 @@ class DomainRandomization(gym.Wrapper, gym.utils.RecordConstructorArgs):
         # Check now: with latency the env itself would only see a bad action k steps later.
         if action.shape != self.action_space.shape:
             raise ValueError(f"action shape {action.shape}, this task expects {self.action_space.shape}")
-        low, high = self.action_space.low, self.action_space.high
+        box = cast(gym.spaces.Box, self.action_space)  # MuJoCo (Fetch) envs act in a Box; gym types any Space
+        low, high = box.low, box.high
         self._pending.append(np.clip(action * self._params.action_scale, low, high).astype(action.dtype))
         obs, reward, terminated, truncated, info = self.env.step(self._pending.popleft())
         return self._noisy(obs), reward, terminated, truncated, info

@@ -23,6 +23,7 @@ import numbers
 import types
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any, cast
 
 import gymnasium as gym
 import numpy as np
@@ -137,7 +138,8 @@ def _goal_arrays(env: gym.Env, achieved: np.ndarray, desired: np.ndarray) -> tup
             f"achieved_goal {achieved.shape} and desired_goal {desired.shape} must have the same "
             "shape [..., goal_dim]: goals are compared row by row"
         )
-    goal_dim = env.observation_space["desired_goal"].shape[-1]
+    # Goal envs observe a spaces.Dict (a Mapping) of Boxes; gym types observation_space as any Space.
+    goal_dim = cast("Mapping[str, gym.spaces.Box]", env.observation_space)["desired_goal"].shape[-1]
     if achieved.shape[-1] != goal_dim:
         raise ValueError(f"goal arrays end in {achieved.shape[-1]}, this task's goal_dim is {goal_dim}")
     return achieved, desired
@@ -151,7 +153,8 @@ def goal_reward(env: gym.Env, achieved_goal: np.ndarray, desired_goal: np.ndarra
         >>> r = goal_reward(env, achieved, future_goals)   # [N, 3], [N, 3] -> [N] float32
     """
     achieved, desired = _goal_arrays(env, achieved_goal, desired_goal)
-    reward = env.unwrapped.compute_reward(achieved, desired, {})
+    goal_env: Any = env.unwrapped  # a gymnasium_robotics GoalEnv: compute_reward is not on gym.Env, and untyped
+    reward = goal_env.compute_reward(achieved, desired, {})
     return np.asarray(reward, dtype=np.float32).reshape(achieved.shape[:-1])
 
 
@@ -163,4 +166,5 @@ def goal_success(env: gym.Env, achieved_goal: np.ndarray, desired_goal: np.ndarr
     """
     achieved, desired = _goal_arrays(env, achieved_goal, desired_goal)
     distance = np.linalg.norm(achieved - desired, axis=-1)
-    return distance < env.unwrapped.distance_threshold
+    goal_env: Any = env.unwrapped  # a gymnasium_robotics Fetch env: distance_threshold is not on gym.Env, and untyped
+    return distance < goal_env.distance_threshold

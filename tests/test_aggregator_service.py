@@ -220,7 +220,8 @@ def test_bad_eval_report_is_invalid_argument(report, details, server, client, tm
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert details in err.value.details()
     assert client.stats().last_eval.episodes == 0
-    assert server.servicer.counts["rejected"] == 1
+    assert server.servicer.counts["eval_rejected"] == 1
+    assert client.stats().gradients_rejected == 0  # a bad report is not a bad gradient
     assert not (tmp_path / "evals.jsonl").exists()
 
 

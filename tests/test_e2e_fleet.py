@@ -83,16 +83,70 @@ def test_roles_started_by_address_form_a_learning_fleet(tmp_path: pathlib.Path) 
     beat = {name: tmp_path / f"{name}.json" for name in ("sampler", "learner", "evaluator")}
     with LocalRedisCluster(num_primaries=3) as cluster:
         procs = [
-            ("aggregator", _role("aggregator", config_path, logs, "--port", aggregator.split(":")[1],
-                                 "--run-dir", str(tmp_path / "run"))),
-            ("buffer", _role("buffer", config_path, logs, "--redis", cluster.addresses,
-                             "--port", buffer.split(":")[1])),
-            ("sampler", _role("sampler", config_path, logs, "--id", "0", "--buffer", buffer, "--aggregator",
-                              aggregator, "--heartbeat", str(beat["sampler"]))),
-            ("learner", _role("learner", config_path, logs, "--id", "0", "--redis", cluster.addresses,
-                              "--aggregator", aggregator, "--heartbeat", str(beat["learner"]))),
-            ("evaluator", _role("evaluator", config_path, logs, "--id", "0", "--buffer", buffer, "--aggregator",
-                                aggregator, "--heartbeat", str(beat["evaluator"]))),
+            (
+                "aggregator",
+                _role(
+                    "aggregator",
+                    config_path,
+                    logs,
+                    "--port",
+                    aggregator.split(":")[1],
+                    "--run-dir",
+                    str(tmp_path / "run"),
+                ),
+            ),
+            (
+                "buffer",
+                _role("buffer", config_path, logs, "--redis", cluster.addresses, "--port", buffer.split(":")[1]),
+            ),
+            (
+                "sampler",
+                _role(
+                    "sampler",
+                    config_path,
+                    logs,
+                    "--id",
+                    "0",
+                    "--buffer",
+                    buffer,
+                    "--aggregator",
+                    aggregator,
+                    "--heartbeat",
+                    str(beat["sampler"]),
+                ),
+            ),
+            (
+                "learner",
+                _role(
+                    "learner",
+                    config_path,
+                    logs,
+                    "--id",
+                    "0",
+                    "--redis",
+                    cluster.addresses,
+                    "--aggregator",
+                    aggregator,
+                    "--heartbeat",
+                    str(beat["learner"]),
+                ),
+            ),
+            (
+                "evaluator",
+                _role(
+                    "evaluator",
+                    config_path,
+                    logs,
+                    "--id",
+                    "0",
+                    "--buffer",
+                    buffer,
+                    "--aggregator",
+                    aggregator,
+                    "--heartbeat",
+                    str(beat["evaluator"]),
+                ),
+            ),
         ]
         try:
             with AggregatorClient(aggregator) as agg:
@@ -101,8 +155,12 @@ def test_roles_started_by_address_form_a_learning_fleet(tmp_path: pathlib.Path) 
                 stats = _stats(agg)
             assert stats.gradients_applied >= 50
             assert stats.subscribers >= 3  # sampler, learner, evaluator all watch weights
-            _wait_until(lambda: _heartbeat(beat["sampler"]).get("counters", {}).get("version", 0) > 0, 30,
-                        "the sampler acting with weights newer than version 0", procs)
+            _wait_until(
+                lambda: _heartbeat(beat["sampler"]).get("counters", {}).get("version", 0) > 0,
+                30,
+                "the sampler acting with weights newer than version 0",
+                procs,
+            )
             _assert_transitions_in_redis(cluster, config)
         finally:
             _stop(procs)
@@ -169,8 +227,12 @@ def test_ctrl_c_stops_the_fleet_cleanly(tmp_path: pathlib.Path) -> None:
     run_dir = tmp_path / "run"
     proc = _train(run_dir, "--max-wall-sec", "300", "--target-success", "1.0")
     try:
-        _wait_until(lambda: (run_dir / "heartbeats" / "learner-0.json").exists(), 120, "the learner's heartbeat",
-                    [("train", proc)])
+        _wait_until(
+            lambda: (run_dir / "heartbeats" / "learner-0.json").exists(),
+            120,
+            "the learner's heartbeat",
+            [("train", proc)],
+        )
         children = psutil.Process(proc.pid).children(recursive=True)
         assert any("redis-server" in c.name() for c in children)
         os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does

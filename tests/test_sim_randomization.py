@@ -119,9 +119,7 @@ def test_params_are_within_ranges_and_model_is_nominal_times_scale() -> None:
         latencies.add(p.latency_steps)
         # Written from the nominal copies, never from last episode's values: no compounding.
         np.testing.assert_allclose(model.body_mass[obj], nominal.body_mass[obj] * p.mass_scale, rtol=1e-12)
-        np.testing.assert_allclose(
-            model.body_inertia[obj], nominal.body_inertia[obj] * p.mass_scale, rtol=1e-12
-        )
+        np.testing.assert_allclose(model.body_inertia[obj], nominal.body_inertia[obj] * p.mass_scale, rtol=1e-12)
         np.testing.assert_array_equal(np.delete(model.body_mass, obj), np.delete(nominal.body_mass, obj))
         np.testing.assert_allclose(model.geom_friction[:, 0], nominal.geom_friction[:, 0] * p.friction_scale)
         np.testing.assert_array_equal(model.geom_friction[:, 1:], nominal.geom_friction[:, 1:])

@@ -56,8 +56,12 @@ def test_a_role_with_a_stale_heartbeat_is_restarted_and_a_beating_one_is_not(tmp
         "while True:\n    hb.beat()\n    time.sleep(0.1)\n",
     )
     with Watchdog(tmp_path / "logs", stop_grace_sec=2) as dog:
-        dog.start(RoleSpec("hung", SLEEPER, heartbeat_path=str(hung_beat), heartbeat_timeout_sec=1.0))
         dog.start(RoleSpec("live", beating, heartbeat_path=str(live_beat), heartbeat_timeout_sec=1.0, env=ENV))
+        deadline = time.monotonic() + 20
+        while not live_beat.exists():  # a slow interpreter start-up is not what this test is about
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        dog.start(RoleSpec("hung", SLEEPER, heartbeat_path=str(hung_beat), heartbeat_timeout_sec=1.0))
         first = dog.roles["hung"].proc
         live = dog.roles["live"].proc
         events = poll_until(dog, lambda e: len(e) >= 1)

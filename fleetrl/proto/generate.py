@@ -1,4 +1,4 @@
-"""Regenerate fleetrl_pb2.py and fleetrl_pb2_grpc.py from fleetrl.proto.
+"""Regenerate fleetrl_pb2.py, its type stub fleetrl_pb2.pyi and fleetrl_pb2_grpc.py from fleetrl.proto.
 
 Run `python -m fleetrl.proto.generate` from the repository root after editing the .proto.
 `generated_sources()` is what tests/test_proto.py compares against the committed files.
@@ -14,14 +14,21 @@ from grpc_tools import protoc
 PROTO_DIR = pathlib.Path(__file__).resolve().parent
 REPO_ROOT = PROTO_DIR.parent.parent
 PROTO_REL = "fleetrl/proto/fleetrl.proto"
-OUTPUTS = ("fleetrl_pb2.py", "fleetrl_pb2_grpc.py")
+OUTPUTS = ("fleetrl_pb2.py", "fleetrl_pb2.pyi", "fleetrl_pb2_grpc.py")
 
 
 def generated_sources() -> dict[str, str]:
     """Generate into a temporary directory and return {file name: source text}."""
     with tempfile.TemporaryDirectory() as out:
         rc = protoc.main(
-            ["protoc", f"-I{REPO_ROOT}", f"--python_out={out}", f"--grpc_python_out={out}", PROTO_REL]
+            [
+                "protoc",
+                f"-I{REPO_ROOT}",
+                f"--python_out={out}",
+                f"--pyi_out={out}",
+                f"--grpc_python_out={out}",
+                PROTO_REL,
+            ]
         )
         if rc != 0:
             raise RuntimeError(f"protoc failed with exit code {rc} on {PROTO_REL}")

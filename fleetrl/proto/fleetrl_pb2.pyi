@@ -1,0 +1,170 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Tensor(_message.Message):
+    __slots__ = ("name", "dtype", "shape", "data")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    dtype: str
+    shape: _containers.RepeatedScalarFieldContainer[int]
+    data: bytes
+    def __init__(self, name: _Optional[str] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class TransitionBatch(_message.Message):
+    __slots__ = ("run_id", "sampler_id", "seq", "policy_version", "task_id", "num_transitions", "columns", "env_steps")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    SAMPLER_ID_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    NUM_TRANSITIONS_FIELD_NUMBER: _ClassVar[int]
+    COLUMNS_FIELD_NUMBER: _ClassVar[int]
+    ENV_STEPS_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    sampler_id: int
+    seq: int
+    policy_version: int
+    task_id: int
+    num_transitions: int
+    columns: _containers.RepeatedCompositeFieldContainer[Tensor]
+    env_steps: int
+    def __init__(self, run_id: _Optional[str] = ..., sampler_id: _Optional[int] = ..., seq: _Optional[int] = ..., policy_version: _Optional[int] = ..., task_id: _Optional[int] = ..., num_transitions: _Optional[int] = ..., columns: _Optional[_Iterable[_Union[Tensor, _Mapping]]] = ..., env_steps: _Optional[int] = ...) -> None: ...
+
+class PushAck(_message.Message):
+    __slots__ = ("seq", "stored", "duplicate", "head")
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    STORED_FIELD_NUMBER: _ClassVar[int]
+    DUPLICATE_FIELD_NUMBER: _ClassVar[int]
+    HEAD_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    stored: int
+    duplicate: bool
+    head: int
+    def __init__(self, seq: _Optional[int] = ..., stored: _Optional[int] = ..., duplicate: _Optional[bool] = ..., head: _Optional[int] = ...) -> None: ...
+
+class BufferStatsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class BufferStats(_message.Message):
+    __slots__ = ("head", "env_steps", "batches", "rejected", "duplicates", "oldest_window", "newest_window")
+    HEAD_FIELD_NUMBER: _ClassVar[int]
+    ENV_STEPS_FIELD_NUMBER: _ClassVar[int]
+    BATCHES_FIELD_NUMBER: _ClassVar[int]
+    REJECTED_FIELD_NUMBER: _ClassVar[int]
+    DUPLICATES_FIELD_NUMBER: _ClassVar[int]
+    OLDEST_WINDOW_FIELD_NUMBER: _ClassVar[int]
+    NEWEST_WINDOW_FIELD_NUMBER: _ClassVar[int]
+    head: int
+    env_steps: int
+    batches: int
+    rejected: int
+    duplicates: int
+    oldest_window: int
+    newest_window: int
+    def __init__(self, head: _Optional[int] = ..., env_steps: _Optional[int] = ..., batches: _Optional[int] = ..., rejected: _Optional[int] = ..., duplicates: _Optional[int] = ..., oldest_window: _Optional[int] = ..., newest_window: _Optional[int] = ...) -> None: ...
+
+class Gradients(_message.Message):
+    __slots__ = ("learner_id", "base_version", "tensors", "metrics", "batch_size")
+    class MetricsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    LEARNER_ID_FIELD_NUMBER: _ClassVar[int]
+    BASE_VERSION_FIELD_NUMBER: _ClassVar[int]
+    TENSORS_FIELD_NUMBER: _ClassVar[int]
+    METRICS_FIELD_NUMBER: _ClassVar[int]
+    BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    learner_id: int
+    base_version: int
+    tensors: _containers.RepeatedCompositeFieldContainer[Tensor]
+    metrics: _containers.ScalarMap[str, float]
+    batch_size: int
+    def __init__(self, learner_id: _Optional[int] = ..., base_version: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[Tensor, _Mapping]]] = ..., metrics: _Optional[_Mapping[str, float]] = ..., batch_size: _Optional[int] = ...) -> None: ...
+
+class GradientAck(_message.Message):
+    __slots__ = ("applied", "version", "reason")
+    APPLIED_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    applied: bool
+    version: int
+    reason: str
+    def __init__(self, applied: _Optional[bool] = ..., version: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class WatchRequest(_message.Message):
+    __slots__ = ("subscriber", "after_version", "groups", "min_interval_sec")
+    SUBSCRIBER_FIELD_NUMBER: _ClassVar[int]
+    AFTER_VERSION_FIELD_NUMBER: _ClassVar[int]
+    GROUPS_FIELD_NUMBER: _ClassVar[int]
+    MIN_INTERVAL_SEC_FIELD_NUMBER: _ClassVar[int]
+    subscriber: str
+    after_version: int
+    groups: _containers.RepeatedScalarFieldContainer[str]
+    min_interval_sec: float
+    def __init__(self, subscriber: _Optional[str] = ..., after_version: _Optional[int] = ..., groups: _Optional[_Iterable[str]] = ..., min_interval_sec: _Optional[float] = ...) -> None: ...
+
+class Weights(_message.Message):
+    __slots__ = ("version", "tensors", "layout")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    TENSORS_FIELD_NUMBER: _ClassVar[int]
+    LAYOUT_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    tensors: _containers.RepeatedCompositeFieldContainer[Tensor]
+    layout: str
+    def __init__(self, version: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[Tensor, _Mapping]]] = ..., layout: _Optional[str] = ...) -> None: ...
+
+class AggregatorStatsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class AggregatorStats(_message.Message):
+    __slots__ = ("version", "gradients_applied", "gradients_stale", "gradients_rejected", "subscribers", "last_eval", "env_steps")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    GRADIENTS_APPLIED_FIELD_NUMBER: _ClassVar[int]
+    GRADIENTS_STALE_FIELD_NUMBER: _ClassVar[int]
+    GRADIENTS_REJECTED_FIELD_NUMBER: _ClassVar[int]
+    SUBSCRIBERS_FIELD_NUMBER: _ClassVar[int]
+    LAST_EVAL_FIELD_NUMBER: _ClassVar[int]
+    ENV_STEPS_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    gradients_applied: int
+    gradients_stale: int
+    gradients_rejected: int
+    subscribers: int
+    last_eval: EvalReport
+    env_steps: int
+    def __init__(self, version: _Optional[int] = ..., gradients_applied: _Optional[int] = ..., gradients_stale: _Optional[int] = ..., gradients_rejected: _Optional[int] = ..., subscribers: _Optional[int] = ..., last_eval: _Optional[_Union[EvalReport, _Mapping]] = ..., env_steps: _Optional[int] = ...) -> None: ...
+
+class EvalAck(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class EvalReport(_message.Message):
+    __slots__ = ("version", "episodes", "success_rate", "mean_return", "env_steps", "wall_sec", "evaluator")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    EPISODES_FIELD_NUMBER: _ClassVar[int]
+    SUCCESS_RATE_FIELD_NUMBER: _ClassVar[int]
+    MEAN_RETURN_FIELD_NUMBER: _ClassVar[int]
+    ENV_STEPS_FIELD_NUMBER: _ClassVar[int]
+    WALL_SEC_FIELD_NUMBER: _ClassVar[int]
+    EVALUATOR_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    episodes: int
+    success_rate: float
+    mean_return: float
+    env_steps: int
+    wall_sec: float
+    evaluator: str
+    def __init__(self, version: _Optional[int] = ..., episodes: _Optional[int] = ..., success_rate: _Optional[float] = ..., mean_return: _Optional[float] = ..., env_steps: _Optional[int] = ..., wall_sec: _Optional[float] = ..., evaluator: _Optional[str] = ...) -> None: ...

@@ -1,0 +1,105 @@
+"""Regression tests for bugs found in review: each failed before its fix."""
+
+from __future__ import annotations
+
+import grpc
+import numpy as np
+import pytest
+
+from aggregator.client import AggregatorClient
+from aggregator.core import AggregatorCore
+from aggregator.service import GRPC_OPTIONS, AggregatorServer
+from fleetrl.config import AggregatorConfig, ConfigError, EvalConfig, RunConfig, with_overrides
+from fleetrl.proto import fleetrl_pb2_grpc as pb_grpc
+from fleetrl.wire import to_tensor
+from sampler.evaluator import evaluate
+from sim.registry import make_env
+from tests.test_aggregator_service import SPEC, push
+
+
+@pytest.mark.parametrize(
+    "override,message",
+    [
+        ("sim.randomization.mass_scale=[0.5]", "RandomizationConfig.mass_scale must be a list of 2"),
+        (
+            "sim.randomization.action_latency_steps=[0, 1, 2]",
+            "RandomizationConfig.action_latency_steps must be a list of 2",
+        ),
+    ],
+)
+def test_fixed_length_tuples_check_their_length(override, message):
+    with pytest.raises(ConfigError, match=message):
+        with_overrides(RunConfig(), [override])
+
+
+@pytest.mark.parametrize(
+    "override,message",
+    [
+        ("aggregator.keep_checkpoints=0", "aggregator.keep_checkpoints (0) must be >= 1"),
+        ("aggregator.grads_per_step=-1", "aggregator.grads_per_step (-1) must be >= 0"),
+        ("sampler.weights_interval_sec=-1", "sampler.weights_interval_sec (-1.0) must be >= 0"),
+    ],
+)
+def test_validate_catches_values_that_fail_later_in_a_role(override, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        with_overrides(RunConfig(), [override]).validate()
+
+
+def test_duplicate_gradient_tensor_is_invalid_argument(tmp_path):
+    config = AggregatorConfig()
+    core = AggregatorCore(SPEC, config, grads_per_step=1, max_staleness=1)
+    with AggregatorServer(core, config) as server:
+        channel = grpc.insecure_channel(server.address, options=GRPC_OPTIONS)
+        msg = push(core, 0).to_proto()
+        msg.tensors.append(to_tensor("actor", np.zeros(core.sizes["actor"], np.float32)))
+        with pytest.raises(grpc.RpcError) as err:
+            pb_grpc.AggregatorStub(channel).PushGradients(msg, timeout=5)
+        channel.close()
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "duplicate" in err.value.details()
+
+
+class FailsOn:
+    """Reaches the goal, except in the listed episodes (there it drives away from the goal)."""
+
+    def __init__(self, failing: set[int]) -> None:
+        self.failing, self.episode, self._goal = failing, -1, None
+
+    def act(self, obs, deterministic):
+        if self._goal is None or not np.array_equal(obs["desired_goal"], self._goal):
+            self.episode += 1
+            self._goal = obs["desired_goal"].copy()
+        sign = -1.0 if self.episode in self.failing else 1.0
+        action = np.zeros(4, np.float32)
+        action[:3] = np.clip(sign * 10 * (obs["desired_goal"] - obs["observation"][:3]), -1, 1)
+        return action
+
+
+def test_early_stop_never_cuts_a_version_that_reaches_the_target_exactly():
+    # 0.28 * 25 == 7.000000000000001 in floating point: ceil gives 8, one failure too few allowed.
+    env = make_env("FetchReach-v4")
+    try:
+        result = evaluate(env, FailsOn(set(range(18))), EvalConfig(episodes=25, seed=1_000_000), stop_below=0.28)
+    finally:
+        env.close()
+    assert result.episodes == 25 and result.success_rate == pytest.approx(7 / 25)
+    assert result.success_rate >= 0.28
+
+
+def test_after_a_crash_the_restored_version_jumps_past_every_version_that_may_have_been_broadcast(tmp_path):
+    from tests.test_aggregator_service import CONFIG, make_core
+
+    server = AggregatorServer(make_core(), CONFIG, run_dir=tmp_path)
+    with AggregatorClient(server.address, timeout_sec=5.0) as agg:
+        for _ in range(3):
+            agg.push_gradients(push(server.servicer.core, server.servicer.core.version))
+        server.servicer.checkpoint_now()  # a periodic checkpoint at version 3
+        for _ in range(4):
+            agg.push_gradients(push(server.servicer.core, server.servicer.core.version))
+        seen = server.servicer.core.version
+    server._server.stop(0).wait()  # a crash: no final checkpoint
+    with AggregatorServer(make_core(), CONFIG, run_dir=tmp_path) as restarted:
+        assert restarted.servicer.core.version > seen
+    with AggregatorServer(make_core(), CONFIG, run_dir=tmp_path) as clean:
+        # the previous one closed cleanly: its exact version is restored, no jump
+        assert clean.servicer.core.version == restarted.servicer.core.version
