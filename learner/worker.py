@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from aggregator.client import AggregatorClient, GradientPush, PendingPush, WeightsSnapshot
+from aggregator.client import AggregatorClient, GradientPush, PendingPush, WeightsSnapshot, WeightsWatcher
 from buffer.client import ReplaySampler
 from fleetrl.config import RunConfig
 from fleetrl.local_cluster import connect
@@ -44,77 +44,100 @@ def run_learner(config: RunConfig, learner_id: int, endpoints: LearnerEndpoints,
     """Loop until `stop` is set; returns the number of gradients pushed."""
     torch.set_num_threads(config.learner.torch_threads)
     task = get_task(config.sim.task)
-    hp = SACHyperparams(
-        gamma=config.learner.gamma,
-        target_entropy=config.learner.target_entropy
-        if config.learner.target_entropy is not None
-        else -float(task.act_dim),
-    )
     heartbeat = Heartbeat(endpoints.heartbeat_path)
     redis_client = connect(endpoints.redis)
-    pushed = 0
-    with AggregatorClient(endpoints.aggregator) as agg, agg.watch(f"learner-{learner_id}") as weights:
-        replay = ReplaySampler(
-            redis_client,
-            config.run_id,
-            task.schema(),
-            config.buffer,
-            seed=config.aggregator.seed + 7919 * (learner_id + 1),
-            refresh_interval_sec=config.learner.buffer_refresh_sec,
+    try:
+        with AggregatorClient(endpoints.aggregator) as agg, agg.watch(f"learner-{learner_id}") as weights:
+            replay = ReplaySampler(
+                redis_client,
+                config.run_id,
+                task.schema(),
+                config.buffer,
+                seed=config.aggregator.seed + 7919 * (learner_id + 1),
+                refresh_interval_sec=config.learner.buffer_refresh_sec,
+            )
+            snapshot = _wait(lambda: weights.wait_newer_than(-1, timeout=1.0), stop, heartbeat)
+            if snapshot is None:
+                return 0
+            log.info(
+                "learner %d: weights v%d; waiting for %d transitions",
+                learner_id,
+                snapshot.version,
+                config.learner.min_replay_transitions,
+            )
+            while not stop.is_set() and replay.size() < config.learner.min_replay_transitions:
+                replay.refresh()
+                heartbeat.beat(replay=replay.size())
+                stop.wait(0.1)
+            loop = _GradientLoop(config, learner_id, task.act_dim, agg, weights, replay, heartbeat)
+            pushed = loop.run(snapshot, stop)
+    finally:
+        redis_client.close()
+    log.info("learner %d: stopped after %d gradients", learner_id, pushed)
+    return pushed
+
+
+class _GradientLoop:
+    """sample -> gradients on the newest weights -> push (one in flight), until stopped."""
+
+    def __init__(
+        self,
+        config: RunConfig,
+        learner_id: int,
+        act_dim: int,
+        agg: AggregatorClient,
+        weights: WeightsWatcher,
+        replay: ReplaySampler,
+        heartbeat: Heartbeat,
+    ) -> None:
+        target_entropy = config.learner.target_entropy
+        self.hp = SACHyperparams(
+            gamma=config.learner.gamma,
+            target_entropy=target_entropy if target_entropy is not None else -float(act_dim),
         )
-        snapshot = _wait(lambda: weights.wait_newer_than(-1, timeout=1.0), stop, heartbeat)
-        if snapshot is None:
-            return 0
+        self.config, self.learner_id = config, learner_id
+        self.agg, self.weights, self.replay, self.heartbeat = agg, weights, replay, heartbeat
+
+    def run(self, snapshot: WeightsSnapshot, stop: threading.Event) -> int:
         model = SACModel(snapshot.spec)
         _load(model, snapshot)
-        loaded = snapshot.version
-        log.info(
-            "learner %d: weights v%d; waiting for %d transitions",
-            learner_id,
-            snapshot.version,
-            config.learner.min_replay_transitions,
-        )
-        while not stop.is_set() and replay.size() < config.learner.min_replay_transitions:
-            replay.refresh()
-            heartbeat.beat(replay=replay.size())
-            stop.wait(0.1)
-        need = snapshot.version
+        loaded, need, pushed = snapshot.version, snapshot.version, 0
         pending: PendingPush | None = None  # one push in flight: its step overlaps the next gradient
         while not stop.is_set():
-            fresh = _fresh_weights(weights, snapshot, need, heartbeat)
+            fresh = _fresh_weights(self.weights, snapshot, need, self.heartbeat)
             if fresh is None:
                 continue
             snapshot = fresh
             if snapshot.version != loaded:
                 _load(model, snapshot)
                 loaded = snapshot.version
-            with heartbeat.phase("sample"):
-                sampled = replay.sample(config.learner.batch_size)
-            t = sampled.transitions
-            with heartbeat.phase("gradients"):
-                batch = Batch.from_numpy(t.obs, t.goal, t.action, t.reward, t.next_obs, t.done)
-                result = compute_gradients(model, batch, hp)
-            push = GradientPush(
-                learner_id=learner_id,
-                base_version=snapshot.version,
-                grads=result.grads,
-                norm_stats=result.norm_stats,
-                batch_size=config.learner.batch_size,
-                metrics=result.metrics,
-            )
+            push = self._gradient(model, snapshot.version)
             if pending is not None:
-                with heartbeat.phase("push"):
+                with self.heartbeat.phase("push"):
                     ack = pending.result()
                 # The next gradient may be computed on weights at most max_grad_staleness behind.
-                need = max(need, int(ack.version) - config.learner.max_grad_staleness)
-                heartbeat.beat(pushed=pushed, version=ack.version, replay=replay.size())
-            pending = agg.push_gradients_async(push)
+                need = max(need, int(ack.version) - self.config.learner.max_grad_staleness)
+                self.heartbeat.beat(pushed=pushed, version=ack.version, replay=self.replay.size())
+            pending = self.agg.push_gradients_async(push)
             pushed += 1
         if pending is not None:
             pending.result()
-    redis_client.close()
-    log.info("learner %d: stopped after %d gradients", learner_id, pushed)
-    return pushed
+        return pushed
+
+    def _gradient(self, model: SACModel, version: int) -> GradientPush:
+        with self.heartbeat.phase("sample"):
+            t = self.replay.sample(self.config.learner.batch_size).transitions
+        with self.heartbeat.phase("gradients"):
+            batch = Batch.from_numpy(t.obs, t.goal, t.action, t.reward, t.next_obs, t.done)
+            result = compute_gradients(model, batch, self.hp)
+        return GradientPush(
+            learner_id=self.learner_id,
+            base_version=version,
+            grads=result.grads,
+            norm_stats=result.norm_stats,
+            batch_size=self.config.learner.batch_size,
+            metrics=result.metrics,
+        )
 
 
 def _fresh_weights(weights, current: WeightsSnapshot, need: int, heartbeat: Heartbeat):  # noqa: ANN001, ANN202

@@ -52,8 +52,9 @@ _SCALE_FIELDS = ("mass_scale", "friction_scale", "damping_scale", "weld_stiffnes
 # placement do not correlate with the dynamics draw.
 _RNG_SPAWN_KEY = (1,)
 
-# enabled=False: the wrapper still works (same code path) but every draw is nominal.
-_NOMINAL_CONFIG = RandomizationConfig(
+# Every range pinned to its nominal value; the wrapper uses it when enabled=False (same code
+# path, nominal draws), and tests start from it to turn one knob at a time.
+NOMINAL_CONFIG = RandomizationConfig(
     enabled=False,
     mass_scale=(1.0, 1.0),
     friction_scale=(1.0, 1.0),
@@ -194,7 +195,7 @@ class DomainRandomization(gym.Wrapper, gym.utils.RecordConstructorArgs):
         validate_randomization(config)
         gym.utils.RecordConstructorArgs.__init__(self, config=config)
         gym.Wrapper.__init__(self, env)
-        self.config = config if config.enabled else _NOMINAL_CONFIG
+        self.config = config if config.enabled else NOMINAL_CONFIG
         model = getattr(env.unwrapped, "model", None)
         if not isinstance(model, mujoco.MjModel):
             raise TypeError(f"DomainRandomization needs a MuJoCo env with .model, got {env.unwrapped}")

@@ -45,12 +45,12 @@ def _wait_until(predicate, timeout_sec: float, what: str, procs=()):  # noqa: AN
 
 
 def _role(role: str, config_path: pathlib.Path, log_dir: pathlib.Path, *args: str) -> subprocess.Popen:
-    log = open(log_dir / f"{role}-{args[1] if args[:1] == ('--id',) else 0}.log", "wb")  # noqa: SIM115
-    return subprocess.Popen(
-        [sys.executable, "-m", "fleetrl.cli", role, "--config", str(config_path), *args],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
+    with open(log_dir / f"{role}.log", "wb") as log:  # the child keeps its own copy of the fd
+        return subprocess.Popen(
+            [sys.executable, "-m", "fleetrl.cli", role, "--config", str(config_path), *args],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
 
 
 def _stop(procs) -> None:  # noqa: ANN001
@@ -82,72 +82,17 @@ def test_roles_started_by_address_form_a_learning_fleet(tmp_path: pathlib.Path) 
     buffer, aggregator = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
     beat = {name: tmp_path / f"{name}.json" for name in ("sampler", "learner", "evaluator")}
     with LocalRedisCluster(num_primaries=3) as cluster:
-        procs = [
-            (
-                "aggregator",
-                _role(
-                    "aggregator",
-                    config_path,
-                    logs,
-                    "--port",
-                    aggregator.split(":")[1],
-                    "--run-dir",
-                    str(tmp_path / "run"),
-                ),
-            ),
-            (
-                "buffer",
-                _role("buffer", config_path, logs, "--redis", cluster.addresses, "--port", buffer.split(":")[1]),
-            ),
-            (
-                "sampler",
-                _role(
-                    "sampler",
-                    config_path,
-                    logs,
-                    "--id",
-                    "0",
-                    "--buffer",
-                    buffer,
-                    "--aggregator",
-                    aggregator,
-                    "--heartbeat",
-                    str(beat["sampler"]),
-                ),
-            ),
-            (
-                "learner",
-                _role(
-                    "learner",
-                    config_path,
-                    logs,
-                    "--id",
-                    "0",
-                    "--redis",
-                    cluster.addresses,
-                    "--aggregator",
-                    aggregator,
-                    "--heartbeat",
-                    str(beat["learner"]),
-                ),
-            ),
-            (
-                "evaluator",
-                _role(
-                    "evaluator",
-                    config_path,
-                    logs,
-                    "--id",
-                    "0",
-                    "--buffer",
-                    buffer,
-                    "--aggregator",
-                    aggregator,
-                    "--heartbeat",
-                    str(beat["evaluator"]),
-                ),
-            ),
-        ]
+        # What a multi-host operator types: each role with only the addresses it needs.
+        role_args = {
+            "aggregator": ["--port", aggregator.split(":")[1], "--run-dir", str(tmp_path / "run")],
+            "buffer": ["--port", buffer.split(":")[1], "--redis", cluster.addresses],
+            "sampler": ["--buffer", buffer, "--aggregator", aggregator],
+            "learner": ["--redis", cluster.addresses, "--aggregator", aggregator],
+            "evaluator": ["--buffer", buffer, "--aggregator", aggregator],
+        }
+        for name, path in beat.items():
+            role_args[name] += ["--id", "0", "--heartbeat", str(path)]
+        procs = [(role, _role(role, config_path, logs, *args)) for role, args in role_args.items()]
         try:
             with AggregatorClient(aggregator) as agg:
                 _wait_until(lambda: _stats(agg) and _stats(agg).version >= 50, 150, "version >= 50", procs)

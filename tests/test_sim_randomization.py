@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from dataclasses import asdict
 
@@ -13,19 +14,11 @@ from gymnasium.utils.env_checker import check_env
 
 from fleetrl.config import ConfigError, RandomizationConfig
 from sim import TASKS, DomainRandomization, make_env
-from sim.randomization import NOMINAL_PARAMS
+from sim.randomization import NOMINAL_CONFIG, NOMINAL_PARAMS
 
 # Every per-episode scale pinned to 1: the dynamics are nominal, so the effect of the one
 # knob a test turns on can be compared exactly against an unwrapped env.
-NEUTRAL = RandomizationConfig(
-    mass_scale=(1.0, 1.0),
-    friction_scale=(1.0, 1.0),
-    damping_scale=(1.0, 1.0),
-    weld_stiffness_scale=(1.0, 1.0),
-    action_scale=(1.0, 1.0),
-    obs_noise_std=0.0,
-    action_latency_steps=(0, 0),
-)
+NEUTRAL = dataclasses.replace(NOMINAL_CONFIG, enabled=True)
 WIDE = RandomizationConfig(
     mass_scale=(0.5, 2.0),
     friction_scale=(0.3, 1.5),
