@@ -94,7 +94,7 @@ class AggregatorClient:
     def watch(self, subscriber: str, groups: tuple[str, ...] = (), min_interval_sec: float = 0.0) -> WeightsWatcher:
         return WeightsWatcher(self._stub, subscriber, groups, min_interval_sec)
 
-    def _retry(self, call, deadline_sec: float = 120.0):  # noqa: ANN001, ANN202
+    def _retry(self, call, deadline_sec: float = 120.0):
         deadline = time.monotonic() + deadline_sec
         delay = 0.05
         while True:

@@ -37,19 +37,16 @@ import time
 from contextlib import closing
 from dataclasses import asdict, dataclass
 
-REPO = pathlib.Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+import numpy as np
+import psutil
 
-import numpy as np  # noqa: E402
-import psutil  # noqa: E402
-
-from buffer.client import IngestClient  # noqa: E402
-from fleetrl.config import RandomizationConfig, RunConfig, with_overrides  # noqa: E402
-from fleetrl.launch import LocalFleet  # noqa: E402
-from fleetrl.local_cluster import LocalRedisCluster  # noqa: E402
-from fleetrl.process import heartbeat_file  # noqa: E402
-from fleetrl.watchdog import Watchdog  # noqa: E402
-from sim.registry import get_task, make_env  # noqa: E402
+from buffer.client import IngestClient
+from fleetrl.config import RandomizationConfig, RunConfig, with_overrides
+from fleetrl.launch import LocalFleet
+from fleetrl.local_cluster import LocalRedisCluster
+from fleetrl.process import heartbeat_file
+from fleetrl.watchdog import Watchdog
+from sim.registry import get_task, make_env
 
 FIRST_ACK_TIMEOUT_SEC = 120.0
 POLL_SEC = 0.5

@@ -32,15 +32,14 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 
+import gymnasium as gym
+import numpy as np
 import psutil
+import torch
+from stable_baselines3 import SAC, HerReplayBuffer
+from stable_baselines3.common.callbacks import BaseCallback
 
-PROCESS_START = psutil.Process().create_time()  # epoch seconds: wall time counts from here
-
-import gymnasium as gym  # noqa: E402
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-from stable_baselines3 import SAC, HerReplayBuffer  # noqa: E402
-from stable_baselines3.common.callbacks import BaseCallback  # noqa: E402
+PROCESS_START = psutil.Process().create_time()  # epoch seconds: wall time counts from the process's start
 
 with contextlib.redirect_stderr(io.StringIO()):  # gymnasium_robotics prints an unrelated notice
     import gymnasium_robotics

@@ -79,7 +79,7 @@ def _parser(export_args: bool = True) -> argparse.ArgumentParser:
     return parser
 
 
-def _config(args: argparse.Namespace):  # noqa: ANN202
+def _config(args: argparse.Namespace):
     from fleetrl.config import RunConfig, with_overrides
 
     config = RunConfig.load(args.config) if args.config else RunConfig()

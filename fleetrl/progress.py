@@ -33,7 +33,7 @@ class Snapshot:
     restarts: int
 
     @classmethod
-    def take(cls, ingest, agg, wall_sec: float, restarts: int) -> Snapshot | None:  # noqa: ANN001
+    def take(cls, ingest, agg, wall_sec: float, restarts: int) -> Snapshot | None:
         """Poll both services once; None while either is unreachable (it may be restarting)."""
         try:
             buf = ingest.stats()

@@ -31,7 +31,7 @@ class Batch:
     done: torch.Tensor
 
     @classmethod
-    def from_numpy(cls, obs, goal, action, reward, next_obs, done) -> Batch:  # noqa: ANN001
+    def from_numpy(cls, obs, goal, action, reward, next_obs, done) -> Batch:
         def t(x: np.ndarray) -> torch.Tensor:
             return torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))
 

@@ -140,7 +140,7 @@ class _GradientLoop:
         )
 
 
-def _fresh_weights(weights, current: WeightsSnapshot, need: int, heartbeat: Heartbeat):  # noqa: ANN001, ANN202
+def _fresh_weights(weights, current: WeightsSnapshot, need: int, heartbeat: Heartbeat):
     """The newest snapshot if it is at least version `need`, else wait up to 1 s for one (None)."""
     latest = weights.latest() or current
     if latest.version >= need:
@@ -149,7 +149,7 @@ def _fresh_weights(weights, current: WeightsSnapshot, need: int, heartbeat: Hear
         return weights.wait_newer_than(need - 1, timeout=1.0)
 
 
-def _wait(poll, stop: threading.Event, heartbeat: Heartbeat):  # noqa: ANN001, ANN202
+def _wait(poll, stop: threading.Event, heartbeat: Heartbeat):
     while not stop.is_set():
         value = poll()
         if value is not None:

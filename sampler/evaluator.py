@@ -14,6 +14,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import grpc
@@ -38,7 +39,13 @@ class EvalResult:
     episodes: int
 
 
-def evaluate(env, policy: Policy, config: EvalConfig, stop_below: float | None = None) -> EvalResult:  # noqa: ANN001
+def evaluate(
+    env,
+    policy: Policy,
+    config: EvalConfig,
+    stop_below: float | None = None,
+    should_stop: Callable[[], bool] = lambda: False,
+) -> EvalResult:
     """Deterministic episodes on seeds config.seed .. config.seed + episodes - 1.
 
     With `stop_below`, scoring ends as soon as the full run can no longer reach that success
@@ -50,6 +57,8 @@ def evaluate(env, policy: Policy, config: EvalConfig, stop_below: float | None =
     successes: list[bool] = []
     returns: list[float] = []
     for i in range(config.episodes):
+        if should_stop():  # shutting down: an unfinished score is dropped by the caller
+            break
         episode, success = rollout(env, policy, seed=config.seed + i, rng=rng, deterministic=True)
         successes.append(success)
         returns.append(float(goal_reward(env, episode.achieved_goal, episode.desired_goal).sum()))
@@ -57,6 +66,8 @@ def evaluate(env, policy: Policy, config: EvalConfig, stop_below: float | None =
         best_possible = (config.episodes - (len(successes) - sum(successes))) / config.episodes
         if stop_below is not None and best_possible < stop_below:
             break
+    if not successes:
+        return EvalResult(0.0, 0.0, 0)
     return EvalResult(float(np.mean(successes)), float(np.mean(returns)), len(successes))
 
 
@@ -105,7 +116,9 @@ def run_evaluator(
             policy.refresh(snapshot)
             start = time.monotonic()
             with heartbeat.phase("evaluate"):
-                result = evaluate(env, policy, config.eval, stop_below)
+                result = evaluate(env, policy, config.eval, stop_below, should_stop=stop.is_set)
+            if stop.is_set():
+                break
             report = pb.EvalReport(
                 version=policy.version,
                 episodes=result.episodes,

@@ -61,7 +61,7 @@ class Policy:
         return action[0]
 
 
-def rollout(env, policy: Policy | None, seed: int | None, rng: np.random.Generator, deterministic: bool = False):  # noqa: ANN001, ANN201
+def rollout(env, policy: Policy | None, seed: int | None, rng: np.random.Generator, deterministic: bool = False):
     """One episode; policy None means uniform random actions. Returns (Episode, success)."""
     obs, _ = env.reset(seed=seed)
     rows: dict[str, list[np.ndarray | float]] = {k: [] for k in ("obs", "ag", "dg", "action", "next_obs", "term")}
@@ -109,7 +109,7 @@ class Pusher:
         self._thread = threading.Thread(target=self._run, name="pusher", daemon=True)
         self._thread.start()
 
-    def put(self, transitions, policy_version: int, env_steps: int) -> None:  # noqa: ANN001
+    def put(self, transitions, policy_version: int, env_steps: int) -> None:
         if self.error is not None:
             raise RuntimeError("pusher thread failed") from self.error
         self._seq += 1

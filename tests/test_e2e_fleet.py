@@ -32,7 +32,7 @@ pytestmark = pytest.mark.e2e
 TASK = "FetchReach-v4"
 
 
-def _wait_until(predicate, timeout_sec: float, what: str, procs=()):  # noqa: ANN001, ANN202
+def _wait_until(predicate, timeout_sec: float, what: str, procs=()):
     deadline = time.monotonic() + timeout_sec
     while time.monotonic() < deadline:
         for name, proc in procs:
@@ -53,7 +53,7 @@ def _role(role: str, config_path: pathlib.Path, log_dir: pathlib.Path, *args: st
         )
 
 
-def _stop(procs) -> None:  # noqa: ANN001
+def _stop(procs) -> None:
     for _, proc in procs:
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
@@ -113,7 +113,7 @@ def test_roles_started_by_address_form_a_learning_fleet(tmp_path: pathlib.Path) 
     assert "Traceback" not in logs_text, logs_text[-3000:]
 
 
-def _stats(agg: AggregatorClient):  # noqa: ANN202
+def _stats(agg: AggregatorClient):
     try:
         return agg.stats()
     except Exception:  # noqa: BLE001 - not up yet
@@ -189,3 +189,42 @@ def test_ctrl_c_stops_the_fleet_cleanly(tmp_path: pathlib.Path) -> None:
     assert "interrupted" in json.loads((run_dir / "summary.json").read_text())["stop_reason"]
     _, alive = psutil.wait_procs(children, timeout=10)
     assert not alive, f"left running after Ctrl-C: {[p.name() for p in alive]}"
+
+
+def test_watchdog_restarts_killed_roles_and_training_continues(tmp_path: pathlib.Path) -> None:
+    """SIGKILL a sampler and the aggregator mid-run: both come back, versions keep growing."""
+    run_dir = tmp_path / "run"
+    extra = ("--max-wall-sec", "300", "--target-success", "1.0", "--set", "aggregator.checkpoint_every_versions=50")
+    proc = _train(run_dir, *extra)
+    try:
+        evals = run_dir / "evals.jsonl"
+        _wait_until(lambda: evals.exists() and _last_version(evals) >= 100, 150, "version 100", [("train", proc)])
+        before = _last_version(evals)
+        for role in ("sampler-0", "aggregator"):
+            os.kill(_role_pid(proc, role), signal.SIGKILL)
+        _wait_until(lambda: _last_version(evals) > before + 50, 120, "versions past the kill", [("train", proc)])
+        os.killpg(proc.pid, signal.SIGINT)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["restarts"] >= 2, out[-3000:]
+    assert "sampler-0 exited" in out and "aggregator exited" in out
+    versions = [json.loads(line)["version"] for line in evals.read_text().splitlines()]
+    assert versions == sorted(versions), "a restarted aggregator must never hand out an older version"
+
+
+def _last_version(evals: pathlib.Path) -> int:
+    lines = evals.read_text().splitlines()
+    return json.loads(lines[-1])["version"] if lines else -1
+
+
+def _role_pid(train: subprocess.Popen, role: str) -> int:
+    """The pid of `fleetrl <role>` (sampler-0 -> `sampler --id 0`) under the train process."""
+    name, _, index = role.partition("-")
+    for child in psutil.Process(train.pid).children(recursive=True):
+        cmd = child.cmdline()
+        if name in cmd and (not index or cmd[cmd.index("--id") + 1] == index):
+            return child.pid
+    raise AssertionError(f"no {role} process under the launcher")

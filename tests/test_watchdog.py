@@ -17,7 +17,7 @@ ENV = {"PYTHONPATH": str(REPO)}
 SLEEPER = (sys.executable, "-c", "import time; time.sleep(60)")
 
 
-def poll_until(dog: Watchdog, done, timeout: float = 20.0) -> list[str]:  # noqa: ANN001
+def poll_until(dog: Watchdog, done, timeout: float = 20.0) -> list[str]:
     events: list[str] = []
     deadline = time.monotonic() + timeout
     while not done(events):
