@@ -172,6 +172,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = _parser(export_args=bool(argv) and argv[0] == "export").parse_args(argv)
     from fleetrl.config import ConfigError, help_lines
+    from fleetrl.local_cluster import LocalClusterError
+    from fleetrl.watchdog import RoleFailed
 
     try:
         if args.command == "train":
@@ -189,6 +191,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as err:
         print(f"fleetrl: config error: {err}", file=sys.stderr)
         return 2
+    except (LocalClusterError, RoleFailed, TimeoutError) as err:
+        print(f"fleetrl: {err}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":
