@@ -307,7 +307,12 @@ def print_figures(f: Figures) -> None:
         ("single-process env.step/s", f.single_env_steps_per_sec, f"{f.single_window_sec:.1f}s"),
         ("end-to-end env steps acked/s", f.e2e_env_steps_per_sec, f"{f.e2e_window_sec:.1f}s"),
         ("end-to-end transitions acked/s", f.e2e_transitions_per_sec, her),
-        ("ratio end-to-end / single-process", f.ratio, "env steps acked/s over env.step/s"),
+        (
+            "ratio transitions acked/s / env.step/s",
+            _per(f.e2e_transitions_per_sec, f.single_env_steps_per_sec),
+            "relabeled copies count: up to her_k + 1 per sampler",
+        ),
+        ("ratio end-to-end / single-process", f.ratio, "env steps acked/s over env.step/s, like for like"),
     ]
     print(f"\n=== sampler throughput: {f.task}, {f.samplers} sampler(s), uniform random actions in both ===")
     for label, value, note in rows:
