@@ -114,11 +114,13 @@ class PendingPush:
     def __init__(self, client: AggregatorClient, push: GradientPush, future: grpc.Future) -> None:
         self._client, self._push, self._future = client, push, future
 
-    def result(self) -> pb.GradientAck:
+    def result(self, retry: bool = True) -> pb.GradientAck:
+        """The ack. With `retry`, a push the aggregator never took (it was unreachable, or
+        stopping and cancelled the call) is sent again until acked; without, the error is raised."""
         try:
             return self._future.result()
         except grpc.RpcError as err:
-            if err.code() not in RETRYABLE:
+            if not retry or err.code() not in (*RETRYABLE, grpc.StatusCode.CANCELLED):
                 raise
             return self._client.push_gradients(self._push)
 
@@ -175,7 +177,7 @@ class WeightsWatcher:
                     self._store(msg)
                     delay = 0.05
             except grpc.RpcError as err:
-                if self._closed or err.code() == grpc.StatusCode.CANCELLED:
+                if self._closed:  # our own cancel; a server-side CANCELLED (a stopping aggregator) reconnects
                     return
                 if err.code() == grpc.StatusCode.INVALID_ARGUMENT:
                     log.error("WatchWeights refused: %s", err.details())

@@ -14,6 +14,7 @@ import logging
 import threading
 from dataclasses import dataclass
 
+import grpc
 import torch
 
 from aggregator.client import AggregatorClient, GradientPush, PendingPush, WeightsSnapshot, WeightsWatcher
@@ -121,7 +122,10 @@ class _GradientLoop:
             pending = self.agg.push_gradients_async(push)
             pushed += 1
         if pending is not None:
-            pending.result()
+            try:
+                pending.result(retry=False)
+            except grpc.RpcError as err:  # the aggregator may be stopping too; one gradient is lost
+                log.info("learner %d: last push not acked on shutdown (%s)", self.learner_id, err.code().name)
         return pushed
 
     def _gradient(self, model: SACModel, version: int) -> GradientPush:

@@ -103,3 +103,19 @@ def test_after_a_crash_the_restored_version_jumps_past_every_version_that_may_ha
     with AggregatorServer(make_core(), CONFIG, run_dir=tmp_path) as clean:
         # the previous one closed cleanly: its exact version is restored, no jump
         assert clean.servicer.core.version == restarted.servicer.core.version
+
+
+def test_a_watcher_reconnects_when_the_aggregator_restarts_gracefully(tmp_path):
+    """Watchers outlive an aggregator restart on the same address: they reconnect and resume."""
+    from tests.test_aggregator_service import CONFIG, make_core
+
+    first = AggregatorServer(make_core(), CONFIG, run_dir=tmp_path)
+    port = first.port
+    with AggregatorClient(first.address, timeout_sec=10.0) as agg, agg.watch("sampler-0") as watcher:
+        assert watcher.wait_newer_than(-1, timeout=10) is not None
+        first.close()
+        with AggregatorServer(make_core(), CONFIG, run_dir=tmp_path, port=port) as second:
+            restored = second.servicer.core.version
+            agg.push_gradients(push(second.servicer.core, restored))
+            got = watcher.wait_newer_than(restored, timeout=15)
+            assert got is not None and got.version == restored + 1
