@@ -71,15 +71,17 @@ def evaluate(
     return EvalResult(float(np.mean(successes)), float(np.mean(returns)), len(successes))
 
 
-def _acked_env_steps(ingest: IngestClient) -> int:
-    """Env steps the buffer has acked; waits while the buffer service is (re)starting."""
-    while True:
+def _acked_env_steps(ingest: IngestClient, stop: threading.Event) -> int | None:
+    """Env steps the buffer has acked; waits while the buffer service is (re)starting.
+    None once `stop` is set."""
+    while not stop.is_set():
         try:
             return ingest.stats(wait_for_ready=True).env_steps
         except grpc.RpcError as err:
             if err.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
                 raise
-            time.sleep(0.5)
+            stop.wait(0.5)
+    return None
 
 
 def run_evaluator(
@@ -112,7 +114,9 @@ def run_evaluator(
                 heartbeat.beat(scored=scored)
                 continue
             next_at = time.monotonic() + config.eval.min_interval_sec
-            env_steps = _acked_env_steps(ingest)
+            env_steps = _acked_env_steps(ingest, stop)
+            if env_steps is None:
+                break
             policy.refresh(snapshot)
             start = time.monotonic()
             with heartbeat.phase("evaluate"):
