@@ -12,7 +12,7 @@ checkpoint legitimately scores ~0, and the evaluator owns the success targets.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -33,24 +33,23 @@ from deploy_npu.parity import (
     random_inputs,
     task_for_spec,
 )
-
-
-def _f(default, help_text: str):
-    return field(default=default, metadata={"help": help_text})
+from fleetrl.config import config_field
 
 
 @dataclass(frozen=True)
 class DeployCheckConfig:
-    task: str | None = _f(None, "task the policy acts in; None: the only registered task whose dims fit")
-    opset: int = _f(17, "ONNX opset of the exported graph (>= 13)")
-    batch_size: int | None = _f(1, "static batch of the exported graph; None: dynamic batch axis (not NPU-ready)")
-    random_inputs: int = _f(512, "parity rows drawn around the checkpoint's input normalizer")
-    env_inputs: int = _f(512, "parity rows observed in the nominal env under random actions")
-    tolerance: float = _f(PARITY_TOLERANCE, "max |torch - onnx| action difference allowed")
-    latency_calls: int = _f(1000, "timed single-threaded onnxruntime calls")
-    budget_ms: float = _f(CONTROL_BUDGET_MS, "per-call p99 latency budget (120 Hz controller tick)")
-    episodes: int = _f(5, "closed-loop episodes in the nominal env (reported, not gated)")
-    seed: int = _f(0, "seed of parity inputs and closed-loop episode resets")
+    task: str | None = config_field(None, "task the policy acts in; None: the only registered task whose dims fit")
+    opset: int = config_field(17, "ONNX opset of the exported graph (>= 13)")
+    batch_size: int | None = config_field(
+        1, "static batch of the exported graph; None: dynamic batch axis (not NPU-ready)"
+    )
+    random_inputs: int = config_field(512, "parity rows drawn around the checkpoint's input normalizer")
+    env_inputs: int = config_field(512, "parity rows observed in the nominal env under random actions")
+    tolerance: float = config_field(PARITY_TOLERANCE, "max |torch - onnx| action difference allowed")
+    latency_calls: int = config_field(1000, "timed single-threaded onnxruntime calls")
+    budget_ms: float = config_field(CONTROL_BUDGET_MS, "per-call p99 latency budget (120 Hz controller tick)")
+    episodes: int = config_field(5, "closed-loop episodes in the nominal env (reported, not gated)")
+    seed: int = config_field(0, "seed of parity inputs and closed-loop episode resets")
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
-def _f(default: Any, help: str) -> Any:
+def config_field(default: Any, help: str) -> Any:
     """A dataclass field with a help line; tuples and other immutables only."""
     return field(default=default, metadata={"help": help})
 
@@ -28,93 +28,95 @@ class ConfigError(ValueError):
 class RandomizationConfig:
     """Domain randomization ranges. Scales multiply the model's nominal value."""
 
-    enabled: bool = _f(True, "apply the ranges below; False gives the nominal task")
-    mass_scale: tuple[float, float] = _f((0.8, 1.2), "per episode: object body mass scale")
-    friction_scale: tuple[float, float] = _f((0.8, 1.2), "per episode: geom sliding friction scale")
-    damping_scale: tuple[float, float] = _f((0.8, 1.2), "per episode: joint damping scale")
-    weld_stiffness_scale: tuple[float, float] = _f(
+    enabled: bool = config_field(True, "apply the ranges below; False gives the nominal task")
+    mass_scale: tuple[float, float] = config_field((0.8, 1.2), "per episode: object body mass scale")
+    friction_scale: tuple[float, float] = config_field((0.8, 1.2), "per episode: geom sliding friction scale")
+    damping_scale: tuple[float, float] = config_field((0.8, 1.2), "per episode: joint damping scale")
+    weld_stiffness_scale: tuple[float, float] = config_field(
         (0.8, 1.2), "per episode: mocap weld stiffness scale (Fetch's arm follows the mocap weld)"
     )
-    action_scale: tuple[float, float] = _f((0.9, 1.1), "per episode: multiplier on the action")
-    obs_noise_std: float = _f(0.001, "per step: std of Gaussian noise added to observations")
-    action_latency_steps: tuple[int, int] = _f(
+    action_scale: tuple[float, float] = config_field((0.9, 1.1), "per episode: multiplier on the action")
+    obs_noise_std: float = config_field(0.001, "per step: std of Gaussian noise added to observations")
+    action_latency_steps: tuple[int, int] = config_field(
         (0, 0), "per episode: actions take effect k steps late, k drawn from this range"
     )
 
 
 @dataclass(frozen=True)
 class SimConfig:
-    task: str = _f("FetchReach-v4", "task name from the sim registry (sim/registry.py)")
+    task: str = config_field("FetchReach-v4", "task name from the sim registry (sim/registry.py)")
     randomization: RandomizationConfig = field(default_factory=RandomizationConfig)
 
 
 @dataclass(frozen=True)
 class BufferConfig:
-    window_size_transitions: int = _f(4096, "transitions per time window (the unit of eviction)")
-    capacity_transitions: int = _f(1_000_000, "transitions kept; the oldest window is dropped past this")
-    max_batch_transitions: int = _f(65_536, "largest TransitionBatch the ingest service accepts")
-    key_prefix: str = _f("fleetrl", "prefix of every Redis key this run writes")
-    grpc_workers: int = _f(4, "ingest service thread pool size")
+    window_size_transitions: int = config_field(4096, "transitions per time window (the unit of eviction)")
+    capacity_transitions: int = config_field(1_000_000, "transitions kept; the oldest window is dropped past this")
+    max_batch_transitions: int = config_field(65_536, "largest TransitionBatch the ingest service accepts")
+    key_prefix: str = config_field("fleetrl", "prefix of every Redis key this run writes")
+    grpc_workers: int = config_field(4, "ingest service thread pool size")
 
 
 @dataclass(frozen=True)
 class SamplerConfig:
-    num_samplers: int = _f(1, "sampler worker processes the local launcher starts")
-    her_k: int = _f(4, "HER 'future' relabeled copies stored per transition (0 disables HER)")
-    random_steps: int = _f(500, "env steps per sampler with uniform random actions before the policy acts")
-    push_timeout_sec: float = _f(10.0, "deadline of one Push call; it is retried until acked")
-    weights_interval_sec: float = _f(0.2, "fetch new actor weights at most this often")
-    max_env_steps_per_update: float = _f(
+    num_samplers: int = config_field(1, "sampler worker processes the local launcher starts")
+    her_k: int = config_field(4, "HER 'future' relabeled copies stored per transition (0 disables HER)")
+    random_steps: int = config_field(500, "env steps per sampler with uniform random actions before the policy acts")
+    push_timeout_sec: float = config_field(10.0, "deadline of one Push call; it is retried until acked")
+    weights_interval_sec: float = config_field(0.2, "fetch new actor weights at most this often")
+    max_env_steps_per_update: float = config_field(
         3.0,
         "rate limit: all samplers together run at most random_steps*num_samplers + "
         "this * version env steps; 0 disables the limit",
     )
-    pin_cpus: bool = _f(True, "pin each worker to one CPU (round-robin over allowed CPUs)")
-    mlock: bool = _f(True, "mlockall the worker's memory; degrades with a warning when refused")
-    seed: int = _f(0, "base seed; sampler i uses seed + 1000 * i")
+    pin_cpus: bool = config_field(True, "pin each worker to one CPU (round-robin over allowed CPUs)")
+    mlock: bool = config_field(True, "mlockall the worker's memory; degrades with a warning when refused")
+    seed: int = config_field(0, "base seed; sampler i uses seed + 1000 * i")
 
 
 @dataclass(frozen=True)
 class LearnerConfig:
-    num_learners: int = _f(1, "learner processes the local launcher starts")
-    batch_size: int = _f(256, "transitions per gradient")
-    hidden_sizes: tuple[int, ...] = _f((256, 256), "hidden layer widths of actor and critics")
-    gamma: float = _f(0.95, "discount; 0.95 with 50-step Fetch episodes as in the HER paper")
-    min_replay_transitions: int = _f(1000, "learner waits until the buffer holds this many")
-    max_grad_staleness: int = _f(1, "learner waits for fresher weights past this many versions behind")
-    target_entropy: float | None = _f(None, "SAC target entropy; None = -action_dim")
-    torch_threads: int = _f(1, "torch intra-op threads in the learner")
-    buffer_refresh_sec: float = _f(0.05, "how often the learner looks for new transitions in Redis")
+    num_learners: int = config_field(1, "learner processes the local launcher starts")
+    batch_size: int = config_field(256, "transitions per gradient")
+    hidden_sizes: tuple[int, ...] = config_field((256, 256), "hidden layer widths of actor and critics")
+    gamma: float = config_field(0.95, "discount; 0.95 with 50-step Fetch episodes as in the HER paper")
+    min_replay_transitions: int = config_field(1000, "learner waits until the buffer holds this many")
+    max_grad_staleness: int = config_field(1, "learner waits for fresher weights past this many versions behind")
+    target_entropy: float | None = config_field(None, "SAC target entropy; None = -action_dim")
+    torch_threads: int = config_field(1, "torch intra-op threads in the learner")
+    buffer_refresh_sec: float = config_field(0.05, "how often the learner looks for new transitions in Redis")
 
 
 @dataclass(frozen=True)
 class AggregatorConfig:
-    lr: float = _f(1e-3, "Adam learning rate of actor, critics and temperature")
-    tau: float = _f(0.05, "target critic Polyak factor per version")
-    init_log_alpha: float = _f(-2.0, "initial log of the SAC temperature")
-    grads_per_step: int = _f(0, "gradients averaged into one step; 0 = number of learners")
-    checkpoint_every_versions: int = _f(500, "write a checkpoint every N versions")
-    keep_checkpoints: int = _f(3, "checkpoints kept on disk (the newest)")
-    seed: int = _f(0, "seed of the initial weights")
+    lr: float = config_field(1e-3, "Adam learning rate of actor, critics and temperature")
+    tau: float = config_field(0.05, "target critic Polyak factor per version")
+    init_log_alpha: float = config_field(-2.0, "initial log of the SAC temperature")
+    grads_per_step: int = config_field(0, "gradients averaged into one step; 0 = number of learners")
+    checkpoint_every_versions: int = config_field(500, "write a checkpoint every N versions")
+    keep_checkpoints: int = config_field(3, "checkpoints kept on disk (the newest)")
+    seed: int = config_field(0, "seed of the initial weights")
 
 
 @dataclass(frozen=True)
 class EvalConfig:
-    episodes: int = _f(20, "episodes per scored version")
-    seed: int = _f(1_000_000, "held-out seeds start here, far from every sampler's seeds")
-    randomize: bool = _f(False, "evaluate under domain randomization instead of the nominal task")
-    min_interval_sec: float = _f(2.0, "score a new version at most this often")
-    stop_early: bool = _f(True, "end a score once target_success is out of reach (it then covers fewer episodes)")
-    nice: int = _f(5, "niceness of the evaluator process: it scores on spare CPU first")
+    episodes: int = config_field(20, "episodes per scored version")
+    seed: int = config_field(1_000_000, "held-out seeds start here, far from every sampler's seeds")
+    randomize: bool = config_field(False, "evaluate under domain randomization instead of the nominal task")
+    min_interval_sec: float = config_field(2.0, "score a new version at most this often")
+    stop_early: bool = config_field(
+        True, "end a score once target_success is out of reach (it then covers fewer episodes)"
+    )
+    nice: int = config_field(5, "niceness of the evaluator process: it scores on spare CPU first")
 
 
 @dataclass(frozen=True)
 class RunConfig:
-    run_id: str = _f("run", "names the run's Redis keys and its run directory")
-    run_dir: str = _f("runs/run", "where config, checkpoints, TensorBoard events and summary go")
-    target_success: float = _f(0.9, "stop when the evaluator reports at least this success rate")
-    max_wall_sec: float = _f(600.0, "stop after this many seconds whatever the success")
-    max_env_steps: int = _f(0, "stop after this many env steps; 0 = no limit")
+    run_id: str = config_field("run", "names the run's Redis keys and its run directory")
+    run_dir: str = config_field("runs/run", "where config, checkpoints, TensorBoard events and summary go")
+    target_success: float = config_field(0.9, "stop when the evaluator reports at least this success rate")
+    max_wall_sec: float = config_field(600.0, "stop after this many seconds whatever the success")
+    max_env_steps: int = config_field(0, "stop after this many env steps; 0 = no limit")
     sim: SimConfig = field(default_factory=SimConfig)
     buffer: BufferConfig = field(default_factory=BufferConfig)
     sampler: SamplerConfig = field(default_factory=SamplerConfig)
