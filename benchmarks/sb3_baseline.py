@@ -1,6 +1,9 @@
-"""Single-process baseline: Stable-Baselines3 SAC + HerReplayBuffer on FetchReach-v4, time to 90% success.
+"""Single-process baseline: SAC + HerReplayBuffer in Stable-Baselines3 or SBX, time to 90% success.
 
     python3 benchmarks/sb3_baseline.py [--seed 0] [--max-steps 20000] [--max-wall-sec 1200]
+    python3 benchmarks/sb3_baseline.py --task FetchPush-v4 --out runs/sb3-push-seed0
+    python3 benchmarks/sb3_baseline.py --algo sbx --task FetchPush-v4 --out runs/sbx-push-seed0
+    fleetrl report runs/FetchPush-v4-20250101-120000 runs/sb3-push-seed0 --out push.html
 
 What a user would run instead of the fleet: one process that alternates one env step and one
 gradient update (train_freq=1, gradient_steps=1), batch 256, HER 'future' with
@@ -9,16 +12,32 @@ for FetchReach (gamma 0.95, learning rate 1e-3, buffer 1e6, ent_coef 'auto',
 learning_starts 1000: uniform random actions for the first 1000 env steps), with the hidden
 layers of fleetrl's learner (256, 256) so both train the same network size.
 
-Training env: plain `gym.make("FetchReach-v4")` (what users would use; `--randomized` trains
+`--task` picks another Fetch task. FetchPush-v4 and FetchPickAndPlace-v4 use tau 0.05 instead
+of 0.005 (the rest as above): the settings of the SBX peer measurement in our issue. Other tasks
+use FetchReach's.
+
+`--algo sbx` runs the same protocol with SBX (`sbx-rl`, Stable-Baselines in JAX; SB3's
+HerReplayBuffer, same hyperparameters and network size). XLA runs on one CPU thread
+(XLA_FLAGS="--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1" and
+OMP_NUM_THREADS=1, set before jax's first import): the SBX peer in our issue was measured
+that way (one thread, ~85 updates/s on this machine), and the torch arm has one thread too.
+
+Training env: plain `gym.make(task)` (what users would use; `--randomized` trains
 under fleetrl's default domain randomization instead, as fleetrl's samplers do).
 Evaluation mirrors fleetrl's evaluator (sampler/evaluator.py): every `--eval-every` env steps,
 deterministic episodes on the nominal task with held-out seeds 1_000_000 + i (the same seeds
 every time), ended early once the target is out of reach. Training stops at the first
 evaluation with success >= `--target`, or at `--max-steps` / `--max-wall-sec`.
 
+`--out RUN_DIR` also writes summary.json and evals.jsonl in fleetrl's run-directory format, so
+`fleetrl report` overlays this baseline on fleet runs (an evaluation's `version` is the number
+of gradient steps taken so far).
+
 Prints LAST the env steps and the wall-clock seconds since process start (interpreter start
 and imports included; `fleetrl train` counts from its CLI module's import, just after) at the
 first evaluation that reached the target; evaluation time is included and shown separately.
+Also printed: gradient steps per second of training (from the first update to the end,
+evaluation excluded; each update comes with its env step and action, as in the peer's ~85/s).
 """
 
 from __future__ import annotations
@@ -27,6 +46,7 @@ import argparse
 import contextlib
 import io
 import json
+import os
 import pathlib
 import sys
 import time
@@ -38,6 +58,7 @@ import psutil
 import torch
 from stable_baselines3 import SAC, HerReplayBuffer
 from stable_baselines3.common.callbacks import BaseCallback
+from stable_baselines3.common.off_policy_algorithm import OffPolicyAlgorithm
 
 PROCESS_START = psutil.Process().create_time()  # epoch seconds: wall time counts from the process's start
 
@@ -46,8 +67,31 @@ with contextlib.redirect_stderr(io.StringIO()):  # gymnasium_robotics prints an 
 
 gym.register_envs(gymnasium_robotics)
 
-TASK = "FetchReach-v4"
+DEFAULT_TASK = "FetchReach-v4"
 EVAL_SEED = 1_000_000  # fleetrl's EvalConfig.seed: far from every training seed
+ALGO_LABELS = {"sb3": "SB3 SAC+HER", "sbx": "SBX SAC+HER"}
+# One XLA CPU thread, as in the SBX peer measurement (~85 updates/s); set before jax is imported.
+ONE_XLA_THREAD_FLAGS = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
+
+
+@dataclass(frozen=True)
+class SacHyperparams:
+    """What differs between tasks; train_freq 1, gradient_steps 1, HER 'future'/4 are fixed."""
+
+    gamma: float = 0.95
+    learning_rate: float = 1e-3
+    tau: float = 0.005  # SB3's and SBX's default
+    buffer_size: int = 1_000_000
+    batch_size: int = 256
+    ent_coef: str = "auto"
+
+
+# FetchReach: the zoo's entry. Push and PickAndPlace: the SBX peer measurement's settings.
+TASK_HYPERPARAMS = {
+    "FetchReach-v4": SacHyperparams(),
+    "FetchPush-v4": SacHyperparams(tau=0.05),
+    "FetchPickAndPlace-v4": SacHyperparams(tau=0.05),
+}
 
 
 def wall_sec() -> float:
@@ -60,12 +104,14 @@ class EvalPoint:
     wall_sec: float
     success: float
     episodes: int
+    gradient_steps: int = 0
 
 
 @dataclass
 class Outcome:
     seed: int
     target: float
+    algo: str = "sb3"
     reached: bool = False
     env_steps_to_target: int | None = None
     wall_sec_to_target: float | None = None
@@ -73,10 +119,22 @@ class Outcome:
     stop_reason: str = ""
     env_steps: int = 0
     wall_sec: float = 0.0
+    gradient_steps: int = 0
+    train_start_wall_sec: float | None = None  # just before the first gradient step
+    eval_sec_before_train: float = 0.0
     evals: list[EvalPoint] = field(default_factory=list)
 
 
-def evaluate(model: SAC, env: gym.Env, episodes: int, target: float) -> tuple[float, int]:
+def train_updates_per_sec(outcome: Outcome) -> float:
+    """Gradient steps per second from the first update to the end, evaluation time excluded."""
+    if outcome.train_start_wall_sec is None:
+        return 0.0
+    eval_sec = outcome.eval_sec_total - outcome.eval_sec_before_train
+    train_sec = outcome.wall_sec - outcome.train_start_wall_sec - eval_sec
+    return outcome.gradient_steps / train_sec if train_sec > 0 else 0.0
+
+
+def evaluate(model: OffPolicyAlgorithm, env: gym.Env, episodes: int, target: float) -> tuple[float, int]:
     """(success rate, episodes run): deterministic, seeds EVAL_SEED + i, stops once `target` is out of reach."""
     allowed_failures = episodes - int(np.ceil(target * episodes))
     successes = 0
@@ -100,15 +158,19 @@ class EvalUntilTarget(BaseCallback):
     def __init__(self, args: argparse.Namespace, outcome: Outcome) -> None:
         super().__init__()
         self.args, self.outcome = args, outcome
-        self.eval_env = gym.make(TASK)
+        self.eval_env = gym.make(args.task)
 
     def _on_step(self) -> bool:
         steps = self.num_timesteps
+        if steps == self.args.learning_starts + 1:  # SB3 and SBX train after steps > learning_starts
+            self.outcome.train_start_wall_sec = wall_sec()
+            self.outcome.eval_sec_before_train = self.outcome.eval_sec_total
         if steps % self.args.eval_every == 0:
             start = time.monotonic()
             success, episodes = evaluate(self.model, self.eval_env, self.args.eval_episodes, self.args.target)
             self.outcome.eval_sec_total += time.monotonic() - start
-            point = EvalPoint(steps, wall_sec(), success, episodes)
+            # SB3's and SBX's SAC count gradient steps in `_n_updates` and offer no public accessor.
+            point = EvalPoint(steps, wall_sec(), success, episodes, self.model._n_updates)
             self.outcome.evals.append(point)
             print(
                 f"env steps {steps:6d}  wall {point.wall_sec:7.1f}s  success {success:.2f} over {episodes} episodes",
@@ -128,31 +190,45 @@ class EvalUntilTarget(BaseCallback):
         self.eval_env.close()
 
 
-def make_train_env(randomized: bool, seed: int) -> gym.Env:
+def make_train_env(task: str, randomized: bool, seed: int) -> gym.Env:
     if not randomized:
-        env = gym.make(TASK)
+        env = gym.make(task)
     else:
         sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
         from fleetrl.config import RandomizationConfig
         from sim.registry import make_env
 
-        env = make_env(TASK, RandomizationConfig())
+        env = make_env(task, RandomizationConfig())
     env.reset(seed=seed)
     return env
 
 
-def build_model(args: argparse.Namespace, env: gym.Env) -> SAC:
-    return SAC(
+def import_sbx_sac() -> type[OffPolicyAlgorithm]:
+    """SBX's SAC, imported only for `--algo sbx`, with XLA held to one CPU thread."""
+    if "jax" in sys.modules:
+        raise RuntimeError("jax was imported before XLA_FLAGS was set: XLA would use every core, not one thread")
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {ONE_XLA_THREAD_FLAGS}".strip()
+    os.environ["OMP_NUM_THREADS"] = "1"
+    from sbx import SAC as SbxSAC
+
+    return SbxSAC
+
+
+def build_model(args: argparse.Namespace, env: gym.Env) -> OffPolicyAlgorithm:
+    hp = TASK_HYPERPARAMS.get(args.task, SacHyperparams())
+    sac_class = import_sbx_sac() if args.algo == "sbx" else SAC
+    return sac_class(
         "MultiInputPolicy",
         env,
-        learning_rate=1e-3,
-        buffer_size=1_000_000,
+        learning_rate=hp.learning_rate,
+        buffer_size=hp.buffer_size,
         learning_starts=args.learning_starts,
-        batch_size=256,
-        gamma=0.95,
+        batch_size=hp.batch_size,
+        tau=hp.tau,
+        gamma=hp.gamma,
         train_freq=1,
         gradient_steps=1,
-        ent_coef="auto",
+        ent_coef=hp.ent_coef,
         replay_buffer_class=HerReplayBuffer,
         replay_buffer_kwargs=dict(n_sampled_goal=4, goal_selection_strategy="future"),
         policy_kwargs=dict(net_arch=[int(n) for n in args.net_arch.split(",")]),
@@ -162,9 +238,48 @@ def build_model(args: argparse.Namespace, env: gym.Env) -> SAC:
     )
 
 
+def write_run_dir(run_dir: pathlib.Path, args: argparse.Namespace, outcome: Outcome) -> None:
+    """summary.json and evals.jsonl as `fleetrl train` writes them (fleetrl/report.py reads both)."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    evals = [
+        {
+            "version": e.gradient_steps,
+            "success_rate": e.success,
+            "episodes": e.episodes,
+            "env_steps": e.env_steps,
+            "time": PROCESS_START + e.wall_sec,
+            "wall_sec": e.wall_sec,
+            "kind": "full",
+        }
+        for e in outcome.evals
+    ]
+    (run_dir / "evals.jsonl").write_text("".join(json.dumps(e) + "\n" for e in evals))
+    summary = {
+        "task": args.task,
+        "label": f"{ALGO_LABELS[args.algo]} seed {args.seed}" + (" randomized" if args.randomized else ""),
+        "algo": args.algo,
+        "seed": args.seed,
+        "stop_reason": outcome.stop_reason,
+        "reached_target": outcome.reached,
+        "target_success": args.target,
+        "wall_sec": outcome.wall_sec,
+        "wall_sec_to_target": outcome.wall_sec_to_target,
+        "env_steps_to_target": outcome.env_steps_to_target,
+        "best_success": max((e.success for e in outcome.evals), default=0.0),
+        "final_env_steps": outcome.env_steps,
+        "final_version": outcome.gradient_steps,
+        "updates_per_sec": outcome.gradient_steps / outcome.wall_sec if outcome.wall_sec > 0 else 0.0,
+        "train_updates_per_sec": train_updates_per_sec(outcome),
+        "started_unix": PROCESS_START,
+    }
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--seed", type=int, default=0, help="seed of SB3 (weights, sampling) and the training env")
+    p.add_argument("--task", default=DEFAULT_TASK, help="gymnasium-robotics Fetch task to train and evaluate")
+    p.add_argument("--algo", choices=sorted(ALGO_LABELS), default="sb3", help="SAC of SB3 (torch) or SBX (JAX)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the SAC (weights, sampling) and the training env")
     p.add_argument("--max-steps", type=int, default=20_000, help="stop after this many env steps")
     p.add_argument("--max-wall-sec", type=float, default=1200.0, help="stop after this many seconds")
     p.add_argument("--target", type=float, default=0.9, help="evaluation success to reach")
@@ -174,6 +289,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--net-arch", default="256,256", help="hidden layer widths of actor and critics")
     p.add_argument("--randomized", action="store_true", help="train under fleetrl's default domain randomization")
     p.add_argument("--json", help="also write the outcome here as JSON")
+    p.add_argument("--out", metavar="RUN_DIR", help="also write summary.json and evals.jsonl here for `fleetrl report`")
     args = p.parse_args(argv)
     if args.max_steps < 1 or args.eval_every < 1 or args.eval_episodes < 1 or not 0.0 < args.target <= 1.0:
         p.error("--max-steps, --eval-every, --eval-episodes must be >= 1 and --target in (0, 1]")
@@ -183,8 +299,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(1)
-    outcome = Outcome(seed=args.seed, target=args.target)
-    env = make_train_env(args.randomized, args.seed)
+    outcome = Outcome(seed=args.seed, target=args.target, algo=args.algo)
+    env = make_train_env(args.task, args.randomized, args.seed)
     model = build_model(args, env)
     try:
         model.learn(total_timesteps=args.max_steps, callback=EvalUntilTarget(args, outcome))
@@ -193,11 +309,24 @@ def main(argv: list[str] | None = None) -> int:
     env.close()
     outcome.stop_reason = outcome.stop_reason or f"max_steps {args.max_steps} reached"
     outcome.env_steps, outcome.wall_sec = model.num_timesteps, wall_sec()
+    outcome.gradient_steps = model._n_updates
     if args.json:
         pathlib.Path(args.json).write_text(json.dumps(asdict(outcome), indent=2))
-    print(f"\n=== SB3 SAC+HER {TASK}, seed {args.seed}, 1 torch thread: {outcome.stop_reason} ===")
+    if args.out:
+        write_run_dir(pathlib.Path(args.out), args, outcome)
+    return print_outcome(args, outcome)
+
+
+def print_outcome(args: argparse.Namespace, outcome: Outcome) -> int:
+    """Prints the figures, the ones to compare last; returns the exit status (0: target reached)."""
+    threads = "1 XLA thread" if args.algo == "sbx" else "1 torch thread"
+    print(f"\n=== {ALGO_LABELS[args.algo]} {args.task}, seed {args.seed}, {threads}: {outcome.stop_reason} ===")
     print(
         f"ran {outcome.env_steps} env steps in {outcome.wall_sec:.1f}s (evaluation {outcome.eval_sec_total:.1f}s of it)"
+    )
+    print(
+        f"{outcome.gradient_steps} gradient steps, {train_updates_per_sec(outcome):.1f} updates/s of training "
+        "(from the first update, evaluation excluded)"
     )
     if outcome.reached:
         print(f"reached {args.target:.0%} success at env steps: {outcome.env_steps_to_target}")

@@ -9,6 +9,7 @@
     fleetrl sampler    --config C --buffer B --aggregator A [--id N]
     fleetrl evaluator  --config C --buffer B --aggregator A
     fleetrl export     --checkpoint CKPT --out policy.onnx
+    fleetrl report     RUN_DIR [RUN_DIR ...] --out report.html   # curves, updates/s, CPU per role
 
 Each role subcommand takes the addresses of the services it needs, so the same fleet can be
 spread over hosts: start `redis-cluster` (or point at your own cluster), then the buffer and
@@ -71,6 +72,10 @@ def _parser(export_args: bool = True) -> argparse.ArgumentParser:
         p.add_argument("--ready-file", help="write the bound address here once serving")
         p.add_argument("--run-dir", help="checkpoints and TensorBoard go here (aggregator)")
         p.add_argument("--heartbeat", help="heartbeat JSON file the watchdog reads")
+    report = sub.add_parser("report", help="one HTML page (PNG plots beside it) comparing run directories")
+    from fleetrl.report import add_arguments as add_report_arguments  # matplotlib loads only when writing
+
+    add_report_arguments(report)
     export = sub.add_parser("export", help="freeze a checkpoint into ONNX and check it for an NPU controller")
     if export_args:  # deploy_npu pulls in onnxruntime and torch: only for `fleetrl export`
         from deploy_npu.cli import add_arguments
@@ -81,8 +86,8 @@ def _parser(export_args: bool = True) -> argparse.ArgumentParser:
 
 def _config(args: argparse.Namespace):
     from fleetrl.config import RunConfig, with_overrides
+    from fleetrl.presets import preset_config
 
-    config = RunConfig.load(args.config) if args.config else RunConfig()
     overrides = list(args.set)
     shorthands = {
         "task": "sim.task",
@@ -100,7 +105,11 @@ def _config(args: argparse.Namespace):
         overrides += [f"sampler.seed={args.seed}", f"aggregator.seed={args.seed}"]
     if getattr(args, "run_dir", None) and args.command == "train":
         overrides.append(f"run_dir={json.dumps(args.run_dir)}")
-    return with_overrides(config, overrides)
+    if args.config:  # a resolved config (presets included) from `fleetrl config --json`
+        return with_overrides(RunConfig.load(args.config), overrides)
+    # The task's preset goes under the overrides, so a user's --set always wins.
+    task = with_overrides(RunConfig(), overrides).sim.task
+    return with_overrides(preset_config(task), overrides)
 
 
 def _train(args: argparse.Namespace) -> int:
@@ -173,16 +182,22 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser(export_args=bool(argv) and argv[0] == "export").parse_args(argv)
     from fleetrl.config import ConfigError, help_lines
     from fleetrl.local_cluster import LocalClusterError
+    from fleetrl.report import ReportError
     from fleetrl.watchdog import RoleFailed
 
     try:
         if args.command == "train":
             return _train(args)
         if args.command == "config":
-            print(_config(args).validate().to_json() if args.json else "\n".join(help_lines()))
+            config = _config(args).validate()
+            print(config.to_json() if args.json else "\n".join(help_lines(config)))
             return 0
         if args.command == "redis-cluster":
             return _redis_cluster(args)
+        if args.command == "report":
+            from fleetrl.report import main as report_main
+
+            return report_main(args)
         if args.command == "export":
             from deploy_npu.cli import run
 
@@ -190,6 +205,9 @@ def main(argv: list[str] | None = None) -> int:
         return _role(args)
     except ConfigError as err:
         print(f"fleetrl: config error: {err}", file=sys.stderr)
+        return 2
+    except ReportError as err:
+        print(f"fleetrl: {err}", file=sys.stderr)
         return 2
     except (LocalClusterError, RoleFailed, TimeoutError) as err:
         print(f"fleetrl: {err}", file=sys.stderr)

@@ -8,6 +8,7 @@ once, in `RunConfig.validate()`, at launch.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 import pathlib
 import typing
@@ -55,6 +56,14 @@ class BufferConfig:
     max_batch_transitions: int = config_field(65_536, "largest TransitionBatch the ingest service accepts")
     key_prefix: str = config_field("fleetrl", "prefix of every Redis key this run writes")
     grpc_workers: int = config_field(4, "ingest service thread pool size")
+    stalled_write_timeout_sec: float = config_field(
+        30.0,
+        "a reserved range still unwritten after this long (its ingest and its sampler died) is skipped, "
+        "so readers move on; a late retry of it is stored elsewhere",
+    )
+    dedup_ttl_sec: int = config_field(
+        3600, "a sampler incarnation's dedup record expires this long after its last push"
+    )
 
 
 @dataclass(frozen=True)
@@ -62,6 +71,11 @@ class SamplerConfig:
     num_samplers: int = config_field(1, "sampler worker processes the local launcher starts")
     her_k: int = config_field(4, "HER 'future' relabeled copies stored per transition (0 disables HER)")
     random_steps: int = config_field(500, "env steps per sampler with uniform random actions before the policy acts")
+    random_action_prob: float = config_field(
+        0.0,
+        "share of acting steps taken uniformly at random (HER's epsilon exploration): keeps exploring "
+        "after SAC's temperature has fallen",
+    )
     push_timeout_sec: float = config_field(10.0, "deadline of one Push call; it is retried until acked")
     weights_interval_sec: float = config_field(0.2, "fetch new actor weights at most this often")
     max_env_steps_per_update: float = config_field(
@@ -84,6 +98,12 @@ class LearnerConfig:
     max_grad_staleness: int = config_field(1, "learner waits for fresher weights past this many versions behind")
     target_entropy: float | None = config_field(None, "SAC target entropy; None = -action_dim")
     torch_threads: int = config_field(1, "torch intra-op threads in the learner")
+    device: str = config_field("auto", "where the learner computes: 'cpu', 'cuda', or 'auto' (cuda when available)")
+    prefetch: bool = config_field(
+        False,
+        "sample the next batch in a background thread while the current gradient is computed (off: on "
+        "2 CPU cores it cost the gradient more than it saved, benchmarks/learner_throughput.py)",
+    )
     buffer_refresh_sec: float = config_field(0.05, "how often the learner looks for new transitions in Redis")
 
 
@@ -93,6 +113,14 @@ class AggregatorConfig:
     tau: float = config_field(0.05, "target critic Polyak factor per version")
     init_log_alpha: float = config_field(-2.0, "initial log of the SAC temperature")
     grads_per_step: int = config_field(0, "gradients averaged into one step; 0 = number of learners")
+    max_grad_norm: float = config_field(
+        100.0,
+        "the global L2 norm of a step's mean gradient (all groups) is clipped to this, so one wild push "
+        "cannot poison Adam's moments; 0 = no clipping",
+    )
+    max_input_abs: float = config_field(
+        1e6, "normalizer statistics implying an input beyond this magnitude are rejected (a learner's bad batch)"
+    )
     checkpoint_every_versions: int = config_field(500, "write a checkpoint every N versions")
     keep_checkpoints: int = config_field(3, "checkpoints kept on disk (the newest)")
     seed: int = config_field(0, "seed of the initial weights")
@@ -100,10 +128,23 @@ class AggregatorConfig:
 
 @dataclass(frozen=True)
 class EvalConfig:
-    episodes: int = config_field(20, "episodes per scored version")
+    episodes: int = config_field(
+        50, "episodes of a full score, the only kind that can reach the target (ends early once out of reach)"
+    )
+    curve_episodes: int = config_field(
+        10, "episodes of every curve score: a fixed budget, never cut short; a full score continues it"
+    )
     seed: int = config_field(1_000_000, "held-out seeds start here, far from every sampler's seeds")
     randomize: bool = config_field(False, "evaluate under domain randomization instead of the nominal task")
-    min_interval_sec: float = config_field(2.0, "score a new version at most this often")
+    min_interval_sec: float = config_field(
+        2.0, "seconds between scores early in a run and once curve success is within reach of the target"
+    )
+    max_interval_sec: float = config_field(60.0, "seconds between scores at most, while success is far off")
+    interval_run_fraction: float = config_field(
+        0.1,
+        "while curve success is below half the target, wait this fraction of the run's age between scores "
+        "(within the two limits above): evaluation costs a bounded share of a long run",
+    )
     stop_early: bool = config_field(
         True, "end a score once target_success is out of reach (it then covers fewer episodes)"
     )
@@ -117,6 +158,7 @@ class RunConfig:
     target_success: float = config_field(0.9, "stop when the evaluator reports at least this success rate")
     max_wall_sec: float = config_field(600.0, "stop after this many seconds whatever the success")
     max_env_steps: int = config_field(0, "stop after this many env steps; 0 = no limit")
+    preset: str = config_field("", "task preset applied under the overrides (fleetrl/presets.py); '' = none")
     sim: SimConfig = field(default_factory=SimConfig)
     buffer: BufferConfig = field(default_factory=BufferConfig)
     sampler: SamplerConfig = field(default_factory=SamplerConfig)
@@ -128,6 +170,12 @@ class RunConfig:
         """Cross-field checks, run once at launch. Returns self so calls can chain."""
         checks = [
             (self.buffer.window_size_transitions >= 1, "buffer.window_size_transitions", ">= 1"),
+            (self.buffer.stalled_write_timeout_sec > 0, "buffer.stalled_write_timeout_sec", "> 0"),
+            (
+                self.buffer.dedup_ttl_sec >= 60,
+                "buffer.dedup_ttl_sec",
+                ">= 60: a sampler retrying after its record expired would store its batch twice",
+            ),
             (
                 self.buffer.capacity_transitions >= 2 * self.buffer.window_size_transitions,
                 "buffer.capacity_transitions",
@@ -142,11 +190,25 @@ class RunConfig:
                 ">= learner.batch_size",
             ),
             (self.learner.max_grad_staleness >= 0, "learner.max_grad_staleness", ">= 0"),
+            (self.learner.device in ("auto", "cpu", "cuda"), "learner.device", "one of 'auto', 'cpu', 'cuda'"),
             (0.0 < self.learner.gamma < 1.0, "learner.gamma", "in (0, 1)"),
             (0.0 < self.aggregator.tau <= 1.0, "aggregator.tau", "in (0, 1]"),
             (self.aggregator.lr > 0, "aggregator.lr", "> 0"),
+            (self.aggregator.max_grad_norm >= 0, "aggregator.max_grad_norm", ">= 0 (0 = no clipping)"),
+            (self.aggregator.max_input_abs > 0, "aggregator.max_input_abs", "> 0"),
             (self.aggregator.checkpoint_every_versions >= 1, "aggregator.checkpoint_every_versions", ">= 1"),
             (self.eval.episodes >= 1, "eval.episodes", ">= 1"),
+            (
+                1 <= self.eval.curve_episodes <= self.eval.episodes,
+                "eval.curve_episodes",
+                "in [1, eval.episodes]: a full score continues the curve score's episodes",
+            ),
+            (
+                0 <= self.eval.min_interval_sec <= self.eval.max_interval_sec,
+                "eval.min_interval_sec",
+                "in [0, eval.max_interval_sec]",
+            ),
+            (self.eval.interval_run_fraction >= 0, "eval.interval_run_fraction", ">= 0"),
             (
                 self.aggregator.keep_checkpoints >= 1,
                 "aggregator.keep_checkpoints",
@@ -164,12 +226,20 @@ class RunConfig:
             ),
             (0.0 <= self.target_success <= 1.0, "target_success", "in [0, 1]"),
             (self.sampler.her_k >= 0, "sampler.her_k", ">= 0"),
+            (0.0 <= self.sampler.random_action_prob <= 1.0, "sampler.random_action_prob", "in [0, 1]"),
             (self.sampler.max_env_steps_per_update >= 0, "sampler.max_env_steps_per_update", ">= 0"),
         ]
         for ok, name, limit in checks:
             if not ok:
                 raise ConfigError(f"{name} ({_get(self, name)!r}) must be {limit}")
+        self._check_task()
         return self
+
+    def _check_task(self) -> None:
+        from sim.registry import TASKS  # the registry is the authority; imported only to validate
+
+        if self.sim.task not in TASKS:
+            raise ConfigError(f"sim.task ({self.sim.task!r}) must be a registered task{_suggest(self.sim.task, TASKS)}")
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True)
@@ -181,6 +251,14 @@ class RunConfig:
     @classmethod
     def load(cls, path: str | pathlib.Path) -> RunConfig:
         return cls.from_json(pathlib.Path(path).read_text())
+
+
+def _suggest(value: str, choices: Any) -> str:
+    """'; did you mean X? valid: A, B, C' for a value outside `choices`."""
+    names = sorted(choices)
+    close = difflib.get_close_matches(value, names, n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    return f"{hint} valid: {', '.join(names)}"
 
 
 def _get(obj: Any, dotted: str) -> Any:
@@ -195,7 +273,7 @@ def _from_dict(cls: Any, data: dict[str, Any]) -> Any:
     names = {f.name for f in dataclasses.fields(cls)}
     for key, value in data.items():
         if key not in names:
-            raise ConfigError(f"unknown config field {cls.__name__}.{key}")
+            raise ConfigError(f"unknown config field {cls.__name__}.{key}{_suggest(key, names)}")
         kwargs[key] = _coerce(hints[key], value, f"{cls.__name__}.{key}")
     return cls(**kwargs)
 
@@ -255,22 +333,26 @@ def with_overrides(config: RunConfig, overrides: list[str]) -> RunConfig:
         parts = dotted.split(".")
         for part in parts[:-1]:
             if part not in node or not isinstance(node[part], dict):
-                raise ConfigError(f"unknown config section {dotted!r}")
+                sections = [k for k, v in node.items() if isinstance(v, dict)]
+                raise ConfigError(f"unknown config section {dotted!r}{_suggest(part, sections)}")
             node = node[part]
         if parts[-1] not in node:
-            raise ConfigError(f"unknown config field {dotted!r}")
+            raise ConfigError(f"unknown config field {dotted!r}{_suggest(parts[-1], node)}")
         node[parts[-1]] = value
     return _from_dict(RunConfig, data)
 
 
-def help_lines(cls: Any = RunConfig, prefix: str = "") -> list[str]:
-    """One `name = default  # help` line per field, nested sections flattened."""
+def help_lines(config: Any = None, prefix: str = "") -> list[str]:
+    """One `name = value  # help` line per field of `config` (default: the built-in defaults),
+    nested sections flattened; a value that differs from the built-in default is marked."""
+    config = RunConfig() if config is None else config
     lines = []
-    for f in dataclasses.fields(cls):
+    for f in dataclasses.fields(config):
         name = prefix + f.name
-        tp = typing.get_type_hints(cls)[f.name]
-        if dataclasses.is_dataclass(tp):
-            lines.extend(help_lines(tp, name + "."))
+        value = getattr(config, f.name)
+        if dataclasses.is_dataclass(value):
+            lines.extend(help_lines(value, name + "."))
         else:
-            lines.append(f"{name} = {f.default!r}  # {f.metadata.get('help', '')}")
+            mark = "" if value == f.default else f"  [default {f.default!r}]"
+            lines.append(f"{name} = {value!r}{mark}  # {f.metadata.get('help', '')}")
     return lines

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import pathlib
 import socket
 import sys
@@ -30,6 +31,7 @@ from dataclasses import asdict, dataclass, field
 from aggregator.client import AggregatorClient
 from buffer.client import IngestClient
 from fleetrl.config import RunConfig
+from fleetrl.cpu import CpuMeter
 from fleetrl.local_cluster import LocalRedisCluster
 from fleetrl.process import heartbeat_file, stop_event
 from fleetrl.progress import Progress, Snapshot
@@ -37,6 +39,7 @@ from fleetrl.watchdog import RoleSpec, Watchdog
 
 log = logging.getLogger("fleetrl.launch")
 READY_TIMEOUT_SEC = 120.0
+CPU_SAMPLE_SEC = 2.0
 
 
 def free_port() -> int:
@@ -60,7 +63,12 @@ class Summary:
     final_env_steps: int = 0
     transitions_stored: int = 0
     best_success: float = 0.0
+    train_success: float | None = None  # last 100 training episodes at the end
+    updates_per_sec: float = 0.0  # final_version / wall_sec
     restarts: int = 0
+    started_unix: float = 0.0  # epoch seconds at the command's start (report plots count from here)
+    cpu: dict = field(default_factory=dict)  # fleetrl.cpu.CpuMeter.report(): per role and group
+    fleet_overhead_share: float | None = None  # aggregator+buffer+evaluator+redis+launcher CPU / machine
     checkpoints: list[str] = field(default_factory=list)
 
 
@@ -72,6 +80,8 @@ class LocalFleet:
         self.num_redis_primaries = num_redis_primaries
         self._max_restarts = 3
         self._stop = threading.Event()
+        self.cpu = CpuMeter()
+        self._cpu_sampled = -CPU_SAMPLE_SEC
 
     def _role_argv(self, role: str, *args: str) -> tuple[str, ...]:
         return (sys.executable, "-m", "fleetrl.cli", role, "--config", str(self.run_dir / "config.json"), *args)
@@ -156,24 +166,40 @@ class LocalFleet:
             with closing(cluster), Watchdog(self.run_dir / "logs") as dog:  # roles stop before the cluster
                 buffer, aggregator = self.start_roles(dog, cluster)
                 progress.note(f"fleet up: redis {cluster.addresses}, buffer {buffer}, aggregator {aggregator}")
-                reason = self._monitor(dog, progress, buffer, aggregator)
+                reason = self._monitor(dog, progress, buffer, aggregator, cluster)
+                self._sample_cpu(dog, cluster, force=True)  # the roles' last readings before they stop
                 self.stop_roles(dog)
                 restarts = dog.restarts
         finally:
             progress.close()
         return self._summarize(progress, reason, restarts)
 
-    def _monitor(self, dog: Watchdog, progress: Progress, buffer: str, aggregator: str) -> str:
+    def _sample_cpu(self, dog: Watchdog, cluster: LocalRedisCluster, force: bool = False) -> None:
+        if not force and time.monotonic() - self._cpu_sampled < CPU_SAMPLE_SEC:
+            return
+        self._cpu_sampled = time.monotonic()
+        pids = {**dog.pids(), "launcher": os.getpid()}
+        pids.update({f"redis-{port}": pid for (_, port), pid in zip(cluster.nodes, cluster.pids, strict=True)})
+        self.cpu.sample(pids)
+
+    def _monitor(
+        self, dog: Watchdog, progress: Progress, buffer: str, aggregator: str, cluster: LocalRedisCluster
+    ) -> str:
         c = self.config
         with IngestClient(buffer, sampler_id=0, run_id=c.run_id) as ingest, AggregatorClient(aggregator) as agg:
             while not self._stop.is_set():
                 for event in dog.poll():
                     progress.note(event)
+                self._sample_cpu(dog, cluster)
                 snap = Snapshot.take(ingest, agg, time.monotonic() - self.started_at, dog.restarts)
                 if snap is not None:
                     progress.update(snap)
-                    if progress.reached_target:
-                        return f"evaluation success {snap.eval_success:.2f} >= target {c.target_success}"
+                    if progress.target is not None and progress.target.full is not None:
+                        full = progress.target.full
+                        return (
+                            f"evaluation success {full.success:.2f} over {full.episodes} episodes "
+                            f">= target {c.target_success}"
+                        )
                     if c.max_env_steps and snap.env_steps >= c.max_env_steps:
                         return f"max_env_steps {c.max_env_steps} reached"
                 if time.monotonic() - self.started_at >= c.max_wall_sec:
@@ -183,24 +209,33 @@ class LocalFleet:
 
     def _summarize(self, progress: Progress, reason: str, restarts: int) -> Summary:
         last = progress.last
+        wall_sec = time.monotonic() - self.started_at
+        cores = len(os.sched_getaffinity(0))
+        cpu = self.cpu.report(wall_sec, cores)
         summary = Summary(
             run_dir=str(self.run_dir),
             task=self.config.sim.task,
             reached_target=progress.reached_target,
             target_success=self.config.target_success,
             stop_reason=reason,
-            wall_sec=time.monotonic() - self.started_at,
+            wall_sec=wall_sec,
             restarts=restarts,
+            started_unix=time.time() - wall_sec,
+            cpu=cpu,
+            fleet_overhead_share=cpu["overhead_share"],
             checkpoints=sorted(str(p) for p in (self.run_dir / "checkpoints").glob("ckpt_*.pt")),
         )
-        if progress.target is not None:
-            summary.wall_sec_to_target = progress.target.wall_sec
-            summary.env_steps_to_target = progress.target.eval_env_steps
-            summary.version_to_target = progress.target.eval_version
+        target = progress.target
+        if target is not None and target.full is not None:
+            summary.wall_sec_to_target = target.wall_sec
+            summary.env_steps_to_target = target.full.env_steps
+            summary.version_to_target = target.full.version
         if last is not None:
             summary.final_version = last.version
             summary.final_env_steps = last.env_steps
             summary.transitions_stored = last.transitions
             summary.best_success = progress.best_success
+            summary.train_success = last.train_success if last.train_episodes else None
+            summary.updates_per_sec = round(last.version / max(wall_sec, 1e-9), 2)
         (self.run_dir / "summary.json").write_text(json.dumps(asdict(summary), indent=2))
         return summary

@@ -1,13 +1,18 @@
-"""Live progress of a run: a rich table on a terminal, a log line otherwise, TensorBoard always.
+"""Live progress of a run: a rich table on a terminal, a log line otherwise, TensorBoard and
+`progress.jsonl` always.
 
-Reads only the services' Stats calls, so it watches a local or a multi-host fleet alike.
+Reads only the services' Stats calls, so it watches a local or a multi-host fleet alike. The
+learning curve has two lines: evaluation success on a fixed budget of episodes ("curve"
+scores, never cut short) and training success over the last 100 episodes (from the buffer).
+Only a complete "full" score of eval.episodes can reach the target.
 """
 
 from __future__ import annotations
 
+import json
 import pathlib
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import grpc
 from rich.console import Console
@@ -15,9 +20,24 @@ from rich.live import Live
 from rich.table import Table
 
 from fleetrl.config import RunConfig
+from fleetrl.proto import fleetrl_pb2 as pb
 from fleetrl.tb import ScalarWriter
 
-LOG_EVERY_SEC = 5.0  # when not on a terminal
+LOG_EVERY_SEC = 5.0  # when not on a terminal; also the progress.jsonl interval
+
+
+@dataclass(frozen=True)
+class EvalPoint:
+    version: int
+    success: float
+    env_steps: int
+    episodes: int
+
+    @classmethod
+    def of(cls, report: pb.EvalReport) -> EvalPoint | None:
+        if report.episodes == 0:
+            return None
+        return cls(report.version, report.success_rate, report.env_steps, report.episodes)
 
 
 @dataclass(frozen=True)
@@ -26,10 +46,10 @@ class Snapshot:
     env_steps: int
     transitions: int
     version: int
-    eval_version: int
-    eval_success: float
-    eval_env_steps: int
-    eval_episodes: int
+    curve: EvalPoint | None  # newest fixed-budget score
+    full: EvalPoint | None  # newest full score (may have stopped early: see episodes)
+    train_success: float  # last 100 training episodes
+    train_episodes: int
     restarts: int
 
     @classmethod
@@ -45,12 +65,19 @@ class Snapshot:
             env_steps=buf.env_steps,
             transitions=buf.head,
             version=ag.version,
-            eval_version=ag.last_eval.version,
-            eval_success=ag.last_eval.success_rate,
-            eval_env_steps=ag.last_eval.env_steps,
-            eval_episodes=ag.last_eval.episodes,
+            curve=EvalPoint.of(ag.last_curve),
+            full=EvalPoint.of(ag.last_full),
+            train_success=buf.train_success,
+            train_episodes=buf.episodes,
             restarts=restarts,
         )
+
+
+@dataclass(frozen=True)
+class Rates:
+    env_steps_per_sec: float = 0.0
+    transitions_per_sec: float = 0.0
+    updates_per_sec: float = 0.0
 
 
 class Progress:
@@ -58,13 +85,14 @@ class Progress:
         self.config = config
         self.console = Console(stderr=True)
         self.writer = ScalarWriter(run_dir / "tb" / "fleet")
+        self._jsonl = open(run_dir / "progress.jsonl", "a")  # noqa: SIM115 - closed in close()
         self.last: Snapshot | None = None
         self.target: Snapshot | None = None
-        self.best_success = 0.0
+        self.best_success = 0.0  # best curve or complete full score
+        self.rates = Rates()
         self._prev: Snapshot | None = None
-        self._rates = (0.0, 0.0, 0.0)
-        self._last_log = 0.0
-        self._seen_eval = (-1, -1)
+        self._last_log = -LOG_EVERY_SEC
+        self._seen: dict[str, EvalPoint | None] = {"curve": None, "full": None}
         self._live: Live | None = None
         if self.console.is_terminal:
             self._live = Live(self._table(), console=self.console, refresh_per_second=4, transient=False)
@@ -79,71 +107,100 @@ class Progress:
 
     def update(self, snap: Snapshot) -> None:
         prev = self._prev
-        if prev is not None and snap.wall_sec - prev.wall_sec >= 1.0:
+        if prev is None:
+            self._prev = snap
+        elif snap.wall_sec - prev.wall_sec >= 1.0:
             dt = snap.wall_sec - prev.wall_sec
-            self._rates = (
+            self.rates = Rates(
                 (snap.env_steps - prev.env_steps) / dt,
                 (snap.transitions - prev.transitions) / dt,
                 (snap.version - prev.version) / dt,
             )
             self._prev = snap
-        elif prev is None:
-            self._prev = snap
         self.last = snap
-        self._record_eval(snap)
+        self._record_evals(snap)
         step = snap.env_steps
         self.writer.add_scalar("fleet/version", snap.version, step)
-        self.writer.add_scalar("fleet/transitions_per_sec", self._rates[1], step)
-        self.writer.add_scalar("fleet/updates_per_sec", self._rates[2], step)
+        self.writer.add_scalar("fleet/transitions_per_sec", self.rates.transitions_per_sec, step)
+        self.writer.add_scalar("fleet/updates_per_sec", self.rates.updates_per_sec, step)
+        if snap.train_episodes:
+            self.writer.add_scalar("train/success_last_100", snap.train_success, step)
+        if time.monotonic() - self._last_log >= LOG_EVERY_SEC:
+            self._last_log = time.monotonic()
+            self._write_jsonl(snap)
+            if self._live is None:
+                self.console.log(self._line())
         if self._live is not None:
             self._live.update(self._table())
-        elif time.monotonic() - self._last_log >= LOG_EVERY_SEC:
-            self._last_log = time.monotonic()
-            self.console.log(self._line())
 
-    def _record_eval(self, snap: Snapshot) -> None:
-        key = (snap.eval_version, snap.eval_episodes)
-        if snap.eval_episodes == 0 or key == self._seen_eval:
-            return
-        self._seen_eval = key
-        self.best_success = max(self.best_success, snap.eval_success)
-        self.writer.add_scalar("eval/success_rate", snap.eval_success, snap.eval_env_steps)
-        self.console.log(
-            f"eval v{snap.eval_version}: success {snap.eval_success:.2f} at {snap.eval_env_steps} env steps"
-        )
-        complete = snap.eval_episodes >= self.config.eval.episodes  # early-stopped scores never count
-        if self.target is None and complete and snap.eval_success >= self.config.target_success:
-            self.target = snap
+    def _record_evals(self, snap: Snapshot) -> None:
+        for kind, point in (("curve", snap.curve), ("full", snap.full)):
+            if point is None or point == self._seen[kind]:
+                continue
+            self._seen[kind] = point
+            complete = point.episodes >= self.config.eval.episodes  # early-stopped full scores never count
+            if kind == "curve" or complete:
+                self.best_success = max(self.best_success, point.success)
+            self.writer.add_scalar(f"eval/{kind}_success", point.success, point.env_steps)
+            self.console.log(
+                f"eval v{point.version}: {kind} success {point.success:.2f} over {point.episodes} episodes "
+                f"at {point.env_steps} env steps"
+            )
+            if kind == "full" and complete and self.target is None and point.success >= self.config.target_success:
+                self.target = snap
+
+    def _write_jsonl(self, snap: Snapshot) -> None:
+        row = {
+            "wall_sec": round(snap.wall_sec, 3),
+            "env_steps": snap.env_steps,
+            "transitions": snap.transitions,
+            "version": snap.version,
+            **{k: round(v, 3) for k, v in asdict(self.rates).items()},
+            "eval_success": snap.curve.success if snap.curve else None,
+            "eval_version": snap.curve.version if snap.curve else None,
+            "train_success": snap.train_success if snap.train_episodes else None,
+            "restarts": snap.restarts,
+        }
+        self._jsonl.write(json.dumps(row) + "\n")
+        self._jsonl.flush()
 
     def _line(self) -> str:
         s = self.last
         assert s is not None
-        env_rate, tr_rate, upd_rate = self._rates
+        r = self.rates
         return (
-            f"{s.wall_sec:6.1f}s env_steps {s.env_steps} ({env_rate:.0f}/s) transitions {s.transitions} "
-            f"({tr_rate:.0f}/s) version {s.version} ({upd_rate:.1f}/s) "
-            f"eval {s.eval_success:.2f}@v{s.eval_version} restarts {s.restarts}"
+            f"{s.wall_sec:6.1f}s env_steps {s.env_steps} ({r.env_steps_per_sec:.0f}/s) transitions {s.transitions} "
+            f"({r.transitions_per_sec:.0f}/s) version {s.version} ({r.updates_per_sec:.1f}/s) "
+            f"eval {_eval_text(s.curve)} train {s.train_success:.2f} restarts {s.restarts}"
         )
 
     def _table(self) -> Table:
         table = Table(title=f"fleetrl {self.config.sim.task}  ->  {self.config.run_dir}")
-        for col in ("wall s", "env steps", "env steps/s", "transitions/s", "version", "updates/s", "eval success"):
+        columns = ("wall s", "env steps", "env steps/s", "version", "updates/s", "eval success", "train success")
+        for col in columns:
             table.add_column(col, justify="right")
         s = self.last
         if s is not None:
-            env_rate, tr_rate, upd_rate = self._rates
+            r = self.rates
             table.add_row(
                 f"{s.wall_sec:.1f}",
                 str(s.env_steps),
-                f"{env_rate:.0f}",
-                f"{tr_rate:.0f}",
+                f"{r.env_steps_per_sec:.0f}",
                 str(s.version),
-                f"{upd_rate:.1f}",
-                f"{s.eval_success:.2f} @ v{s.eval_version}",
+                f"{r.updates_per_sec:.1f}",
+                _eval_text(s.curve),
+                f"{s.train_success:.2f} (last 100)" if s.train_episodes else "-",
             )
         return table
 
     def close(self) -> None:
         if self._live is not None:
             self._live.stop()
+        if self.last is not None:
+            self._write_jsonl(self.last)
+        self._jsonl.close()
         self.writer.close()
+
+
+def _eval_text(point: EvalPoint | None) -> str:
+    return "-" if point is None else f"{point.success:.2f} @ v{point.version}"

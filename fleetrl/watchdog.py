@@ -65,6 +65,10 @@ class Watchdog:
     def restarts(self) -> int:
         return sum(r.restarts for r in self.roles.values())
 
+    def pids(self) -> dict[str, int]:
+        """The current pid of every role (CPU accounting)."""
+        return {name: running.proc.pid for name, running in self.roles.items()}
+
     def start(self, spec: RoleSpec) -> None:
         if spec.name in self.roles:
             raise ValueError(f"role {spec.name!r} already started")

@@ -114,6 +114,9 @@ def batch_to_proto(
     policy_version: int,
     task_id: int,
     env_steps: int,
+    episodes: int = 0,
+    successes: int = 0,
+    incarnation: int = 0,
 ) -> pb.TransitionBatch:
     return pb.TransitionBatch(
         run_id=run_id,
@@ -123,6 +126,9 @@ def batch_to_proto(
         task_id=task_id,
         num_transitions=len(transitions),
         env_steps=env_steps,
+        episodes=episodes,
+        successes=successes,
+        incarnation=incarnation,
         columns=[to_tensor(name, np.asarray(a, np.float32)) for name, a in transitions.columns().items()],
     )
 

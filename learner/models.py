@@ -147,7 +147,7 @@ class SACModel(nn.Module):
 
     def get_flat(self, group: str) -> np.ndarray:
         params = self.group_parameters(group)
-        return torch.nn.utils.parameters_to_vector(params).detach().numpy().copy()
+        return torch.nn.utils.parameters_to_vector(params).detach().cpu().numpy().copy()
 
     def set_flat(self, group: str, flat: np.ndarray) -> None:
         if group == "obs_norm":
@@ -158,8 +158,12 @@ class SACModel(nn.Module):
         expected = sum(p.numel() for p in params)
         if flat.shape != (expected,):
             raise ValueError(f"group {group!r}: flat vector shape {flat.shape}, expected ({expected},)")
-        with torch.no_grad():
-            torch.nn.utils.vector_to_parameters(torch.from_numpy(np.array(flat, np.float32)), params)
+        source = torch.from_numpy(np.array(flat, np.float32))
+        offset = 0
+        with torch.no_grad():  # copy_ in place: parameters stay on their device (cpu or cuda)
+            for p in params:
+                p.copy_(source[offset : offset + p.numel()].view_as(p))
+                offset += p.numel()
 
     def group_sizes(self) -> dict[str, int]:
         return {g: sum(p.numel() for p in self.group_parameters(g)) for g in GROUPS}

@@ -31,9 +31,9 @@ class Batch:
     done: torch.Tensor
 
     @classmethod
-    def from_numpy(cls, obs, goal, action, reward, next_obs, done) -> Batch:
+    def from_numpy(cls, obs, goal, action, reward, next_obs, done, device: str | torch.device = "cpu") -> Batch:
         def t(x: np.ndarray) -> torch.Tensor:
-            return torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))
+            return torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)).to(device)
 
         return cls(
             obs_goal=t(np.concatenate([obs, goal], axis=1)),
@@ -83,7 +83,7 @@ def actor_and_alpha_loss(model: SACModel, batch: Batch, hp: SACHyperparams) -> t
 
 
 def _flat(grads: tuple[torch.Tensor, ...]) -> np.ndarray:
-    return torch.cat([g.reshape(-1) for g in grads]).numpy().astype(np.float32, copy=False)
+    return torch.cat([g.reshape(-1) for g in grads]).cpu().numpy().astype(np.float32, copy=False)
 
 
 def compute_gradients(model: SACModel, batch: Batch, hp: SACHyperparams) -> GradientResult:
@@ -98,7 +98,7 @@ def compute_gradients(model: SACModel, batch: Batch, hp: SACHyperparams) -> Grad
     alpha_grads = torch.autograd.grad(a_loss, [model.log_alpha])
     return GradientResult(
         grads={"actor": _flat(actor_grads), "critic": _flat(critic_grads), "log_alpha": _flat(alpha_grads)},
-        norm_stats=norm_stats(batch.obs_goal.numpy()),
+        norm_stats=norm_stats(batch.obs_goal.cpu().numpy()),
         metrics={
             "loss/critic": q_loss.item(),
             "loss/actor": pi_loss.item(),

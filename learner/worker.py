@@ -11,6 +11,7 @@ only when those fall more than `max_grad_staleness` versions behind what it last
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 from dataclasses import dataclass
 
@@ -39,6 +40,71 @@ class LearnerEndpoints:
 def _load(model: SACModel, snapshot: WeightsSnapshot) -> None:
     for group in GROUPS:
         model.set_flat(group, snapshot.tensors[group])
+
+
+def resolve_device(name: str) -> torch.device:
+    """'auto' -> cuda when torch sees a GPU, else cpu; 'cuda' without one is a clear error."""
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("learner.device is 'cuda' but torch sees no CUDA device: use 'cpu' or 'auto'")
+    return torch.device(name)
+
+
+class Batches:
+    """Training batches from the replay sampler, optionally prepared one ahead in a thread.
+
+    With prefetch the next batch is sampled (and turned into tensors on the device) while the
+    current gradient is computed: torch's kernels release the GIL, so the two overlap.
+    Every wait is bounded and re-checks `stop`.
+    """
+
+    def __init__(self, replay: ReplaySampler, batch_size: int, device: torch.device, prefetch: bool) -> None:
+        self.replay, self.batch_size, self.device = replay, batch_size, device
+        self._queue: queue.Queue[Batch | BaseException] = queue.Queue(maxsize=1)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        if prefetch:
+            self._thread = threading.Thread(target=self._run, name="prefetch", daemon=True)
+            self._thread.start()
+
+    def _make(self) -> Batch:
+        t = self.replay.sample(self.batch_size).transitions
+        return Batch.from_numpy(t.obs, t.goal, t.action, t.reward, t.next_obs, t.done, device=self.device)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                item: Batch | BaseException = self._make()
+            except Exception as err:  # surfaced to the learner loop by next()
+                item = err
+            while not self._stop.is_set():
+                try:
+                    self._queue.put(item, timeout=0.5)
+                    break
+                except queue.Full:
+                    continue
+            if isinstance(item, BaseException):
+                return
+
+    def next(self, stop: threading.Event) -> Batch | None:
+        """The next batch; None once `stop` is set."""
+        if self._thread is None:
+            return self._make()
+        while not stop.is_set():
+            try:
+                item = self._queue.get(timeout=0.5)
+            except queue.Empty:
+                continue
+            if isinstance(item, BaseException):
+                raise RuntimeError("prefetch thread failed") from item
+            return item
+        return None
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5.0)
 
 
 def run_learner(config: RunConfig, learner_id: int, endpoints: LearnerEndpoints, stop: threading.Event) -> int:
@@ -70,8 +136,13 @@ def run_learner(config: RunConfig, learner_id: int, endpoints: LearnerEndpoints,
                 replay.refresh()
                 heartbeat.beat(replay=replay.size())
                 stop.wait(0.1)
-            loop = _GradientLoop(config, learner_id, task.act_dim, agg, weights, replay, heartbeat)
-            pushed = loop.run(snapshot, stop)
+            device = resolve_device(config.learner.device)
+            batches = Batches(replay, config.learner.batch_size, device, config.learner.prefetch)
+            try:
+                loop = _GradientLoop(config, learner_id, task.act_dim, agg, weights, batches, heartbeat)
+                pushed = loop.run(snapshot, stop)
+            finally:
+                batches.close()
     finally:
         redis_client.close()
     log.info("learner %d: stopped after %d gradients", learner_id, pushed)
@@ -88,7 +159,7 @@ class _GradientLoop:
         act_dim: int,
         agg: AggregatorClient,
         weights: WeightsWatcher,
-        replay: ReplaySampler,
+        batches: Batches,
         heartbeat: Heartbeat,
     ) -> None:
         target_entropy = config.learner.target_entropy
@@ -97,10 +168,10 @@ class _GradientLoop:
             target_entropy=target_entropy if target_entropy is not None else -float(act_dim),
         )
         self.config, self.learner_id = config, learner_id
-        self.agg, self.weights, self.replay, self.heartbeat = agg, weights, replay, heartbeat
+        self.agg, self.weights, self.batches, self.heartbeat = agg, weights, batches, heartbeat
 
     def run(self, snapshot: WeightsSnapshot, stop: threading.Event) -> int:
-        model = SACModel(snapshot.spec)
+        model = SACModel(snapshot.spec).to(self.batches.device)
         _load(model, snapshot)
         loaded, need, pushed = snapshot.version, snapshot.version, 0
         pending: PendingPush | None = None  # one push in flight: its step overlaps the next gradient
@@ -110,15 +181,18 @@ class _GradientLoop:
                 continue
             snapshot = fresh
             if snapshot.version != loaded:
-                _load(model, snapshot)
+                with self.heartbeat.phase("load_weights"):
+                    _load(model, snapshot)
                 loaded = snapshot.version
-            push = self._gradient(model, snapshot.version)
+            push = self._gradient(model, snapshot.version, stop)
+            if push is None:
+                break
             if pending is not None:
                 with self.heartbeat.phase("push"):
                     ack = pending.result()
                 # The next gradient may be computed on weights at most max_grad_staleness behind.
                 need = max(need, int(ack.version) - self.config.learner.max_grad_staleness)
-                self.heartbeat.beat(pushed=pushed, version=ack.version, replay=self.replay.size())
+                self.heartbeat.beat(pushed=pushed, version=ack.version, replay=self.batches.replay.size())
             pending = self.agg.push_gradients_async(push)
             pushed += 1
         if pending is not None:
@@ -128,11 +202,12 @@ class _GradientLoop:
                 log.info("learner %d: last push not acked on shutdown (%s)", self.learner_id, err.code().name)
         return pushed
 
-    def _gradient(self, model: SACModel, version: int) -> GradientPush:
-        with self.heartbeat.phase("sample"):
-            t = self.replay.sample(self.config.learner.batch_size).transitions
+    def _gradient(self, model: SACModel, version: int, stop: threading.Event) -> GradientPush | None:
+        with self.heartbeat.phase("sample"):  # with prefetch: only the wait for the next batch
+            batch = self.batches.next(stop)
+        if batch is None:
+            return None
         with self.heartbeat.phase("gradients"):
-            batch = Batch.from_numpy(t.obs, t.goal, t.action, t.reward, t.next_obs, t.done)
             result = compute_gradients(model, batch, self.hp)
         return GradientPush(
             learner_id=self.learner_id,

@@ -42,9 +42,10 @@ class SamplerEndpoints:
 class Policy:
     """The newest actor this process has; acts stochastically or deterministically."""
 
-    def __init__(self, seed: int = 0) -> None:
+    def __init__(self, seed: int = 0, random_action_prob: float = 0.0) -> None:
         self.version = -1
         self.actor: NumpyActor | None = None
+        self.random_action_prob = random_action_prob  # stochastic acting only; see SamplerConfig
         self._rng = np.random.default_rng(seed)
 
     def refresh(self, snapshot: WeightsSnapshot | None) -> bool:
@@ -56,6 +57,8 @@ class Policy:
 
     def act(self, obs: dict[str, np.ndarray], deterministic: bool) -> np.ndarray:
         assert self.actor is not None, "refresh() with weights before acting"
+        if not deterministic and self.random_action_prob > 0 and self._rng.random() < self.random_action_prob:
+            return self._rng.uniform(-1.0, 1.0, self.actor.spec.act_dim).astype(np.float32)
         x = np.concatenate([obs["observation"], obs["desired_goal"]]).astype(np.float32)[None]
         action = self.actor.deterministic(x) if deterministic else self.actor.sample(x, self._rng)
         return action[0]
@@ -109,11 +112,13 @@ class Pusher:
         self._thread = threading.Thread(target=self._run, name="pusher", daemon=True)
         self._thread.start()
 
-    def put(self, transitions, policy_version: int, env_steps: int) -> None:
+    def put(self, transitions, policy_version: int, env_steps: int, successes: int | None = None) -> None:
+        """Queue one batch; `successes` (0 or 1 for one whole episode, None for no episode end)
+        feeds the buffer's training-success curve."""
         if self.error is not None:
             raise RuntimeError("pusher thread failed") from self.error
         self._seq += 1
-        self.queue.put((transitions, self._seq, policy_version, env_steps))
+        self.queue.put((transitions, self._seq, policy_version, env_steps, successes))
 
     def close(self, timeout: float = 10.0) -> None:
         """Flush what is queued (bounded by `timeout`), then stop the thread."""
@@ -125,10 +130,16 @@ class Pusher:
             item = self.queue.get()
             if item is None:
                 return
-            transitions, seq, version, env_steps = item
+            transitions, seq, version, env_steps, successes = item
             try:
                 self.ingest.push(
-                    transitions, seq=seq, policy_version=version, task_id=self.task.task_id, env_steps=env_steps
+                    transitions,
+                    seq=seq,
+                    policy_version=version,
+                    task_id=self.task.task_id,
+                    env_steps=env_steps,
+                    episodes=0 if successes is None else 1,
+                    successes=successes or 0,
                 )
             except BaseException as err:  # surfaced to the acting thread on its next put()
                 self.error = err
@@ -153,7 +164,7 @@ def run_sampler(config: RunConfig, sampler_id: int, endpoints: SamplerEndpoints,
     log.info("sampler %d: task %s, cpu %s, mlocked %s", sampler_id, task.name, report.cpu, report.mlocked)
     rng = np.random.default_rng(cfg.seed + 1000 * sampler_id)
     heartbeat = Heartbeat(endpoints.heartbeat_path)
-    policy = Policy(seed=cfg.seed + 1000 * sampler_id + 1)
+    policy = Policy(seed=cfg.seed + 1000 * sampler_id + 1, random_action_prob=cfg.random_action_prob)
     steps, episodes, successes = 0, 0, 0
     with (
         AggregatorClient(endpoints.aggregator) as agg,
@@ -176,7 +187,9 @@ def run_sampler(config: RunConfig, sampler_id: int, endpoints: SamplerEndpoints,
             with heartbeat.phase("relabel"):
                 transitions = relabel_future(episode, cfg.her_k, lambda a, d: goal_reward(env, a, d), rng)
             with heartbeat.phase("enqueue"):
-                pusher.put(transitions, policy_version=max(policy.version, 0), env_steps=len(episode))
+                pusher.put(
+                    transitions, policy_version=max(policy.version, 0), env_steps=len(episode), successes=int(success)
+                )
             steps += len(episode)
             episodes += 1
             successes += success

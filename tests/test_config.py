@@ -41,6 +41,16 @@ BAD_CONFIGS: list[tuple[list[str], str]] = [
     (["target_success=-0.5"], "target_success (-0.5) must be in [0, 1]"),
     (["sampler.her_k=-1"], "sampler.her_k (-1) must be >= 0"),
     (["sampler.max_env_steps_per_update=-1"], "sampler.max_env_steps_per_update (-1.0) must be >= 0"),
+    (["sampler.random_action_prob=1.5"], "sampler.random_action_prob (1.5) must be in [0, 1]"),
+    (["learner.device=tpu"], "learner.device ('tpu') must be one of 'auto', 'cpu', 'cuda'"),
+    (["eval.curve_episodes=0"], "eval.curve_episodes (0) must be in [1, eval.episodes]"),
+    (["eval.curve_episodes=51"], "eval.curve_episodes (51) must be in [1, eval.episodes]"),
+    (["eval.min_interval_sec=61"], "eval.min_interval_sec (61.0) must be in [0, eval.max_interval_sec]"),
+    (["eval.interval_run_fraction=-0.1"], "eval.interval_run_fraction (-0.1) must be >= 0"),
+    (
+        ["sim.task=FetchRaech-v4"],
+        "sim.task ('FetchRaech-v4') must be a registered task; did you mean 'FetchReach-v4'? valid: FetchPickAndPlace",
+    ),
 ]
 
 
@@ -136,6 +146,8 @@ BAD_OVERRIDES: list[tuple[str, str]] = [
     ("run_id=5", "RunConfig.run_id must be a string, got 5"),
     ("learner=3", "RunConfig.learner must be an object, got 3"),
     ("learner.target_entropy=low", "LearnerConfig.target_entropy must be a number, got 'low'"),
+    ("learner.batchsize=3", "unknown config field 'learner.batchsize'; did you mean 'batch_size'? valid: batch_size,"),
+    ("lerner.batch_size=3", "unknown config section 'lerner.batch_size'; did you mean 'learner'?"),
 ]
 
 

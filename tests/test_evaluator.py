@@ -8,7 +8,7 @@ import pytest
 from aggregator.client import WeightsSnapshot
 from fleetrl.config import EvalConfig
 from fleetrl.policy import ModelSpec
-from sampler.evaluator import evaluate
+from sampler.evaluator import EpisodeLog, evaluate, next_interval_sec
 from sampler.worker import Policy, rollout
 from sim.registry import get_task, make_env
 
@@ -110,3 +110,36 @@ def test_the_sampler_policy_evaluates_deterministically_from_a_weights_snapshot(
     assert action.shape == (4,) and np.all(np.abs(action) < 1.0)
     np.testing.assert_array_equal(action, policy.act(obs, deterministic=True))
     assert not np.array_equal(policy.act(obs, deterministic=False), policy.act(obs, deterministic=False))
+
+
+def test_a_full_score_continues_the_curve_episodes_on_the_same_seeds(env):
+    config = EvalConfig(episodes=6, curve_episodes=2, seed=SEED)
+    done = EpisodeLog()
+    policy = Reacher(gain=10.0)
+    curve = evaluate(env, policy, config, until=config.curve_episodes, episodes=done)
+    assert curve.episodes == 2
+    full = evaluate(env, policy, config, stop_below=0.9, episodes=done)
+    assert full == evaluate(env, Reacher(gain=10.0), config)  # the same as scoring all six at once
+    assert full.episodes == 6 and len(policy.first_goals) == 6  # no episode was run twice
+
+
+def test_a_full_score_is_not_continued_once_the_target_is_out_of_reach(env):
+    config = EvalConfig(episodes=10, curve_episodes=3, seed=SEED)
+    done = EpisodeLog(successes=[False, False, False], returns=[-50.0] * 3)  # 3 of 10 failed: 0.9 is gone
+    result = evaluate(env, Reacher(gain=10.0), config, stop_below=0.9, episodes=done)
+    assert result.episodes == 3
+
+
+@pytest.mark.parametrize(
+    "curve_success,age_sec,expected",
+    [
+        (0.0, 5.0, 2.0),  # early in a run: min_interval_sec (Reach learns in seconds)
+        (0.0, 100.0, 10.0),  # far from the target: a tenth of the run's age
+        (0.2, 3000.0, 60.0),  # ... capped at max_interval_sec
+        (0.45, 3000.0, 2.0),  # within reach (>= half the 0.9 target): every min_interval_sec
+        (1.0, 3000.0, 2.0),
+    ],
+)
+def test_evaluation_is_rare_far_from_the_target_and_frequent_near_it(curve_success, age_sec, expected):
+    config = EvalConfig(min_interval_sec=2.0, max_interval_sec=60.0, interval_run_fraction=0.1)
+    assert next_interval_sec(config, 0.9, curve_success, age_sec) == pytest.approx(expected)

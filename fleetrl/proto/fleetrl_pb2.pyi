@@ -19,7 +19,7 @@ class Tensor(_message.Message):
     def __init__(self, name: _Optional[str] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., data: _Optional[bytes] = ...) -> None: ...
 
 class TransitionBatch(_message.Message):
-    __slots__ = ("run_id", "sampler_id", "seq", "policy_version", "task_id", "num_transitions", "columns", "env_steps")
+    __slots__ = ("run_id", "sampler_id", "seq", "policy_version", "task_id", "num_transitions", "columns", "env_steps", "episodes", "successes", "incarnation")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     SAMPLER_ID_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
@@ -28,6 +28,9 @@ class TransitionBatch(_message.Message):
     NUM_TRANSITIONS_FIELD_NUMBER: _ClassVar[int]
     COLUMNS_FIELD_NUMBER: _ClassVar[int]
     ENV_STEPS_FIELD_NUMBER: _ClassVar[int]
+    EPISODES_FIELD_NUMBER: _ClassVar[int]
+    SUCCESSES_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     sampler_id: int
     seq: int
@@ -36,7 +39,10 @@ class TransitionBatch(_message.Message):
     num_transitions: int
     columns: _containers.RepeatedCompositeFieldContainer[Tensor]
     env_steps: int
-    def __init__(self, run_id: _Optional[str] = ..., sampler_id: _Optional[int] = ..., seq: _Optional[int] = ..., policy_version: _Optional[int] = ..., task_id: _Optional[int] = ..., num_transitions: _Optional[int] = ..., columns: _Optional[_Iterable[_Union[Tensor, _Mapping]]] = ..., env_steps: _Optional[int] = ...) -> None: ...
+    episodes: int
+    successes: int
+    incarnation: int
+    def __init__(self, run_id: _Optional[str] = ..., sampler_id: _Optional[int] = ..., seq: _Optional[int] = ..., policy_version: _Optional[int] = ..., task_id: _Optional[int] = ..., num_transitions: _Optional[int] = ..., columns: _Optional[_Iterable[_Union[Tensor, _Mapping]]] = ..., env_steps: _Optional[int] = ..., episodes: _Optional[int] = ..., successes: _Optional[int] = ..., incarnation: _Optional[int] = ...) -> None: ...
 
 class PushAck(_message.Message):
     __slots__ = ("seq", "stored", "duplicate", "head")
@@ -55,7 +61,7 @@ class BufferStatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class BufferStats(_message.Message):
-    __slots__ = ("head", "env_steps", "batches", "rejected", "duplicates", "oldest_window", "newest_window")
+    __slots__ = ("head", "env_steps", "batches", "rejected", "duplicates", "oldest_window", "newest_window", "episodes", "train_success")
     HEAD_FIELD_NUMBER: _ClassVar[int]
     ENV_STEPS_FIELD_NUMBER: _ClassVar[int]
     BATCHES_FIELD_NUMBER: _ClassVar[int]
@@ -63,6 +69,8 @@ class BufferStats(_message.Message):
     DUPLICATES_FIELD_NUMBER: _ClassVar[int]
     OLDEST_WINDOW_FIELD_NUMBER: _ClassVar[int]
     NEWEST_WINDOW_FIELD_NUMBER: _ClassVar[int]
+    EPISODES_FIELD_NUMBER: _ClassVar[int]
+    TRAIN_SUCCESS_FIELD_NUMBER: _ClassVar[int]
     head: int
     env_steps: int
     batches: int
@@ -70,10 +78,12 @@ class BufferStats(_message.Message):
     duplicates: int
     oldest_window: int
     newest_window: int
-    def __init__(self, head: _Optional[int] = ..., env_steps: _Optional[int] = ..., batches: _Optional[int] = ..., rejected: _Optional[int] = ..., duplicates: _Optional[int] = ..., oldest_window: _Optional[int] = ..., newest_window: _Optional[int] = ...) -> None: ...
+    episodes: int
+    train_success: float
+    def __init__(self, head: _Optional[int] = ..., env_steps: _Optional[int] = ..., batches: _Optional[int] = ..., rejected: _Optional[int] = ..., duplicates: _Optional[int] = ..., oldest_window: _Optional[int] = ..., newest_window: _Optional[int] = ..., episodes: _Optional[int] = ..., train_success: _Optional[float] = ...) -> None: ...
 
 class Gradients(_message.Message):
-    __slots__ = ("learner_id", "base_version", "tensors", "metrics", "batch_size")
+    __slots__ = ("learner_id", "base_version", "tensors", "metrics", "batch_size", "incarnation", "seq")
     class MetricsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -86,22 +96,28 @@ class Gradients(_message.Message):
     TENSORS_FIELD_NUMBER: _ClassVar[int]
     METRICS_FIELD_NUMBER: _ClassVar[int]
     BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
     learner_id: int
     base_version: int
     tensors: _containers.RepeatedCompositeFieldContainer[Tensor]
     metrics: _containers.ScalarMap[str, float]
     batch_size: int
-    def __init__(self, learner_id: _Optional[int] = ..., base_version: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[Tensor, _Mapping]]] = ..., metrics: _Optional[_Mapping[str, float]] = ..., batch_size: _Optional[int] = ...) -> None: ...
+    incarnation: int
+    seq: int
+    def __init__(self, learner_id: _Optional[int] = ..., base_version: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[Tensor, _Mapping]]] = ..., metrics: _Optional[_Mapping[str, float]] = ..., batch_size: _Optional[int] = ..., incarnation: _Optional[int] = ..., seq: _Optional[int] = ...) -> None: ...
 
 class GradientAck(_message.Message):
-    __slots__ = ("applied", "version", "reason")
+    __slots__ = ("applied", "version", "reason", "duplicate")
     APPLIED_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    DUPLICATE_FIELD_NUMBER: _ClassVar[int]
     applied: bool
     version: int
     reason: str
-    def __init__(self, applied: _Optional[bool] = ..., version: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
+    duplicate: bool
+    def __init__(self, applied: _Optional[bool] = ..., version: _Optional[int] = ..., reason: _Optional[str] = ..., duplicate: _Optional[bool] = ...) -> None: ...
 
 class WatchRequest(_message.Message):
     __slots__ = ("subscriber", "after_version", "groups", "min_interval_sec")
@@ -130,7 +146,14 @@ class AggregatorStatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class AggregatorStats(_message.Message):
-    __slots__ = ("version", "gradients_applied", "gradients_stale", "gradients_rejected", "subscribers", "last_eval", "env_steps")
+    __slots__ = ("version", "gradients_applied", "gradients_stale", "gradients_rejected", "subscribers", "last_eval", "env_steps", "last_curve", "last_full", "rejected_by_learner", "steps_skipped", "gradients_clipped", "gradients_duplicate")
+    class RejectedByLearnerEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
     VERSION_FIELD_NUMBER: _ClassVar[int]
     GRADIENTS_APPLIED_FIELD_NUMBER: _ClassVar[int]
     GRADIENTS_STALE_FIELD_NUMBER: _ClassVar[int]
@@ -138,6 +161,12 @@ class AggregatorStats(_message.Message):
     SUBSCRIBERS_FIELD_NUMBER: _ClassVar[int]
     LAST_EVAL_FIELD_NUMBER: _ClassVar[int]
     ENV_STEPS_FIELD_NUMBER: _ClassVar[int]
+    LAST_CURVE_FIELD_NUMBER: _ClassVar[int]
+    LAST_FULL_FIELD_NUMBER: _ClassVar[int]
+    REJECTED_BY_LEARNER_FIELD_NUMBER: _ClassVar[int]
+    STEPS_SKIPPED_FIELD_NUMBER: _ClassVar[int]
+    GRADIENTS_CLIPPED_FIELD_NUMBER: _ClassVar[int]
+    GRADIENTS_DUPLICATE_FIELD_NUMBER: _ClassVar[int]
     version: int
     gradients_applied: int
     gradients_stale: int
@@ -145,14 +174,20 @@ class AggregatorStats(_message.Message):
     subscribers: int
     last_eval: EvalReport
     env_steps: int
-    def __init__(self, version: _Optional[int] = ..., gradients_applied: _Optional[int] = ..., gradients_stale: _Optional[int] = ..., gradients_rejected: _Optional[int] = ..., subscribers: _Optional[int] = ..., last_eval: _Optional[_Union[EvalReport, _Mapping]] = ..., env_steps: _Optional[int] = ...) -> None: ...
+    last_curve: EvalReport
+    last_full: EvalReport
+    rejected_by_learner: _containers.ScalarMap[str, int]
+    steps_skipped: int
+    gradients_clipped: int
+    gradients_duplicate: int
+    def __init__(self, version: _Optional[int] = ..., gradients_applied: _Optional[int] = ..., gradients_stale: _Optional[int] = ..., gradients_rejected: _Optional[int] = ..., subscribers: _Optional[int] = ..., last_eval: _Optional[_Union[EvalReport, _Mapping]] = ..., env_steps: _Optional[int] = ..., last_curve: _Optional[_Union[EvalReport, _Mapping]] = ..., last_full: _Optional[_Union[EvalReport, _Mapping]] = ..., rejected_by_learner: _Optional[_Mapping[str, int]] = ..., steps_skipped: _Optional[int] = ..., gradients_clipped: _Optional[int] = ..., gradients_duplicate: _Optional[int] = ...) -> None: ...
 
 class EvalAck(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
 class EvalReport(_message.Message):
-    __slots__ = ("version", "episodes", "success_rate", "mean_return", "env_steps", "wall_sec", "evaluator")
+    __slots__ = ("version", "episodes", "success_rate", "mean_return", "env_steps", "wall_sec", "evaluator", "kind")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     EPISODES_FIELD_NUMBER: _ClassVar[int]
     SUCCESS_RATE_FIELD_NUMBER: _ClassVar[int]
@@ -160,6 +195,7 @@ class EvalReport(_message.Message):
     ENV_STEPS_FIELD_NUMBER: _ClassVar[int]
     WALL_SEC_FIELD_NUMBER: _ClassVar[int]
     EVALUATOR_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
     version: int
     episodes: int
     success_rate: float
@@ -167,4 +203,5 @@ class EvalReport(_message.Message):
     env_steps: int
     wall_sec: float
     evaluator: str
-    def __init__(self, version: _Optional[int] = ..., episodes: _Optional[int] = ..., success_rate: _Optional[float] = ..., mean_return: _Optional[float] = ..., env_steps: _Optional[int] = ..., wall_sec: _Optional[float] = ..., evaluator: _Optional[str] = ...) -> None: ...
+    kind: str
+    def __init__(self, version: _Optional[int] = ..., episodes: _Optional[int] = ..., success_rate: _Optional[float] = ..., mean_return: _Optional[float] = ..., env_steps: _Optional[int] = ..., wall_sec: _Optional[float] = ..., evaluator: _Optional[str] = ..., kind: _Optional[str] = ...) -> None: ...

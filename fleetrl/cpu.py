@@ -1,0 +1,60 @@
+"""CPU-seconds per role, for summary.json: where a run's CPU went.
+
+    meter = CpuMeter()
+    while running:
+        meter.sample({"sampler-0": pid, "redis-7000": pid, ...})   # every few seconds
+    meter.report(wall_sec=..., cores=os.cpu_count())             # {"roles": ..., "groups": ...}
+
+A restarted role gets a new pid: the meter keeps the last reading of every pid it has seen,
+so a role's total covers all its incarnations (up to each one's last sample).
+"""
+
+from __future__ import annotations
+
+import re
+
+import psutil
+
+# What the issue calls the fleet's overhead: everything but acting (samplers) and learning
+# (learners). The launcher's own progress polling is counted too.
+OVERHEAD_GROUPS = ("aggregator", "buffer", "evaluator", "redis", "launcher")
+
+
+def role_group(name: str) -> str:
+    """'sampler-3' -> 'sampler', 'redis-7001' -> 'redis', 'aggregator' -> 'aggregator'."""
+    return re.sub(r"-\d+$", "", name)
+
+
+class CpuMeter:
+    def __init__(self) -> None:
+        self._seconds: dict[tuple[str, int], float] = {}
+
+    def sample(self, pids: dict[str, int]) -> None:
+        for name, pid in pids.items():
+            try:
+                t = psutil.Process(pid).cpu_times()
+            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+                continue  # gone since: its last reading stands
+            self._seconds[(name, pid)] = t.user + t.system + t.children_user + t.children_system
+
+    def seconds(self) -> dict[str, float]:
+        """CPU-seconds per role name, every incarnation summed."""
+        totals: dict[str, float] = {}
+        for (name, _), sec in self._seconds.items():
+            totals[name] = totals.get(name, 0.0) + sec
+        return totals
+
+    def report(self, wall_sec: float, cores: int) -> dict:
+        """JSON-ready: {"roles": {name: {cpu_sec, share}}, "groups": {...}, "overhead_share": x},
+        where share = cpu_sec / (wall_sec * cores), a fraction of the whole machine."""
+        capacity = max(wall_sec * cores, 1e-9)
+        seconds = self.seconds()
+        groups: dict[str, float] = {}
+        for name, sec in seconds.items():
+            groups[role_group(name)] = groups.get(role_group(name), 0.0) + sec
+
+        def shares(table: dict[str, float]) -> dict[str, dict[str, float]]:
+            return {n: {"cpu_sec": round(s, 3), "share": round(s / capacity, 4)} for n, s in sorted(table.items())}
+
+        overhead = sum(sec for g, sec in groups.items() if g in OVERHEAD_GROUPS)
+        return {"roles": shares(seconds), "groups": shares(groups), "overhead_share": round(overhead / capacity, 4)}

@@ -1,0 +1,69 @@
+"""Task presets: what `fleetrl train --task X` and `fleetrl config --task X` start from."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from fleetrl.cli import main
+from fleetrl.config import RunConfig, help_lines, with_overrides
+from fleetrl.presets import TASK_PRESETS, preset_config
+from sim.registry import get_task
+
+
+@pytest.mark.parametrize("task", sorted(TASK_PRESETS))
+def test_every_preset_names_a_registered_task_and_validates(task):
+    get_task(task)
+    config = preset_config(task).validate()
+    assert (config.sim.task, config.preset) == (task, task)
+    for dotted, value in TASK_PRESETS[task].items():
+        section, name = dotted.split(".")
+        assert getattr(getattr(config, section), name) == value
+
+
+def test_the_push_preset_differs_from_the_built_in_defaults():
+    config = preset_config("FetchPush-v4")
+    assert config.learner.gamma != RunConfig().learner.gamma
+    assert config.sampler.random_action_prob > 0
+
+
+def test_a_task_without_a_preset_keeps_the_defaults():
+    config = preset_config("FetchReach-v4")
+    assert config.learner == RunConfig().learner and config.sampler == RunConfig().sampler
+
+
+def test_user_overrides_win_over_the_preset():
+    config = with_overrides(preset_config("FetchPush-v4"), ["learner.gamma=0.9"])
+    assert config.learner.gamma == 0.9
+
+
+def _cli_config(capsys, *argv: str) -> dict:
+    assert main(["config", "--json", *argv]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_cli_applies_the_preset_of_the_chosen_task_under_set_overrides(capsys):
+    push = _cli_config(capsys, "--task", "FetchPush-v4")
+    assert push["preset"] == "FetchPush-v4"
+    assert push["learner"]["gamma"] == TASK_PRESETS["FetchPush-v4"]["learner.gamma"]
+    assert _cli_config(capsys, "--set", 'sim.task="FetchPush-v4"')["preset"] == "FetchPush-v4"
+    mine = _cli_config(capsys, "--task", "FetchPush-v4", "--set", "learner.gamma=0.9")
+    assert mine["learner"]["gamma"] == 0.9
+    assert mine["sampler"]["random_action_prob"] == push["sampler"]["random_action_prob"]
+
+
+def test_cli_takes_a_resolved_config_file_as_is(capsys, tmp_path):
+    path = tmp_path / "run.json"
+    path.write_text(with_overrides(RunConfig(), ["learner.gamma=0.97"]).to_json())
+    loaded = _cli_config(capsys, "--config", str(path), "--task", "FetchPush-v4")
+    assert loaded["learner"]["gamma"] == 0.97  # no preset re-applied over a resolved file
+    assert loaded["sim"]["task"] == "FetchPush-v4"
+
+
+def test_config_listing_marks_what_the_preset_changed():
+    lines = help_lines(preset_config("FetchPush-v4"))
+    gamma = next(line for line in lines if line.startswith("learner.gamma = "))
+    assert gamma.startswith(f"learner.gamma = {TASK_PRESETS['FetchPush-v4']['learner.gamma']!r}  [default 0.95]")
+    tau = next(line for line in lines if line.startswith("aggregator.tau = "))
+    assert "[default" not in tau  # a field the preset leaves alone is not marked

@@ -1,0 +1,177 @@
+"""`fleetrl report`: run directories in, one HTML page with PNG plots out."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import re
+
+import pytest
+
+from fleetrl.report import ReportError, add_arguments, load_run, main, write_report
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+START = 1_700_000_000.0  # started_unix of the synthetic fleet run
+FLEET_LABEL = "fleet <script>alert(1)</script>"
+
+
+def _write_jsonl(path: pathlib.Path, lines: list[object]) -> None:
+    path.write_text("".join((line if isinstance(line, str) else json.dumps(line)) + "\n" for line in lines))
+
+
+def make_fleet_run(root: pathlib.Path) -> pathlib.Path:
+    """Every file a new `fleetrl train` writes; evals without wall_sec, to be derived from started_unix."""
+    run = root / "fleet-run"
+    run.mkdir()
+    summary = {
+        "task": "FetchPush-v4",
+        "label": FLEET_LABEL,
+        "stop_reason": "evaluation success 0.95 >= target 0.9",
+        "reached_target": True,
+        "target_success": 0.9,
+        "wall_sec": 100.0,
+        "wall_sec_to_target": 90.0,
+        "env_steps_to_target": 4000,
+        "final_version": 800,
+        "final_env_steps": 4500,
+        "best_success": 0.95,
+        "started_unix": START,
+        "updates_per_sec": 8.0,
+        "fleet_overhead_share": 0.125,
+        "cpu": {"learner": {"cpu_sec": 50.0, "share": 0.25}, "sampler": {"cpu_sec": 20.0, "share": 0.1}},
+    }
+    (run / "summary.json").write_text(json.dumps(summary))
+    (run / "config.json").write_text(json.dumps({"sim": {"task": "FetchPush-v4"}, "sampler": {"seed": 7}}))
+    evals = [
+        {"version": v, "success_rate": s, "episodes": 10, "env_steps": 1000 * k, "time": START + 30 * k}
+        for k, (v, s) in enumerate([(0, 0.0), (300, 0.4), (600, 0.95)])
+    ]
+    _write_jsonl(run / "evals.jsonl", [*evals, {**evals[1], "kind": "full", "episodes": 50}])
+    progress = [
+        {"wall_sec": 10.0 * k, "env_steps": 450 * k, "version": 80 * k, "updates_per_sec": 8.0}
+        | {"env_steps_per_sec": 45.0, "eval_success": 0.1 * k, "train_success": None if k == 0 else 0.09 * k}
+        for k in range(11)
+    ]
+    _write_jsonl(run / "progress.jsonl", progress)
+    return run
+
+
+def make_baseline_run(root: pathlib.Path) -> pathlib.Path:
+    """What sb3_baseline.py --out writes: summary.json and evals.jsonl only; one line here is broken."""
+    run = root / "sb3-seed0"
+    run.mkdir()
+    summary = {
+        "task": "FetchPush-v4",
+        "label": "SB3 SAC+HER seed 0",
+        "stop_reason": "max_wall_sec 1200.0 reached",
+        "reached_target": False,
+        "target_success": 0.9,
+        "wall_sec": 1200.0,
+        "started_unix": START,
+    }
+    (run / "summary.json").write_text(json.dumps(summary))
+    evals = [
+        {"version": 0, "success_rate": 0.0, "episodes": 20, "env_steps": 500, "time": START + 60, "wall_sec": 60.0},
+        '{"version": 10, "success_rate": 0.',  # truncated, as by a crash mid-write
+        {"version": 500, "success_rate": 0.3, "episodes": 20, "env_steps": 1000, "time": START + 9, "wall_sec": 120.0},
+    ]
+    _write_jsonl(run / "evals.jsonl", evals)
+    return run
+
+
+def _images(page: pathlib.Path) -> list[pathlib.Path]:
+    return [page.parent / src for src in re.findall(r'<img src="([^"]+)"', page.read_text())]
+
+
+def test_report_compares_both_runs_with_valid_pngs(tmp_path: pathlib.Path) -> None:
+    runs = [load_run(make_fleet_run(tmp_path)), load_run(make_baseline_run(tmp_path))]
+    page = write_report(runs, tmp_path / "out" / "report.html", "Push <fleet vs SB3>")
+
+    text = page.read_text()
+    assert "<script>" not in text
+    assert "fleet &lt;script&gt;alert(1)&lt;/script&gt;" in text
+    assert "SB3 SAC+HER seed 0" in text
+    assert "evaluation success 0.95 &gt;= target 0.9" in text
+    assert "max_wall_sec 1200.0 reached" in text
+    assert "<title>Push &lt;fleet vs SB3&gt;</title>" in text
+    assert "90.0 s (1.5 min)" in text  # wall-clock to target
+    assert "12.5%" in text  # fleet overhead share
+    assert "<td>7</td>" in text  # seed from config.json
+    assert "1 malformed JSONL line(s) skipped" in text
+    images = _images(page)
+    assert [p.name for p in images] == [
+        "eval_wall.png",
+        "eval_env_steps.png",
+        "train_wall.png",
+        "updates_wall.png",
+        "cpu_share.png",
+    ]
+    for image in images:
+        assert image.parent == tmp_path / "out" / "report_files"
+        assert image.read_bytes()[:8] == PNG_MAGIC, image
+
+
+def test_optional_plots_are_left_out_and_stale_ones_removed(tmp_path: pathlib.Path) -> None:
+    out = tmp_path / "report.html"
+    write_report([load_run(make_fleet_run(tmp_path))], out, "first")
+    baseline = load_run(make_baseline_run(tmp_path))
+    write_report([baseline], out, "second")
+
+    assert [p.name for p in _images(out)] == ["eval_wall.png", "eval_env_steps.png"]
+    assert sorted(p.name for p in (tmp_path / "report_files").iterdir()) == ["eval_env_steps.png", "eval_wall.png"]
+
+
+def test_load_run_derives_wall_sec_and_skips_malformed_lines(tmp_path: pathlib.Path) -> None:
+    fleet = load_run(make_fleet_run(tmp_path))
+    baseline = load_run(make_baseline_run(tmp_path))
+
+    assert fleet.name == FLEET_LABEL
+    assert [e["wall_sec"] for e in fleet.evals] == [0.0, 30.0, 60.0, 30.0]
+    assert set(fleet.cpu) == {"learner", "sampler"}
+    assert fleet.skipped_lines == 0
+    assert baseline.skipped_lines == 1
+    assert [e["version"] for e in baseline.evals] == [0, 500]
+    assert baseline.progress == [] and baseline.cpu == {}
+
+
+def test_name_falls_back_to_directory_name(tmp_path: pathlib.Path) -> None:
+    run = tmp_path / "unlabelled"
+    run.mkdir()
+    _write_jsonl(run / "evals.jsonl", [{"version": 0, "success_rate": 0.5, "episodes": 4, "env_steps": 10}])
+
+    loaded = load_run(run)
+
+    assert loaded.name == "unlabelled"
+    assert loaded.evals[0]["wall_sec"] is None  # neither wall_sec nor started_unix
+
+
+@pytest.mark.parametrize(
+    ("setup", "message"),
+    [
+        (lambda d: d.mkdir(), "has neither summary.json nor evals.jsonl"),
+        (lambda d: None, "does not exist"),
+        (lambda d: (d.mkdir(), (d / "summary.json").write_text("{not json")), "summary.json is not valid JSON"),
+        (lambda d: (d.mkdir(), (d / "summary.json").write_text("[1]")), "must hold a JSON object, got list"),
+    ],
+)
+def test_load_run_rejects_unusable_dirs_naming_the_path(tmp_path: pathlib.Path, setup, message: str) -> None:
+    run = tmp_path / "bad-run"
+    setup(run)
+
+    with pytest.raises(ReportError, match=re.escape(message)) as err:
+        load_run(run)
+    assert str(run) in str(err.value)
+
+
+def test_main_prints_the_page_path(tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]) -> None:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    out = tmp_path / "cmp.html"
+    args = parser.parse_args([str(make_baseline_run(tmp_path)), "--out", str(out)])
+
+    assert main(args) == 0
+    captured = capsys.readouterr()
+    assert captured.out.strip() == str(out)
+    assert "1 malformed JSONL line(s) skipped" in captured.err
+    assert "<title>fleetrl report: SB3 SAC+HER seed 0</title>" in out.read_text()

@@ -1,0 +1,42 @@
+"""The sampler's Policy: epsilon-random exploration only when acting stochastically."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from aggregator.client import WeightsSnapshot
+from fleetrl.policy import ModelSpec
+from sampler.worker import Policy
+
+SPEC = ModelSpec(obs_dim=3, goal_dim=2, act_dim=4, hidden_sizes=(8,))
+
+
+def _policy(random_action_prob: float) -> Policy:
+    policy = Policy(seed=0, random_action_prob=random_action_prob)
+    # Zero weights and a log_std bias of -5: the actor's own actions are tanh(N(0, 0.007)), ~0.
+    obs_norm = np.concatenate([np.zeros(SPEC.input_dim), np.ones(SPEC.input_dim)]).astype(np.float32)
+    actor = np.zeros(SPEC.actor_size(), np.float32)
+    actor[-SPEC.act_dim :] = -5.0  # the output layer's bias ends with log_std
+    assert policy.refresh(WeightsSnapshot(1, {"actor": actor, "obs_norm": obs_norm}, SPEC))
+    return policy
+
+
+OBS = {"observation": np.zeros(3, np.float32), "desired_goal": np.zeros(2, np.float32)}
+
+
+def test_deterministic_actions_never_take_the_random_branch():
+    policy = _policy(1.0)
+    for _ in range(20):
+        np.testing.assert_array_equal(policy.act(OBS, deterministic=True), np.zeros(4, np.float32))
+
+
+def test_random_action_prob_sets_the_share_of_uniform_actions():
+    # The actor's own actions stay within 0.05 of 0; a uniform action lies beyond 0.05 95% of the time.
+    def far_share(prob: float) -> float:
+        policy = _policy(prob)
+        actions = np.array([policy.act(OBS, deterministic=False) for _ in range(2000)])
+        return float(np.mean(np.abs(actions[:, 0]) > 0.05))
+
+    assert far_share(0.0) == 0.0
+    assert 0.95 * 0.3 - 0.04 < far_share(0.3) < 0.95 * 0.3 + 0.04
+    assert far_share(1.0) > 0.92
