@@ -12,6 +12,7 @@ aggregator restarts, and always holds only the newest version (older ones are co
 from __future__ import annotations
 
 import logging
+import secrets
 import threading
 import time
 from dataclasses import dataclass, field
@@ -49,7 +50,7 @@ class GradientPush:
     batch_size: int
     metrics: dict[str, float] = field(default_factory=dict)
 
-    def to_proto(self) -> pb.Gradients:
+    def to_proto(self, incarnation: int, seq: int) -> pb.Gradients:
         tensors = [to_tensor(g, v) for g, v in self.grads.items()]
         tensors.append(to_tensor("norm_stats", self.norm_stats))
         return pb.Gradients(
@@ -58,6 +59,8 @@ class GradientPush:
             tensors=tensors,
             metrics=self.metrics,
             batch_size=self.batch_size,
+            incarnation=incarnation,
+            seq=seq,
         )
 
 
@@ -67,6 +70,9 @@ class AggregatorClient:
         self.timeout_sec = timeout_sec
         self._channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
         self._stub = pb_grpc.AggregatorStub(self._channel)
+        # Idempotency key of gradient pushes: new per client (per process start), seq per push.
+        self.incarnation = secrets.randbits(63) or 1
+        self._seq = 0
 
     def __enter__(self) -> AggregatorClient:
         return self
@@ -77,13 +83,22 @@ class AggregatorClient:
     def close(self) -> None:
         self._channel.close()
 
+    def _numbered(self, push: GradientPush) -> pb.Gradients:
+        self._seq += 1
+        return push.to_proto(self.incarnation, self._seq)
+
     def push_gradients(self, push: GradientPush) -> pb.GradientAck:
-        """Send once, retrying while the aggregator is unreachable (it may be restarting)."""
-        return self._retry(lambda: self._stub.PushGradients(push.to_proto(), timeout=self.timeout_sec))
+        """Send, retrying the same message while the aggregator is unreachable (it may be
+        restarting); the aggregator applies it at most once (acks say `duplicate` on a retry)."""
+        return self.resend(self._numbered(push))
+
+    def resend(self, message: pb.Gradients) -> pb.GradientAck:
+        return self._retry(lambda: self._stub.PushGradients(message, timeout=self.timeout_sec))
 
     def push_gradients_async(self, push: GradientPush) -> PendingPush:
         """Send without waiting: the learner computes the next gradient while this one is applied."""
-        return PendingPush(self, push, self._stub.PushGradients.future(push.to_proto(), timeout=self.timeout_sec))
+        message = self._numbered(push)
+        return PendingPush(self, message, self._stub.PushGradients.future(message, timeout=self.timeout_sec))
 
     def stats(self, timeout_sec: float = 5.0) -> pb.AggregatorStats:
         return self._stub.Stats(pb.AggregatorStatsRequest(), timeout=timeout_sec)
@@ -111,8 +126,8 @@ class AggregatorClient:
 class PendingPush:
     """An in-flight PushGradients; result() waits for the ack, re-sending if the aggregator was away."""
 
-    def __init__(self, client: AggregatorClient, push: GradientPush, future: grpc.Future) -> None:
-        self._client, self._push, self._future = client, push, future
+    def __init__(self, client: AggregatorClient, message: pb.Gradients, future: grpc.Future) -> None:
+        self._client, self._message, self._future = client, message, future
 
     def result(self, retry: bool = True) -> pb.GradientAck:
         """The ack. With `retry`, a push the aggregator never took (it was unreachable, or
@@ -122,7 +137,7 @@ class PendingPush:
         except grpc.RpcError as err:
             if not retry or err.code() not in (*RETRYABLE, grpc.StatusCode.CANCELLED):
                 raise
-            return self._client.push_gradients(self._push)
+            return self._client.resend(self._message)
 
 
 class WeightsWatcher:

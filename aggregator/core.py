@@ -12,6 +12,7 @@ checkpoints (see aggregator/checkpoint.py).
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 
 import numpy as np
@@ -19,6 +20,9 @@ import torch
 
 from fleetrl.config import AggregatorConfig
 from learner.models import GRADIENT_GROUPS, GROUPS, ModelSpec, SACModel, norm_from_stats
+
+
+HUGE_GRADIENT = 1e15  # an element this large squares past float32 range inside Adam
 
 
 class GradientError(ValueError):
@@ -34,6 +38,7 @@ class SubmitResult:
     applied: bool  # this push completed a step (or was folded into the pending one)
     stale: bool  # dropped: computed against weights too old to help
     version: int
+    reason: str = ""  # why it was not applied ("" when applied)
 
 
 class AggregatorCore:
@@ -53,20 +58,19 @@ class AggregatorCore:
         # Adam per group, each group one flat leaf tensor: the optimizer state is then a
         # handful of vectors that checkpoint and restore trivially.
         self._flat = {g: torch.nn.Parameter(torch.from_numpy(self.model.get_flat(g))) for g in GROUPS}
-        self._optim = {g: torch.optim.Adam([self._flat[g]], lr=config.lr) for g in GRADIENT_GROUPS}
-        self._pending: list[dict[str, np.ndarray]] = []
+        # fused: one kernel per step instead of several (0.21 vs 0.30 ms for 150k params here).
+        self._optim = {g: torch.optim.Adam([self._flat[g]], lr=config.lr, fused=True) for g in GRADIENT_GROUPS}
+        self._pending: dict[str, dict[str, np.ndarray]] = {}  # learner -> its gradient for this step
+        self.steps_skipped = 0  # steps whose mean gradient was not finite: nothing applied
+        self.clipped = 0  # steps whose mean gradient was clipped to max_grad_norm
         self.sizes = {g: self._flat[g].numel() for g in GROUPS}
         # Running totals behind the shared input normalizer: [count, sum..., sum of squares...].
         self._norm_totals = np.zeros(1 + 2 * spec.input_dim, np.float64)
 
-    def check(self, grads: dict[str, np.ndarray], norm_stats: np.ndarray) -> None:
-        """Raise GradientError unless grads has exactly the gradient groups, right sizes, finite."""
-        if norm_stats.shape != self._norm_totals.shape:
-            raise GradientError(
-                "tensors[norm_stats].shape", f"{list(norm_stats.shape)}, expected [{self._norm_totals.size}]"
-            )
-        if not np.all(np.isfinite(norm_stats)) or norm_stats[0] < 0:
-            raise GradientError("tensors[norm_stats].data", "contains NaN, inf or a negative count")
+    def check(self, grads: dict[str, np.ndarray], norm_stats: np.ndarray, batch_size: int = 0) -> None:
+        """Raise GradientError unless grads has exactly the gradient groups, right sizes, finite,
+        and the normalizer statistics describe a real batch (see check_norm_stats)."""
+        self.check_norm_stats(norm_stats, batch_size)
         missing = [g for g in GRADIENT_GROUPS if g not in grads]
         if missing:
             raise GradientError("tensors", f"missing group(s) {missing}; expected {list(GRADIENT_GROUPS)}")
@@ -79,32 +83,116 @@ class AggregatorCore:
             if not np.all(np.isfinite(grads[g])):
                 raise GradientError(f"tensors[{g}].data", "contains NaN or inf")
 
-    def submit(self, base_version: int, grads: dict[str, np.ndarray], norm_stats: np.ndarray) -> SubmitResult:
-        """Queue one learner's gradients; step once `grads_per_step` are pending."""
-        self.check(grads, norm_stats)
+    def check_norm_stats(self, stats: np.ndarray, batch_size: int = 0) -> None:
+        """[count, sums, sums of squares] of a batch: count >= 1 (and <= batch_size when given),
+        finite, inputs within max_input_abs, and sums of squares consistent with the sums.
+        These totals are never forgotten, so one bad push would skew every later version."""
+        field = "tensors[norm_stats]"
+        if stats.shape != self._norm_totals.shape:
+            raise GradientError(f"{field}.shape", f"{list(stats.shape)}, expected [{self._norm_totals.size}]")
+        if not np.all(np.isfinite(stats)):
+            raise GradientError(f"{field}.data", "contains NaN or inf")
+        count = float(stats[0])
+        if count < 1 or count != int(count) or (batch_size and count > batch_size):
+            limit = f" and <= batch_size ({batch_size})" if batch_size else ""
+            raise GradientError(f"{field}.data", f"count {count:g} must be a whole number >= 1{limit}")
+        dim = self.spec.input_dim
+        sums, squares = stats[1 : 1 + dim].astype(np.float64), stats[1 + dim :].astype(np.float64)
+        bound = self.config.max_input_abs
+        if np.any(np.abs(sums) > count * bound) or np.any(squares > count * bound * bound):
+            raise GradientError(f"{field}.data", f"implies inputs beyond max_input_abs ({bound:g})")
+        # Cauchy-Schwarz: sum(x)^2 <= n * sum(x^2), up to float32 rounding.
+        if np.any(squares < 0) or np.any(sums * sums > count * squares * (1 + 1e-3) + 1e-3):
+            raise GradientError(f"{field}.data", "sums of squares are inconsistent with the sums")
+
+    def submit(
+        self,
+        base_version: int,
+        grads: dict[str, np.ndarray],
+        norm_stats: np.ndarray,
+        learner: str = "",
+        batch_size: int = 0,
+    ) -> SubmitResult:
+        """Queue one learner's gradients; step once `grads_per_step` learners have one pending.
+
+        A learner contributes at most one gradient to a step: a second one while its first is
+        pending is dropped (not applied), so one fast learner cannot fill a step alone.
+        """
+        self.check(grads, norm_stats, batch_size)
         if base_version > self.version:
             raise GradientError("base_version", f"{base_version} is ahead of the aggregator ({self.version})")
         if self.version - base_version > self.max_staleness:
-            return SubmitResult(applied=False, stale=True, version=self.version)
-        self._pending.append(grads)
+            reason = "stale: computed against weights older than max_grad_staleness"
+            return SubmitResult(applied=False, stale=True, version=self.version, reason=reason)
+        if learner in self._pending:
+            reason = f"learner {learner!r} already has a gradient pending for version {self.version + 1}"
+            return SubmitResult(applied=False, stale=False, version=self.version, reason=reason)
+        self._pending[learner] = grads
         self._norm_totals += norm_stats
         if len(self._pending) >= self.grads_per_step:
             self._step()
         return SubmitResult(applied=True, stale=False, version=self.version)
 
-    def _step(self) -> None:
+    def _mean_gradient(self) -> dict[str, np.ndarray] | None:
+        """The pending gradients' mean, clipped to max_grad_norm; None when it is not finite."""
+        pending = list(self._pending.values())
+        mean = {}
         for g in GRADIENT_GROUPS:
-            mean = np.mean([p[g] for p in self._pending], axis=0)
-            self._optim[g].zero_grad(set_to_none=False)
-            self._flat[g].grad = torch.from_numpy(np.asarray(mean, dtype=np.float32))
-            self._optim[g].step()
+            grads = [p[g] for p in pending]
+            # float64 accumulation: two float32 gradients near 3e38 would overflow their sum.
+            mean[g] = np.mean(grads, axis=0, dtype=np.float64)
+        norm = float(np.sqrt(sum(float(np.dot(v, v)) for v in mean.values())))
+        if not np.isfinite(norm):
+            return None
+        scale = 1.0
+        if self.config.max_grad_norm > 0 and norm > self.config.max_grad_norm:
+            scale = self.config.max_grad_norm / norm
+            self.clipped += 1
+        out = {g: np.asarray(v * scale, dtype=np.float32) for g, v in mean.items()}
+        return out if all(np.all(np.isfinite(v)) for v in out.values()) else None
+
+    def _step(self) -> None:
+        mean = self._mean_gradient()
         self._pending.clear()
+        if mean is None:
+            self.steps_skipped += 1  # nothing applied and no new version: the weights stay sound
+            return
+        # Without clipping, a huge finite gradient could overflow Adam's float32 moments. Such a
+        # step is checked afterwards and undone (kept cheap: only huge ones are snapshotted).
+        huge = max(float(np.abs(v).max(initial=0.0)) for v in mean.values()) > HUGE_GRADIENT
+        saved = self._optimizer_snapshot() if huge else None
+        for g in GRADIENT_GROUPS:
+            self._flat[g].grad = torch.from_numpy(mean[g])
+            self._optim[g].step()
+        if saved is not None and not self._optimizer_finite():
+            self._restore_optimizer(saved)
+            self.steps_skipped += 1
+            return
         with torch.no_grad():
             # Polyak averaging of the target critics, once per version.
             self._flat["critic_target"].mul_(1.0 - self.config.tau).add_(self._flat["critic"], alpha=self.config.tau)
             norm = norm_from_stats(self._norm_totals, self.spec.input_dim)
             self._flat["obs_norm"].copy_(torch.from_numpy(norm))
         self.version += 1
+
+    def _optimizer_snapshot(self) -> dict:
+        return {
+            "flat": {g: self._flat[g].detach().clone() for g in GRADIENT_GROUPS},
+            "optim": {g: copy.deepcopy(self._optim[g].state_dict()) for g in GRADIENT_GROUPS},
+        }
+
+    def _optimizer_finite(self) -> bool:
+        tensors = [self._flat[g] for g in GRADIENT_GROUPS]
+        for g in GRADIENT_GROUPS:
+            for state in self._optim[g].state.values():
+                tensors += [v for v in state.values() if isinstance(v, torch.Tensor)]
+        return all(bool(torch.isfinite(t).all()) for t in tensors)
+
+    def _restore_optimizer(self, saved: dict) -> None:
+        with torch.no_grad():
+            for g in GRADIENT_GROUPS:
+                self._flat[g].copy_(saved["flat"][g])
+                self._optim[g].load_state_dict(saved["optim"][g])
 
     def weights(self, groups: tuple[str, ...] = GROUPS) -> dict[str, np.ndarray]:
         """Copies of the current flat vectors (safe to serialize while the next step runs)."""

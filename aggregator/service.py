@@ -21,8 +21,9 @@ from typing import Any
 import grpc
 import numpy as np
 
-from aggregator.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from aggregator.core import AggregatorCore, GradientError
+from aggregator.dedup import PushDedup
+from fleetrl.checkpoint import CheckpointError, VersionLease, load_checkpoint, save_checkpoint
 from fleetrl.config import AggregatorConfig, RunConfig
 from fleetrl.policy import GROUPS, ModelSpec
 from fleetrl.process import write_ready_file
@@ -38,6 +39,7 @@ GRPC_OPTIONS = [
     ("grpc.max_receive_message_length", 256 * 1024 * 1024),
     ("grpc.max_send_message_length", 256 * 1024 * 1024),
 ]
+EVAL_KINDS = ("curve", "full")  # see EvalReport.kind
 WATCH_HEARTBEAT_SEC = 1.0  # a watcher re-checks its connection at least this often
 
 
@@ -73,58 +75,74 @@ class AggregatorServicer(pb_grpc.AggregatorServicer):
         self.rejected_by_field: Counter[str] = Counter()
         self.subscribers = 0
         self.last_eval = pb.EvalReport()
+        self.last_by_kind: dict[str, pb.EvalReport] = {}  # "curve" and "full": newest of each
         self.metrics: dict[str, float] = {}
+        self.rejected_by_learner: Counter[str] = Counter()
+        self.dedup: PushDedup[pb.GradientAck] = PushDedup()
+        self.lease: VersionLease | None = None
+        if run_dir is not None:
+            self.lease = VersionLease(run_dir / "version_lease", ahead=config.checkpoint_every_versions)
+            self.lease.ensure(core.version)
+        self._checkpointer = _Checkpointer(run_dir, config.keep_checkpoints)
         self._last_checkpoint_version = core.version
 
     # --- gradients -------------------------------------------------------------------
     def PushGradients(self, request: pb.Gradients, context: grpc.ServicerContext) -> pb.GradientAck:
+        learner = f"learner-{request.learner_id}"
+        key = (request.learner_id, request.incarnation, request.seq)
         try:
-            tensors: dict[str, np.ndarray] = {}
-            for i, t in enumerate(request.tensors):
-                if t.name in tensors:
-                    raise WireError(f"tensors[{i}].name", f"duplicate tensor {t.name!r}")
-                tensors[t.name] = from_tensor(t, "tensors")
-            norm = tensors.pop("norm_stats", None)
-            if norm is None:
-                raise GradientError("tensors", "missing norm_stats")
+            tensors = _decode_gradients(request)
+            norm = tensors.pop("norm_stats")
             with self._changed:
-                result = self.core.submit(request.base_version, tensors, norm)
-                if result.stale:
-                    self.counts["stale"] += 1
-                else:
-                    self.counts["applied"] += 1
+                earlier = self.dedup.answer(key)
+                if earlier is not None:  # a retry of a push already handled: the same answer, nothing applied
+                    self.counts["duplicate"] += 1
+                    return pb.GradientAck(
+                        applied=earlier.applied, version=earlier.version, reason=earlier.reason, duplicate=True
+                    )
+                result = self.core.submit(request.base_version, tensors, norm, learner, request.batch_size)
+                self.counts["applied" if result.applied else "stale" if result.stale else "refused"] += 1
+                if result.applied:
                     self.metrics = dict(request.metrics)
+                    if self.lease is not None:
+                        self.lease.ensure(self.core.version)  # persisted before anyone can see it
                     self._changed.notify_all()
-                state = self._maybe_checkpoint_state()
+                ack = pb.GradientAck(applied=result.applied, version=result.version, reason=result.reason)
+                self.dedup.record(key, ack)
+                self._maybe_checkpoint()
         except (GradientError, WireError) as err:
-            self.counts["rejected"] += 1
-            self.rejected_by_field[err.field] += 1
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
-        if state is not None:
-            self._write_checkpoint(state)
-        reason = "stale: computed against weights older than max_grad_staleness" if result.stale else ""
-        return pb.GradientAck(applied=not result.stale, version=result.version, reason=reason)
+            with self._lock:
+                self.counts["rejected"] += 1
+                self.rejected_by_field[err.field] += 1
+                self.rejected_by_learner[learner] += 1
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, _cap(str(err)))
+        return ack
 
-    def _maybe_checkpoint_state(self) -> dict[str, Any] | None:
+    def _maybe_checkpoint(self) -> None:
+        """Hand a due checkpoint to the writer thread (call with the lock held): acks never
+        wait on a disk write."""
         due = self.core.version - self._last_checkpoint_version >= self.config.checkpoint_every_versions
-        if self.run_dir is None or not due:
-            return None
-        self._last_checkpoint_version = self.core.version
-        return self.core.state()
-
-    def _write_checkpoint(self, state: dict[str, Any]) -> None:
-        assert self.run_dir is not None
-        path = save_checkpoint(self.run_dir / "checkpoints", state, keep=self.config.keep_checkpoints)
-        log.info("checkpoint version %d -> %s", state["version"], path)
+        if self.run_dir is not None and due:
+            self._last_checkpoint_version = self.core.version
+            self._checkpointer.submit(self.core.state())
 
     def checkpoint_now(self, clean_shutdown: bool = False) -> pathlib.Path | None:
+        """Write a checkpoint of the current state now (after any queued one)."""
         if self.run_dir is None:
             return None
         with self._lock:
             state = self.core.state()
             state["clean_shutdown"] = clean_shutdown
             self._last_checkpoint_version = self.core.version
+        self._checkpointer.flush()
         return save_checkpoint(self.run_dir / "checkpoints", state, keep=self.config.keep_checkpoints)
+
+    def flush_checkpoints(self) -> None:
+        """Wait until every checkpoint handed to the writer thread is on disk."""
+        self._checkpointer.flush()
+
+    def close(self) -> None:
+        self._checkpointer.close()
 
     # --- weights -----------------------------------------------------------------------
     def WatchWeights(self, request: pb.WatchRequest, context: grpc.ServicerContext):
@@ -170,6 +188,12 @@ class AggregatorServicer(pb_grpc.AggregatorServicer):
                 subscribers=self.subscribers,
                 last_eval=self.last_eval,
                 env_steps=self.last_eval.env_steps,
+                last_curve=self.last_by_kind.get("curve"),
+                last_full=self.last_by_kind.get("full"),
+                rejected_by_learner=dict(self.rejected_by_learner),
+                steps_skipped=self.core.steps_skipped,
+                gradients_clipped=self.core.clipped,
+                gradients_duplicate=self.counts["duplicate"],
             )
 
     def ReportEval(self, request: pb.EvalReport, context: grpc.ServicerContext) -> pb.EvalAck:
@@ -179,9 +203,15 @@ class AggregatorServicer(pb_grpc.AggregatorServicer):
         if request.version > self.core.version:
             self.counts["eval_rejected"] += 1
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"version: {request.version} > {self.core.version}")
+        if request.kind not in EVAL_KINDS:
+            self.counts["eval_rejected"] += 1
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"kind: {request.kind[:40]!r} not one of {EVAL_KINDS}")
         with self._lock:
             if request.version >= self.last_eval.version:
                 self.last_eval = request
+            newest = self.last_by_kind.get(request.kind)
+            if newest is None or request.version >= newest.version:
+                self.last_by_kind[request.kind] = request
         if self.run_dir is not None:
             row = {
                 "version": request.version,
@@ -190,6 +220,7 @@ class AggregatorServicer(pb_grpc.AggregatorServicer):
                 "episodes": request.episodes,
                 "env_steps": request.env_steps,
                 "evaluator": request.evaluator,
+                "kind": request.kind,
                 "time": time.time(),
             }
             with open(self.run_dir / "evals.jsonl", "a") as f:
@@ -210,16 +241,7 @@ class AggregatorServer:
     ) -> None:
         self.run_dir = pathlib.Path(run_dir) if run_dir is not None else None
         if self.run_dir is not None:
-            newest = latest_checkpoint(self.run_dir / "checkpoints")
-            if newest is not None:
-                state = load_checkpoint(newest)
-                core.load_state(state)
-                if not state.get("clean_shutdown", False):
-                    # After a crash, up to checkpoint_every_versions - 1 newer versions may have been
-                    # broadcast and lost. Jumping past them keeps versions monotonic for every
-                    # subscriber (a learner never holds weights "ahead" of the aggregator).
-                    core.version += config.checkpoint_every_versions
-                log.info("restored version %d from %s", core.version, newest)
+            _restore(core, self.run_dir / "checkpoints", config)
         self.servicer = AggregatorServicer(core, config, self.run_dir)
         self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=32), options=GRPC_OPTIONS)
         pb_grpc.add_AggregatorServicer_to_server(self.servicer, self._server)
@@ -241,6 +263,92 @@ class AggregatorServer:
     def close(self, grace: float = 1.0) -> None:
         self._server.stop(grace).wait()  # no step can land after the final checkpoint
         self.servicer.checkpoint_now(clean_shutdown=True)
+        self.servicer.close()
+
+
+def _restore(core: AggregatorCore, directory: pathlib.Path, config: AggregatorConfig) -> None:
+    """Load the newest sound checkpoint; after a crash, resume past every version that may
+    have been broadcast (the lease), so no version number ever names two sets of weights."""
+    try:
+        state = load_checkpoint(directory)
+    except FileNotFoundError:
+        return
+    except CheckpointError as err:
+        raise CheckpointError(f"cannot resume from {directory}: {err}") from err
+    core.load_state(state)
+    lease = VersionLease(directory.parent / "version_lease", ahead=config.checkpoint_every_versions)
+    core.version = lease.restart_version(core.version, bool(state.get("clean_shutdown", False)))
+    log.info("restored checkpoint version %d; resuming at version %d", int(state["version"]), core.version)
+
+
+def _decode_gradients(request: pb.Gradients) -> dict[str, np.ndarray]:
+    if request.incarnation == 0:
+        raise GradientError("incarnation", "0: every learner process start draws a new nonzero incarnation")
+    if request.seq == 0:
+        raise GradientError("seq", "0: a learner's pushes are numbered from 1")
+    if request.batch_size == 0:
+        raise GradientError("batch_size", "0: a gradient comes from at least one transition")
+    tensors: dict[str, np.ndarray] = {}
+    for i, t in enumerate(request.tensors):
+        if t.name in tensors:
+            raise WireError(f"tensors[{i}].name", f"duplicate tensor {_cap(t.name)!r}")
+        tensors[t.name] = from_tensor(t, "tensors")
+    if "norm_stats" not in tensors:
+        raise GradientError("tensors", "missing norm_stats")
+    return tensors
+
+
+def _cap(text: str, limit: int = 512) -> str:
+    """Error details stay far below gRPC's metadata limit whatever a client sent."""
+    return text if len(text) <= limit else text[: limit - 20] + f"... ({len(text)} chars)"
+
+
+class _Checkpointer:
+    """One background thread writes checkpoints; the newest queued state wins."""
+
+    def __init__(self, run_dir: pathlib.Path | None, keep: int) -> None:
+        self.directory = None if run_dir is None else run_dir / "checkpoints"
+        self.keep = keep
+        self._cond = threading.Condition()
+        self._state: dict[str, Any] | None = None
+        self._busy = False
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="checkpointer", daemon=True)
+        self._thread.start()
+
+    def submit(self, state: dict[str, Any]) -> None:
+        with self._cond:
+            self._state = state
+            self._cond.notify_all()
+
+    def flush(self, timeout: float = 60.0) -> None:
+        with self._cond:
+            self._cond.wait_for(lambda: self._state is None and not self._busy, timeout)
+
+    def close(self) -> None:
+        self.flush()
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        self._thread.join(timeout=10.0)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._state is not None or self._closed)
+                if self._state is None:
+                    return
+                state, self._state, self._busy = self._state, None, True
+            try:
+                if self.directory is not None:
+                    path = save_checkpoint(self.directory, state, keep=self.keep)
+                    log.info("checkpoint version %d -> %s", state["version"], path)
+            except OSError as err:  # a full disk must not kill training: the next one retries
+                log.error("checkpoint version %d not written: %s", state["version"], err)
+            finally:
+                with self._cond:
+                    self._busy = False
+                    self._cond.notify_all()
 
 
 def run_aggregator(

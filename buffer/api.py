@@ -9,11 +9,14 @@ batches out (learners). Implementations: `buffer.storage.TemporalStorage` writes
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
 from fleetrl.wire import Transitions
+
+if TYPE_CHECKING:
+    from buffer.storage import PushKey, WriteResult
 
 
 @dataclass(frozen=True)
@@ -34,18 +37,20 @@ class SampledBatch:
 
 
 class TransitionWriter(Protocol):
-    """Appends batches of one task's transitions to the replay buffer.
+    """Appends batches of one task's transitions to the replay buffer, once per push key.
 
     writer = TemporalStorage(redis_client, run_id, schema, config)
     while collecting:
         transitions = collect_batch()
-        head = writer.write(transitions, task_id=task_id, policy_version=version)
-        # The rows now hold positions [head - len(transitions), head) and are in Redis.
+        result = writer.write(transitions, task_id=task_id, policy_version=version, key=key)
+        # The rows are in Redis, below result.committed (readers see them); a retry with the
+        # same key stores nothing and says result.duplicate.
     """
 
-    def write(self, transitions: Transitions, *, task_id: int, policy_version: int) -> int:
-        """Store the rows, tagged with the task and the weight version that acted; returns the
-        new head (transitions ever stored in the run)."""
+    def write(
+        self, transitions: Transitions, *, task_id: int, policy_version: int, key: PushKey | None = None
+    ) -> WriteResult:
+        """Store the rows, tagged with the task and the weight version that acted."""
         ...
 
 

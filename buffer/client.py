@@ -16,8 +16,8 @@ Sampler side (pushes over gRPC to an ingest service):
 from __future__ import annotations
 
 import random
+import secrets
 import time
-from dataclasses import dataclass, field
 from typing import cast
 
 import grpc
@@ -26,7 +26,7 @@ from redis.cluster import RedisCluster
 
 from buffer.api import SampledBatch
 from buffer.layout import RecordLayout
-from buffer.storage import Snapshot, TemporalStorage
+from buffer.storage import TemporalStorage
 from fleetrl.config import BufferConfig
 from fleetrl.proto import fleetrl_pb2 as pb
 from fleetrl.proto import fleetrl_pb2_grpc as pb_grpc
@@ -37,30 +37,19 @@ GRPC_OPTIONS = [
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
 ]
-# A fully reserved window whose unwritten slots stay unwritten this long is taken as final:
-# the ingest server that reserved them died before writing. Until then it is re-read.
-GAP_GIVE_UP_SEC = 10.0
 
 
 class EmptyBufferError(RuntimeError):
     """sample() was called while the buffer holds no valid transition."""
 
 
-@dataclass
-class _CachedWindow:
-    records: np.ndarray  # one window's records; slots not read yet are zero (valid == 0)
-    valid_prefix: int = 0  # records[:valid_prefix] are all valid; reading resumes here
-    valid_idx: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # valid slots
-    gap_since: float | None = None  # when a fully reserved window was first seen with gaps
-
-
 class ReplaySampler:
     """Uniform random batches from the live windows of one run (implements BatchSource).
 
-    Keeps a local copy of every live window: a window is read once when complete and then
-    only dropped on eviction; the newest, still growing window is read incrementally with
-    GETRANGE from the end of its valid prefix. Reserved slots whose write is still in flight
-    read as zeros and are skipped until a later refresh finds them written.
+    Keeps a local copy of every committed, live record in one ring array indexed by position
+    (position % ring size), so sampling is a vectorized draw with no per-window loop. Only
+    positions below the committed head are read, each once: they are final (written, or
+    skipped as stalled and then marked invalid), so nothing is ever re-read.
     """
 
     def __init__(
@@ -77,39 +66,68 @@ class ReplaySampler:
         self._storage = TemporalStorage(client, run_id, schema, config)
         self.refresh_interval_sec = refresh_interval_sec
         self._rng = np.random.default_rng(seed)
-        self._windows: dict[int, _CachedWindow] = {}
-        self._snapshot = Snapshot(0, 0)
+        # Whole windows, enough for every live one plus the one being filled.
+        windows = -(-config.capacity_transitions // config.window_size_transitions) + 2
+        self._ring = np.zeros(windows * config.window_size_transitions, dtype=self.layout.dtype)
+        self._read_upto = 0  # positions below this are in the ring (or evicted)
+        self._low = 0  # oldest live position
+        self._valid_count = 0
         self._last_refresh = -float("inf")
-        self._index: tuple[list[int], np.ndarray] = ([], np.zeros(0, np.int64))
 
     def size(self) -> int:
         """Valid transitions in the local cache (what sample() draws from)."""
-        return int(self._index[1][-1]) if len(self._index[1]) else 0
+        return self._valid_count
 
     def refresh(self) -> bool:
-        """Read the head and fetch new records; True if the cache changed.
-
-        Costs one round trip when nothing changed, two otherwise (one pipelined read of every
-        window with new records).
-        """
+        """Read the committed head and fetch the records committed since; True if the cache
+        changed. One round trip when nothing changed, two otherwise."""
         self._last_refresh = time.monotonic()
         snapshot = self._storage.snapshot()
-        changed = self._evict(snapshot.oldest_window)
-        self._snapshot = snapshot
-        reads = self._pending_reads(snapshot)
-        if reads:
-            pipe = self.client.pipeline(transaction=False)
-            for window, start, stop in reads:
-                key = self.layout.window_key(window)
-                if start == 0 and stop == self.layout.window_size:
-                    pipe.get(key)
-                else:
-                    pipe.getrange(key, start * self.layout.record_bytes, stop * self.layout.record_bytes - 1)
-            for (window, start, _), data in zip(reads, pipe.execute(), strict=True):
-                changed |= self._merge(window, start, data or b"")
+        if snapshot.committed == self._read_upto:
+            snapshot = snapshot._replace(committed=self._storage.advance())  # past a stalled writer
+        low = snapshot.oldest_window * self.layout.window_size
+        changed = low > self._low
         if changed:
-            self._rebuild_index()
+            self._drop_below(low)
+        start = max(self._read_upto, low)
+        if snapshot.committed > start:
+            self._read(start, snapshot.committed, snapshot.skipped)
+            changed = True
+        self._read_upto = max(self._read_upto, snapshot.committed)
         return changed
+
+    def _read(self, start: int, stop: int, skipped: tuple[tuple[int, int], ...]) -> None:
+        pipe = self.client.pipeline(transaction=False)
+        segments = list(self.layout.segments(start, stop - start))
+        size = self.layout.record_bytes
+        for seg in segments:
+            first = seg.first_slot * size
+            pipe.getrange(self.layout.window_key(seg.window), first, first + (seg.stop - seg.start) * size - 1)
+        for seg, data in zip(segments, pipe.execute(), strict=True):
+            records = self.layout.decode(data or b"")
+            position = start + seg.start
+            count = seg.stop - seg.start
+            chunk = np.zeros(count, dtype=self.layout.dtype)  # missing bytes read as invalid
+            chunk[: len(records)] = records[:count]
+            for s_start, s_count in skipped:  # a skipped range is invalid whatever was written late
+                lo, hi = max(s_start, position), min(s_start + s_count, position + count)
+                if lo < hi:
+                    chunk["valid"][lo - position : hi - position] = 0
+            idx = self._slots(position, count)
+            self._valid_count -= int(np.count_nonzero(self._ring["valid"][idx]))
+            self._ring[idx] = chunk
+            self._valid_count += int(np.count_nonzero(chunk["valid"]))
+
+    def _slots(self, position: int, count: int) -> np.ndarray:
+        return (position + np.arange(count)) % len(self._ring)
+
+    def _drop_below(self, low: int) -> None:
+        start = max(self._low, low - len(self._ring))
+        if low > start:
+            idx = self._slots(start, low - start)
+            self._valid_count -= int(np.count_nonzero(self._ring["valid"][idx]))
+            self._ring["valid"][idx] = 0
+        self._low = low
 
     def wait_for(self, min_transitions: int, timeout_sec: float) -> int:
         """Refresh until at least `min_transitions` are cached; returns size() or raises TimeoutError."""
@@ -134,68 +152,23 @@ class ReplaySampler:
             raise ValueError(f"batch_size ({batch_size}) must be >= 1")
         if time.monotonic() - self._last_refresh >= self.refresh_interval_sec:
             self.refresh()
-        windows, cumulative = self._index
         if self.size() == 0:
             raise EmptyBufferError(
                 f"replay buffer of run {self.layout.run_id!r} holds no valid transition yet; "
                 "call wait_for(min_transitions, timeout_sec) before sampling"
             )
-        draws = self._rng.integers(0, self.size(), size=batch_size)
-        which = np.searchsorted(cumulative, draws, side="right")
-        records = np.empty(batch_size, dtype=self.layout.dtype)
-        for i in np.unique(which):
-            rows = which == i
-            cached = self._windows[windows[i]]
-            first = cumulative[i - 1] if i > 0 else 0
-            records[rows] = cached.records[cached.valid_idx[draws[rows] - first]]
+        low, high = max(self._low, self._read_upto - len(self._ring)), self._read_upto
+        # Rejection sampling: draw positions, redraw the few that are invalid (skipped or unwritten).
+        slots = np.empty(0, np.int64)
+        while len(slots) < batch_size:
+            draws = self._rng.integers(low, high, size=2 * (batch_size - len(slots)) + 8) % len(self._ring)
+            slots = np.concatenate([slots, draws[self._ring["valid"][draws] != 0]])
+        records = self._ring[slots[:batch_size]]
         return SampledBatch(
             transitions=self.layout.transitions(records),
             policy_version=records["policy_version"].astype(np.int64),
             task_id=records["task_id"].astype(np.int64),
         )
-
-    def _evict(self, oldest_window: int) -> bool:
-        dead = [w for w in self._windows if w < oldest_window]
-        for window in dead:
-            del self._windows[window]
-        return bool(dead)
-
-    def _pending_reads(self, snapshot: Snapshot) -> list[tuple[int, int, int]]:
-        """(window, first slot, stop slot) of every live window with slots not yet read valid."""
-        reads = []
-        now = time.monotonic()
-        for window in range(snapshot.oldest_window, self.layout.windows_below(snapshot.head)):
-            reserved = self.layout.reserved_in(window, snapshot.head)
-            cached = self._windows.get(window)
-            start = cached.valid_prefix if cached else 0
-            if start >= reserved:
-                continue
-            if cached and cached.gap_since is not None and now - cached.gap_since > GAP_GIVE_UP_SEC:
-                continue
-            reads.append((window, start, reserved))
-        return reads
-
-    def _merge(self, window: int, start: int, data: bytes) -> bool:
-        cached = self._windows.get(window)
-        if cached is None:
-            records = np.zeros(self.layout.window_size, dtype=self.layout.dtype)
-            cached = self._windows[window] = _CachedWindow(records)
-        new = self.layout.decode(data)
-        if not len(new):
-            return False
-        cached.records[start : start + len(new)] = new
-        invalid = np.flatnonzero(new["valid"] == 0)
-        cached.valid_prefix = start + (int(invalid[0]) if len(invalid) else len(new))
-        cached.valid_idx = np.flatnonzero(cached.records["valid"])
-        fully_reserved = self.layout.reserved_in(window, self._snapshot.head) == self.layout.window_size
-        if cached.valid_prefix < self.layout.window_size and fully_reserved and cached.gap_since is None:
-            cached.gap_since = time.monotonic()
-        return True
-
-    def _rebuild_index(self) -> None:
-        windows = sorted(w for w, c in self._windows.items() if len(c.valid_idx))
-        counts = [len(self._windows[w].valid_idx) for w in windows]
-        self._index = (windows, np.cumsum(np.asarray(counts, dtype=np.int64)))
 
 
 class PushRejected(ValueError):
@@ -215,8 +188,8 @@ class IngestClient:
     """A sampler's connection to one ingest service: at-least-once pushes.
 
     push() retries UNAVAILABLE, DEADLINE_EXCEEDED and RESOURCE_EXHAUSTED with capped
-    exponential backoff until acked; the service dedups on (sampler_id, seq), so a retry of a
-    batch that was in fact stored is answered `duplicate=True`. INVALID_ARGUMENT raises
+    exponential backoff until acked; the service stores each (sampler_id, incarnation, seq)
+    once, so a retry of a batch that was in fact stored is answered `duplicate=True`. INVALID_ARGUMENT raises
     PushRejected at once; any other status propagates as grpc.RpcError.
     """
 
@@ -238,6 +211,8 @@ class IngestClient:
         self._channel = grpc.insecure_channel(address, options=GRPC_OPTIONS)
         self._stub = pb_grpc.ReplayIngestStub(self._channel)
         self._jitter = random.Random(sampler_id)
+        # New for every client, i.e. every sampler process start: with seq, the idempotency key.
+        self.incarnation = secrets.randbits(63) or 1
 
     def __enter__(self) -> IngestClient:
         return self
@@ -256,11 +231,15 @@ class IngestClient:
         policy_version: int,
         task_id: int,
         env_steps: int,
+        episodes: int = 0,
+        successes: int = 0,
         max_retry_sec: float | None = None,
     ) -> pb.PushAck:
         """Push one batch until acked (an ack means it is in Redis); returns the PushAck.
 
         `seq` must grow by one per new batch of this sampler and stay the same on a re-push.
+        `episodes` and `successes` count the training episodes that ended in this batch (the
+        buffer's Stats report training success over the last 100 episodes from them).
         With `max_retry_sec`, gives up with IngestUnavailable after that long; by default it
         retries forever (the launcher's watchdog owns giving up on a dead service).
         """
@@ -272,6 +251,9 @@ class IngestClient:
             policy_version=policy_version,
             task_id=task_id,
             env_steps=env_steps,
+            episodes=episodes,
+            successes=successes,
+            incarnation=self.incarnation,
         )
         if batch.ByteSize() > MAX_MESSAGE_BYTES:
             # gRPC would refuse it with RESOURCE_EXHAUSTED, which is retried: fail here instead.

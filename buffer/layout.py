@@ -73,6 +73,30 @@ class RecordLayout:
     def oldest_key(self) -> str:
         return f"{self.prefix}:{{{self.run_id}}}:oldest"
 
+    @property
+    def committed_key(self) -> str:
+        """Positions below this are final: readers never look past it."""
+        return f"{self.prefix}:{{{self.run_id}}}:committed"
+
+    @property
+    def pending_key(self) -> str:
+        """Sorted set of reservations not yet committed ("start:n:reserved_ms:done")."""
+        return f"{self.prefix}:{{{self.run_id}}}:pending"
+
+    @property
+    def skipped_key(self) -> str:
+        """Sorted set of reservations skipped as stalled ("start:n"): invalid for readers."""
+        return f"{self.prefix}:{{{self.run_id}}}:skipped"
+
+    @property
+    def evict_key(self) -> str:
+        """Set of evicted windows whose keys are still to be UNLINKed."""
+        return f"{self.prefix}:{{{self.run_id}}}:evict"
+
+    def dedup_key(self, sampler_id: int, incarnation: int) -> str:
+        """The dedup record of one sampler process: its newest seq, where it went, its state."""
+        return f"{self.prefix}:{{{self.run_id}}}:dedup:{sampler_id}:{incarnation}"
+
     def window_key(self, window: int, stripe: int | None = None) -> str:
         """Key of a window's records; `stripe` is the seam for striping a window over sub-shards."""
         tag = f"{self.run_id}:w{window}" if stripe is None else f"{self.run_id}:w{window}.s{stripe}"

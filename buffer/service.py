@@ -13,6 +13,7 @@ import os
 import re
 import signal
 import threading
+from collections import deque
 from collections.abc import Callable
 from concurrent import futures
 from dataclasses import dataclass, field
@@ -21,9 +22,8 @@ import grpc
 from redis.exceptions import RedisError, SlotNotCoveredError
 
 from buffer.client import GRPC_OPTIONS
-from buffer.dedup import SeqDedup
 from buffer.layout import MAX_UINT32
-from buffer.storage import TemporalStorage
+from buffer.storage import PushKey, TemporalStorage
 from fleetrl.config import BufferConfig
 from fleetrl.local_cluster import connect
 from fleetrl.proto import fleetrl_pb2 as pb
@@ -32,6 +32,7 @@ from fleetrl.wire import Transitions, TransitionSchema, WireError, batch_from_pr
 
 # Redis failures worth a retry: the push is answered UNAVAILABLE and the sampler retries.
 REDIS_FAILURES = (RedisError, SlotNotCoveredError)
+TRAIN_SUCCESS_EPISODES = 100  # the training-success curve is a moving rate over this many episodes
 
 
 def validate_batch(
@@ -44,7 +45,11 @@ def validate_batch(
 ) -> Transitions:
     """The batch's columns, or WireError naming the first field that breaks the contract."""
     if batch.run_id != run_id:
-        raise WireError("run_id", f"{batch.run_id!r}, but this service stores run {run_id!r}")
+        raise WireError("run_id", f"{_cap(batch.run_id)!r}, but this service stores run {run_id!r}")
+    if batch.incarnation == 0:
+        raise WireError("incarnation", "0: every sampler process start draws a new nonzero incarnation")
+    if batch.seq == 0:
+        raise WireError("seq", "0: a sampler incarnation numbers its batches from 1")
     if batch.task_id != task_id:
         raise WireError("task_id", f"{batch.task_id}, but this service stores task {task_id} only")
     n = batch.num_transitions
@@ -52,7 +57,16 @@ def validate_batch(
         raise WireError("num_transitions", f"{n} is outside [1, max_batch_transitions={max_batch_transitions}]")
     if batch.policy_version > MAX_UINT32:
         raise WireError("policy_version", f"{batch.policy_version} exceeds {MAX_UINT32} (stored as uint32)")
+    if batch.episodes > n:
+        raise WireError("episodes", f"{batch.episodes} episodes cannot end in {n} transitions")
+    if batch.successes > batch.episodes:
+        raise WireError("successes", f"{batch.successes} exceeds episodes ({batch.episodes})")
     return batch_from_proto(batch, schema)
+
+
+def _cap(text: str, limit: int = 200) -> str:
+    """What an error echoes of a client's value stays far below gRPC's metadata limit."""
+    return text if len(text) <= limit else text[: limit - 20] + f"... ({len(text)} chars)"
 
 
 def rejection_reason(field_name: str) -> str:
@@ -70,6 +84,8 @@ class IngestCounters:
     batches: int = 0
     duplicates: int = 0
     rejected_by_reason: dict[str, int] = field(default_factory=dict)
+    episodes: int = 0
+    train_success: float = 0.0  # over the last TRAIN_SUCCESS_EPISODES episodes
 
     @property
     def rejected(self) -> int:
@@ -77,11 +93,11 @@ class IngestCounters:
 
 
 class ReplayIngestServicer(pb_grpc.ReplayIngestServicer):
-    """Push: validate, dedup on (sampler_id, seq), write, ack. Stats: counters and windows.
+    """Push: validate, store once per (sampler_id, incarnation, seq), ack. Stats: counters and windows.
 
     A bad batch is answered INVALID_ARGUMENT with "field: what is wrong", counted per reason,
     and nothing stored is touched. A Redis failure is answered UNAVAILABLE (the sampler
-    retries; the batch was not acked). Dedup is in memory: see buffer.dedup for its limits.
+    retries; the batch was not acked). Dedup is in Redis, exactly once: see buffer.storage.
     """
 
     def __init__(
@@ -98,16 +114,19 @@ class ReplayIngestServicer(pb_grpc.ReplayIngestServicer):
         self.schema = schema
         self.run_id = run_id
         self.config = config
-        self.dedup = SeqDedup()
         self._counters = IngestCounters()
+        self._outcomes: deque[bool] = deque(maxlen=TRAIN_SUCCESS_EPISODES)  # newest training episodes
         self._lock = threading.Lock()
-        self._sampler_locks: dict[int, threading.Lock] = {}
 
     def counters(self) -> IngestCounters:
         """A copy of the counters."""
         with self._lock:
             c = self._counters
-            return IngestCounters(c.head, c.env_steps, c.batches, c.duplicates, dict(c.rejected_by_reason))
+            recent = self._outcomes
+            success = sum(recent) / len(recent) if recent else 0.0
+            return IngestCounters(
+                c.head, c.env_steps, c.batches, c.duplicates, dict(c.rejected_by_reason), c.episodes, success
+            )
 
     def Push(self, request: pb.TransitionBatch, context: grpc.ServicerContext) -> pb.PushAck:
         try:
@@ -123,29 +142,34 @@ class ReplayIngestServicer(pb_grpc.ReplayIngestServicer):
                 reasons = self._counters.rejected_by_reason
                 reason = rejection_reason(e.field)
                 reasons[reason] = reasons.get(reason, 0) + 1
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
-        # One push per sampler at a time: a retry that arrives while its first attempt is
-        # still writing must wait for it, or both would be stored.
-        with self._sampler_lock(request.sampler_id):
-            if self.dedup.seen(request.sampler_id, request.seq):
-                with self._lock:
-                    self._counters.duplicates += 1
-                    head = self._counters.head
-                return pb.PushAck(seq=request.seq, stored=0, duplicate=True, head=head)
-            try:
-                head = self.storage.write(transitions, task_id=request.task_id, policy_version=request.policy_version)
-            except REDIS_FAILURES as e:
-                context.abort(grpc.StatusCode.UNAVAILABLE, f"redis write failed, batch not stored: {e}")
-            self.dedup.mark(request.sampler_id, request.seq)
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, _cap(str(e), 1000))
+        # Exactly once: the dedup record lives in Redis, written by the script that reserves the
+        # positions (see buffer/storage.py), so it holds across ingest restarts and services.
+        key = PushKey(request.sampler_id, request.incarnation, request.seq)
+        try:
+            result = self.storage.write(
+                transitions, task_id=request.task_id, policy_version=request.policy_version, key=key
+            )
+        except REDIS_FAILURES as e:
+            context.abort(grpc.StatusCode.UNAVAILABLE, f"redis write failed, batch not acked: {_cap(str(e))}")
+        head = result.committed
+        if result.duplicate:
+            with self._lock:
+                self._counters.duplicates += 1
+                self._counters.head = max(self._counters.head, head)
+            return pb.PushAck(seq=request.seq, stored=0, duplicate=True, head=head)
         with self._lock:
             self._counters.head = max(self._counters.head, head)
             self._counters.env_steps += request.env_steps
             self._counters.batches += 1
-        return pb.PushAck(seq=request.seq, stored=len(transitions), duplicate=False, head=head)
+            self._counters.episodes += request.episodes
+            failures = request.episodes - request.successes
+            self._outcomes.extend([True] * request.successes + [False] * failures)
+        return pb.PushAck(seq=request.seq, stored=result.stored, duplicate=False, head=head)
 
     def Stats(self, request: pb.BufferStatsRequest, context: grpc.ServicerContext) -> pb.BufferStats:
         try:
-            head, oldest = self.storage.snapshot()
+            head, oldest, _ = self.storage.snapshot()
         except REDIS_FAILURES as e:
             context.abort(grpc.StatusCode.UNAVAILABLE, f"redis read failed: {e}")
         c = self.counters()
@@ -157,11 +181,9 @@ class ReplayIngestServicer(pb_grpc.ReplayIngestServicer):
             duplicates=c.duplicates,
             oldest_window=oldest,
             newest_window=max(0, self.storage.layout.windows_below(head) - 1),
+            episodes=c.episodes,
+            train_success=c.train_success,
         )
-
-    def _sampler_lock(self, sampler_id: int) -> threading.Lock:
-        with self._lock:
-            return self._sampler_locks.setdefault(sampler_id, threading.Lock())
 
 
 class IngestServer:

@@ -1,21 +1,32 @@
-"""Temporal sharding on Redis Cluster: append transitions to time windows, evict whole windows.
+"""Temporal sharding on Redis Cluster: exactly-once appends to time windows, whole-window eviction.
 
     storage = TemporalStorage(redis_client, "run1", schema, BufferConfig())
-    head = storage.write(transitions, task_id=0, policy_version=12)
-    storage.live_windows()   # range(oldest, newest + 1)
+    result = storage.write(transitions, task_id=0, policy_version=12, key=PushKey(3, incarnation, seq))
+    result.duplicate        # True: this (sampler, incarnation, seq) was stored before; nothing new
+    storage.snapshot()      # Snapshot(committed, oldest_window): readers see [.., committed) only
 
-Each write reserves a position range with one atomic INCRBY on the run's head counter, so
-several ingest servers can write concurrently into deterministic slots: SETRANGE at
-`slot * record_bytes` of the window string. A reserved slot that is not written yet reads
-back as zero bytes, whose `valid` flag (0) tells readers to skip it.
+A write is three steps:
+1. reserve (one Lua script on the run's hash slot): the dedup record of the sampler's
+   incarnation says whether this seq is new, a retry of a write still in flight (same
+   positions again), or stored before. New positions come from an INCRBY on the head; the
+   reservation is recorded as pending. The dedup record is written in the same script, so it
+   survives ingest restarts and holds with several ingest services behind one cluster.
+2. SETRANGE the fixed-size records into their windows (other nodes; a retry rewrites the
+   same bytes at the same positions, so a half-failed write that is retried doubles nothing).
+3. commit (Lua, run slot): mark the reservation written and advance the committed head over
+   every leading reservation that is written. A reservation still unwritten after
+   `stalled_write_timeout_sec` (its writer and sampler both died) is skipped: recorded in the
+   skipped set, which readers treat as invalid for good; a late retry of it is re-reserved.
 
-Skeleton version. Seams for the next issue: `RecordLayout.window_key(window, stripe)` for
-striping a window over sub-shards; exactly-once across ingest restarts; rate limiting;
-recency-weighted sampling.
+Eviction: when the head passes the capacity, whole windows below the horizon are added to an
+evict set and UNLINKed by writers, which remove them from the set only once UNLINK succeeded
+(a failed UNLINK is retried by the next write). A late write into an evicted window puts it
+back into the set.
 """
 
 from __future__ import annotations
 
+import time
 from typing import NamedTuple, cast
 
 import numpy as np
@@ -25,36 +36,130 @@ from buffer.layout import RecordLayout
 from fleetrl.config import BufferConfig
 from fleetrl.wire import Transitions, TransitionSchema
 
-# Reserve `count` positions and advance the oldest-live-window marker in one step, so that
-# exactly one writer claims each range of windows to evict. KEYS: head, oldest.
-# ARGV: count, capacity_transitions, window_size_transitions.
-# Returns {new head, oldest before, oldest after}; the caller UNLINKs [before, after).
+NEW, RETRY, DUPLICATE = 0, 1, 2
+
+# KEYS: head, oldest, dedup, pending, evict, skipped.
+# ARGV: n, capacity, window_size, seq (0 = no idempotency key), dedup_ttl_sec, now_ms.
+# Returns {status, start, oldest, evict...}: status NEW, RETRY (rewrite [start, start + n)) or
+# DUPLICATE (stored before); evict: up to 8 windows waiting to be UNLINKed.
 _RESERVE_LUA = """
-local head = redis.call('INCRBY', KEYS[1], ARGV[1])
-local capacity = tonumber(ARGV[2])
-local window_size = tonumber(ARGV[3])
-local live = 0
-if head > capacity then live = math.floor((head - capacity) / window_size) end
-local before = tonumber(redis.call('GET', KEYS[2]) or '0')
-if live > before then
-  redis.call('SET', KEYS[2], live)
-  return {head, before, live}
+local n, seq = tonumber(ARGV[1]), tonumber(ARGV[4])
+local oldest = tonumber(redis.call('GET', KEYS[2]) or '0')
+local function evictions(status, start)
+  local out = {status, start, oldest}
+  for _, w in ipairs(redis.call('SRANDMEMBER', KEYS[5], 8)) do table.insert(out, tonumber(w)) end
+  return out
 end
-return {head, before, before}
+if seq > 0 then
+  local last = tonumber(redis.call('HGET', KEYS[3], 'seq') or '0')
+  if seq < last then return evictions(2, -1) end
+  if seq == last then
+    local start = tonumber(redis.call('HGET', KEYS[3], 'start'))
+    local state = redis.call('HGET', KEYS[3], 'state')
+    if state == 'done' then return evictions(2, start) end
+    local skipped = #redis.call('ZRANGEBYSCORE', KEYS[6], start, start) > 0
+    if state == 'pending' and not skipped and tonumber(redis.call('HGET', KEYS[3], 'n')) == n then
+      return evictions(1, start)
+    end
+  end
+end
+local head = redis.call('INCRBY', KEYS[1], n)
+local start = head - n
+if seq > 0 then
+  redis.call('HSET', KEYS[3], 'seq', seq, 'start', start, 'n', n, 'state', 'pending')
+  redis.call('EXPIRE', KEYS[3], ARGV[5])
+end
+redis.call('ZADD', KEYS[4], start, start .. ':' .. n .. ':' .. ARGV[6] .. ':0')
+local capacity, window_size = tonumber(ARGV[2]), tonumber(ARGV[3])
+if head > capacity then
+  local live = math.floor((head - capacity) / window_size)
+  if live > oldest then
+    for w = oldest, live - 1 do redis.call('SADD', KEYS[5], w) end
+    redis.call('SET', KEYS[2], live)
+    oldest = live
+  end
+end
+return evictions(0, start)
+"""
+
+# KEYS: committed, pending, dedup, skipped, oldest, evict.
+# ARGV: start (-1: only advance), n, seq, now_ms, stalled_ms, window_size, first_window, last_window.
+# Returns {state, committed, oldest}: state 1 committed now or before, -1 skipped (re-reserve).
+_COMMIT_LUA = """
+local start, n, seq = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local now, stalled, window_size = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
+local state = 1
+if start >= 0 then
+  local mine = redis.call('ZRANGEBYSCORE', KEYS[2], start, start)
+  if #mine == 0 then
+    if #redis.call('ZRANGEBYSCORE', KEYS[4], start, start) > 0 then state = -1 end
+  else
+    redis.call('ZREM', KEYS[2], mine[1])
+    redis.call('ZADD', KEYS[2], start, string.sub(mine[1], 1, -2) .. '1')
+  end
+  if state == 1 and seq > 0 and tonumber(redis.call('HGET', KEYS[3], 'start') or '-1') == start then
+    redis.call('HSET', KEYS[3], 'state', 'done')
+  end
+end
+local committed = tonumber(redis.call('GET', KEYS[1]) or '0')
+while true do
+  local first = redis.call('ZRANGE', KEYS[2], 0, 0)
+  if #first == 0 then break end
+  local s, m, t, done = string.match(first[1], '^(%d+):(%d+):(%d+):(%d)$')
+  s, m, t = tonumber(s), tonumber(m), tonumber(t)
+  if done == '1' then
+    committed = s + m
+  elseif now - t > stalled then
+    redis.call('ZADD', KEYS[4], s, s .. ':' .. m)
+    committed = s + m
+  else
+    break
+  end
+  redis.call('ZREM', KEYS[2], first[1])
+end
+redis.call('SET', KEYS[1], committed)
+local oldest = tonumber(redis.call('GET', KEYS[5]) or '0')
+redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', '(' .. (oldest * window_size - 2 * window_size))
+if start >= 0 and state == 1 then
+  for w = tonumber(ARGV[7]), math.min(tonumber(ARGV[8]), oldest - 1) do redis.call('SADD', KEYS[6], w) end
+end
+return {state, committed, oldest}
+"""
+
+# KEYS: committed, oldest, skipped. Returns {committed, oldest, "start:n"...}: one round trip.
+_SNAPSHOT_LUA = """
+local out = {tonumber(redis.call('GET', KEYS[1]) or '0'), tonumber(redis.call('GET', KEYS[2]) or '0')}
+for _, m in ipairs(redis.call('ZRANGE', KEYS[3], 0, -1)) do table.insert(out, m) end
+return out
 """
 
 
-class Snapshot(NamedTuple):
-    """What a reader needs to know: positions [0, head) were reserved; windows below
-    `oldest_window` are evicted."""
+class PushKey(NamedTuple):
+    """The idempotency key of one push: new incarnation per sampler process start."""
 
-    head: int
+    sampler_id: int
+    incarnation: int
+    seq: int
+
+
+class WriteResult(NamedTuple):
+    committed: int  # the committed head after this write
+    stored: int  # rows this call stored (0 when the batch was stored before)
+    duplicate: bool  # stored before: by an earlier attempt, maybe through another ingest service
+
+
+class Snapshot(NamedTuple):
+    """What a reader needs: positions [0, committed) are final (written, or skipped and listed
+    in `skipped`); windows below `oldest_window` are evicted."""
+
+    committed: int
     oldest_window: int
+    skipped: tuple[tuple[int, int], ...] = ()  # (start, count) ranges to treat as invalid
 
 
 class TemporalStorage:
-    """Writes transitions of one run into time windows on a Redis Cluster (implements
-    buffer.api.TransitionWriter)."""
+    """Writes transitions of one run into time windows on a Redis Cluster, exactly once per
+    PushKey (implements buffer.api.TransitionWriter)."""
 
     def __init__(self, client: RedisCluster, run_id: str, schema: TransitionSchema, config: BufferConfig) -> None:
         if config.capacity_transitions < 2 * config.window_size_transitions:
@@ -65,53 +170,122 @@ class TemporalStorage:
         self.client = client
         self.layout = RecordLayout(run_id, schema, config)
         self.capacity = config.capacity_transitions
+        self.stalled_ms = int(1000 * config.stalled_write_timeout_sec)
+        self.dedup_ttl_sec = config.dedup_ttl_sec
         self._reserve = client.register_script(_RESERVE_LUA)
+        self._commit = client.register_script(_COMMIT_LUA)
+        self._snapshot = client.register_script(_SNAPSHOT_LUA)
 
-    def write(self, transitions: Transitions, *, task_id: int, policy_version: int) -> int:
-        """Store a batch; returns the head after it (its rows hold positions [head - n, head)).
+    def write(
+        self, transitions: Transitions, *, task_id: int, policy_version: int, key: PushKey | None = None
+    ) -> WriteResult:
+        """Store a batch once per `key` (None: no idempotency, every call stores).
 
-        When this returns, the rows are in Redis. Raises ValueError for rows that do not fit
-        the schema and redis.RedisError when Redis fails (nothing is acked then).
+        When this returns, the rows are in Redis and below the committed head. Raises
+        ValueError for rows that do not fit the schema and redis.RedisError when Redis fails
+        (nothing is acked then; a retry with the same key rewrites the same positions).
         """
         records = self.layout.encode(transitions, task_id=task_id, policy_version=policy_version)
         n = len(records)
         if n == 0:
-            return self.head()
-        head, evict_from, oldest = (
-            int(x)
-            for x in self._reserve(
-                keys=[self.layout.head_key, self.layout.oldest_key],
-                args=[n, self.capacity, self.layout.window_size],
-            )
+            return WriteResult(self.snapshot().committed, 0, False)
+        for _ in range(3):  # a reservation skipped as stalled is reserved anew (at most twice)
+            status, start, oldest, evict = self._reserve_positions(n, key)
+            if status == DUPLICATE:
+                self._unlink(evict)
+                return WriteResult(self.snapshot().committed, 0, True)
+            self._write_records(records, start, oldest, evict)
+            state, committed = self._commit_positions(start, n, key)
+            if state == 1:
+                return WriteResult(committed, n, False)
+        raise RuntimeError(f"write of {n} rows was skipped as stalled three times: writes take too long")
+
+    def _reserve_positions(self, n: int, key: PushKey | None) -> tuple[int, int, int, list[int]]:
+        layout = self.layout
+        seq = key.seq if key is not None else 0
+        dedup = layout.dedup_key(key.sampler_id, key.incarnation) if key is not None else layout.dedup_key(0, 0)
+        reply = self._reserve(
+            keys=[layout.head_key, layout.oldest_key, dedup, layout.pending_key, layout.evict_key, layout.skipped_key],
+            args=[n, self.capacity, layout.window_size, seq, self.dedup_ttl_sec, _now_ms()],
         )
+        status, start, oldest, *evict = (int(x) for x in reply)
+        return status, start, oldest, evict
+
+    def _write_records(self, records: np.ndarray, start: int, oldest: int, evict: list[int]) -> None:
         pipe = self.client.pipeline(transaction=False)
-        for segment in self.layout.segments(head - n, n):
+        for segment in self.layout.segments(start, len(records)):
             if segment.window < oldest:
                 continue  # already behind the capacity horizon: storing it would leak a key
-            key = self.layout.window_key(segment.window)
             offset = segment.first_slot * self.layout.record_bytes
-            pipe.setrange(key, offset, records[segment.start : segment.stop].tobytes())
-        for window in range(evict_from, oldest):
+            pipe.setrange(
+                self.layout.window_key(segment.window), offset, records[segment.start : segment.stop].tobytes()
+            )
+        for window in evict:
             pipe.unlink(self.layout.window_key(window))
         pipe.execute()
-        return head
+        if evict:  # only once UNLINK succeeded: a failure leaves them for the next write
+            self.client.srem(self.layout.evict_key, *evict)
+
+    def _commit_positions(self, start: int, n: int, key: PushKey | None) -> tuple[int, int]:
+        layout = self.layout
+        seq = key.seq if key is not None else 0
+        dedup = layout.dedup_key(key.sampler_id, key.incarnation) if key is not None else layout.dedup_key(0, 0)
+        first, last = layout.window_of(max(start, 0)), layout.window_of(max(start + n - 1, 0))
+        state, committed, _ = (
+            int(x)
+            for x in self._commit(
+                keys=[
+                    layout.committed_key,
+                    layout.pending_key,
+                    dedup,
+                    layout.skipped_key,
+                    layout.oldest_key,
+                    layout.evict_key,
+                ],
+                args=[start, n, seq, _now_ms(), self.stalled_ms, layout.window_size, first, last],
+            )
+        )
+        return state, committed
+
+    def _unlink(self, evict: list[int]) -> None:
+        if evict:
+            pipe = self.client.pipeline(transaction=False)
+            for window in evict:
+                pipe.unlink(self.layout.window_key(window))
+            pipe.execute()
+            self.client.srem(self.layout.evict_key, *evict)
+
+    def advance(self) -> int:
+        """Advance the committed head past stalled reservations (readers call this, so a run
+        whose last writer died does not stall); returns the committed head."""
+        return self._commit_positions(-1, 0, None)[1]
 
     def snapshot(self) -> Snapshot:
-        """Head and oldest live window, read together (they share one hash slot)."""
-        head, oldest = self.client.mget([self.layout.head_key, self.layout.oldest_key])
-        return Snapshot(int(head or 0), int(oldest or 0))
+        """Committed head, oldest live window and the skipped ranges, read together (one slot)."""
+        layout = self.layout
+        committed, oldest, *skipped = self._snapshot(keys=[layout.committed_key, layout.oldest_key, layout.skipped_key])
+        ranges = tuple((int(a), int(b)) for a, b in (cast(bytes, m).split(b":") for m in skipped))
+        return Snapshot(int(committed), int(oldest), ranges)
 
     def head(self) -> int:
-        """Transitions ever reserved in this run (written ones, plus any write in flight)."""
-        return self.snapshot().head
+        """Transitions committed in this run (written, or skipped as stalled)."""
+        return self.snapshot().committed
 
     def live_windows(self) -> range:
         """Window indices not evicted, oldest first (empty before the first write)."""
-        head, oldest = self.snapshot()
-        return range(oldest, self.layout.windows_below(head))
+        committed, oldest, _ = self.snapshot()
+        return range(oldest, self.layout.windows_below(committed))
 
     def read_window(self, window: int) -> np.ndarray:
         """All records of a window, unwritten slots included (valid == 0); for tools and tests."""
         # Clients here never set decode_responses, so GET returns bytes; redis types it bytes | str.
         data = cast("bytes | None", self.client.get(self.layout.window_key(window)))
         return self.layout.decode(data or b"")
+
+    def dedup_bytes(self, key: PushKey) -> int:
+        """Memory Redis uses for one incarnation's dedup record (MEMORY USAGE), 0 if none."""
+        return int(self.client.memory_usage(self.layout.dedup_key(key.sampler_id, key.incarnation)) or 0)
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)

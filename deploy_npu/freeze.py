@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from aggregator.checkpoint import load_checkpoint
+from fleetrl.checkpoint import load_checkpoint
 from learner.models import ACTOR_GROUPS, ModelSpec, SquashedGaussianActor, build_actor
 
 
@@ -62,7 +62,7 @@ def _read_state(checkpoint: str | os.PathLike | Mapping[str, Any]) -> tuple[Mapp
     except Exception as exc:  # torch.load raises pickle, zip and EOF errors alike on a bad file
         raise CheckpointError(
             f"cannot read checkpoint {str(path)!r} ({type(exc).__name__}: {exc}); "
-            "expected a file written by aggregator.checkpoint.save_checkpoint"
+            "expected a file written by fleetrl.checkpoint.save_checkpoint"
         ) from exc
     if not isinstance(state, Mapping):
         raise CheckpointError(f"checkpoint {str(path)!r} holds a {type(state).__name__}, expected a dict")

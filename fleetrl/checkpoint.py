@@ -1,37 +1,125 @@
-"""Checkpoints: the aggregator's whole state at one version, one file per version.
+"""Checkpoints: the aggregator's whole state at one version, one file per version, durable.
 
-A checkpoint is a torch-saved dict (see AggregatorCore.state()):
-    version: int, spec: ModelSpec JSON, weights: {group: flat float32 ndarray},
-    optim: {group: Adam state_dict}, norm_totals: ndarray
-Files are written to a temporary name and renamed, so a crash never leaves a torn file.
+    save_checkpoint(dir, core.state(), keep=3)      # write, fsync, rename, fsync the folder
+    state = load_checkpoint(dir)                     # newest sound one; a corrupt newest is skipped
+
+A file is a one-line header then a `torch.save` payload of tensors and plain values only:
+
+    FLEETRL-CKPT 1 sha256=<hex of the payload> bytes=<payload length>\\n<payload>
+
+so a torn or altered file is detected before it is read, and loading never unpickles code
+(`torch.load(weights_only=True)`). The state (see AggregatorCore.state()):
+    version: int, task: str, spec: ModelSpec JSON, weights: {group: float32 tensor},
+    optim: {group: Adam state_dict}, norm_totals: float64 tensor, clean_shutdown: bool
+
+`VersionLease` records the highest version the aggregator may publish before its next
+checkpoint, so a restart after a crash never reuses a version number already broadcast.
 """
 
 from __future__ import annotations
 
+import hashlib
+import io
+import itertools
+import logging
 import os
 import pathlib
 import re
+import threading
 from typing import Any
 
+import numpy as np
 import torch
 
+log = logging.getLogger("fleetrl.checkpoint")
+
 _NAME = re.compile(r"^ckpt_(\d{10})\.pt$")
+_MAGIC = b"FLEETRL-CKPT 1 "
+_HEADER = re.compile(rb"^FLEETRL-CKPT 1 sha256=([0-9a-f]{64}) bytes=(\d+)$")
+_tmp_ids = itertools.count()  # unique temporary names: two writers never share one
+
+
+class CheckpointError(ValueError):
+    """A checkpoint file is torn, altered or not a fleetrl checkpoint; the message names it."""
 
 
 def checkpoint_path(directory: str | os.PathLike, version: int) -> pathlib.Path:
     return pathlib.Path(directory) / f"ckpt_{version:010d}.pt"
 
 
+def _to_tensors(value: Any) -> Any:
+    """numpy arrays -> tensors, recursively: what weights_only loading accepts."""
+    if isinstance(value, np.ndarray):
+        return torch.from_numpy(np.ascontiguousarray(value))
+    if isinstance(value, dict):
+        return {k: _to_tensors(v) for k, v in value.items()}
+    return value
+
+
+def _to_numpy(value: Any, depth: int = 0) -> Any:
+    """The inverse for the top-level weights and norm totals (optimizer state stays torch)."""
+    if isinstance(value, torch.Tensor):
+        return value.numpy()
+    if isinstance(value, dict) and depth == 0:
+        return {k: _to_numpy(v, 1) for k, v in value.items()}
+    return value
+
+
+def encode_checkpoint(state: dict[str, Any]) -> bytes:
+    buffer = io.BytesIO()
+    torch.save(_to_tensors(state), buffer)
+    payload = buffer.getvalue()
+    header = _MAGIC + f"sha256={hashlib.sha256(payload).hexdigest()} bytes={len(payload)}\n".encode()
+    return header + payload
+
+
+def decode_checkpoint(data: bytes, name: str = "checkpoint") -> dict[str, Any]:
+    header, sep, payload = data.partition(b"\n")
+    match = _HEADER.match(header)
+    if not sep or match is None:
+        raise CheckpointError(f"{name}: not a fleetrl checkpoint (bad header)")
+    digest, size = match.group(1).decode(), int(match.group(2))
+    if len(payload) != size:
+        raise CheckpointError(f"{name}: {len(payload)} payload bytes, header says {size} (torn write?)")
+    if hashlib.sha256(payload).hexdigest() != digest:
+        raise CheckpointError(f"{name}: checksum mismatch (corrupt or altered)")
+    state = torch.load(io.BytesIO(payload), map_location="cpu", weights_only=True)
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{name}: payload is not a state dict")
+    state["weights"] = _to_numpy(state.get("weights", {}))
+    if isinstance(state.get("norm_totals"), torch.Tensor):
+        state["norm_totals"] = state["norm_totals"].numpy()
+    return state
+
+
+def _write_durably(path: pathlib.Path, data: bytes) -> None:
+    """Write to a unique temporary file, fsync it, rename it into place, fsync the folder."""
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}.{next(_tmp_ids)}")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    folder = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(folder)  # the rename itself survives a power cut only once the folder is synced
+    finally:
+        os.close(folder)
+
+
+_save_lock = threading.Lock()  # the periodic and the exit checkpoint never interleave
+
+
 def save_checkpoint(directory: str | os.PathLike, state: dict[str, Any], keep: int) -> pathlib.Path:
-    """Atomically write `state` as the checkpoint of its version; keep only the newest `keep`."""
+    """Durably write `state` as the checkpoint of its version; keep only the newest `keep`."""
     directory = pathlib.Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     path = checkpoint_path(directory, int(state["version"]))
-    tmp = path.with_suffix(".tmp")
-    torch.save(state, tmp)
-    os.replace(tmp, path)
-    for old in list_checkpoints(directory)[:-keep]:
-        old.unlink(missing_ok=True)
+    data = encode_checkpoint(state)
+    with _save_lock:
+        _write_durably(path, data)
+        for old in list_checkpoints(directory)[:-keep]:
+            old.unlink(missing_ok=True)
     return path
 
 
@@ -49,12 +137,55 @@ def latest_checkpoint(directory: str | os.PathLike) -> pathlib.Path | None:
 
 
 def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
-    """Load a checkpoint file; a directory means its newest checkpoint."""
+    """Load a checkpoint file; a directory means its newest sound checkpoint (a corrupt newer
+    one is skipped with a warning). Raises CheckpointError or FileNotFoundError."""
     path = pathlib.Path(path)
-    if path.is_dir():
-        newest = latest_checkpoint(path)
-        if newest is None:
-            raise FileNotFoundError(f"no checkpoint (ckpt_<version>.pt) in {path}")
-        path = newest
-    # weights_only=False: the file holds numpy arrays and optimizer state we wrote ourselves.
-    return torch.load(path, map_location="cpu", weights_only=False)
+    if not path.is_dir():
+        return decode_checkpoint(path.read_bytes(), str(path))
+    found = list_checkpoints(path)
+    if not found:
+        raise FileNotFoundError(f"no checkpoint (ckpt_<version>.pt) in {path}")
+    for candidate in reversed(found):
+        try:
+            return decode_checkpoint(candidate.read_bytes(), str(candidate))
+        except (CheckpointError, OSError, RuntimeError) as err:
+            log.warning("skipping checkpoint %s: %s", candidate, err)
+    raise CheckpointError(f"no sound checkpoint in {path}: all {len(found)} are corrupt (see warnings)")
+
+
+class VersionLease:
+    """The highest version the aggregator may publish, persisted before it is used.
+
+        lease = VersionLease(run_dir / "version_lease", ahead=500)
+        lease.ensure(version)        # before broadcasting `version`: extends (fsync) when needed
+        resume_at = lease.restart_version(checkpoint_version)
+
+    After a crash, the weights restored from the newest checkpoint get a version past every
+    number that may have been broadcast, so no version number ever names two sets of weights.
+    """
+
+    def __init__(self, path: str | os.PathLike, ahead: int) -> None:
+        if ahead < 1:
+            raise ValueError(f"ahead ({ahead}) must be >= 1")
+        self.path = pathlib.Path(path)
+        self.ahead = ahead
+        self.granted = self.read()
+
+    def read(self) -> int:
+        try:
+            return int(self.path.read_text().strip() or 0)
+        except (OSError, ValueError):
+            return 0
+
+    def ensure(self, version: int) -> None:
+        if version <= self.granted:
+            return
+        self.granted = version + self.ahead
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        _write_durably(self.path, f"{self.granted}\n".encode())
+
+    def restart_version(self, checkpoint_version: int, clean_shutdown: bool) -> int:
+        """The version to resume at: the checkpoint's after a clean stop, else past the lease."""
+        if clean_shutdown:
+            return checkpoint_version
+        return max(checkpoint_version, self.granted) + 1

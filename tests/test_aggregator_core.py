@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from aggregator.checkpoint import (
+from fleetrl.checkpoint import (
     checkpoint_path,
     latest_checkpoint,
     list_checkpoints,
@@ -51,11 +51,11 @@ def test_grads_per_step_two_steps_on_the_second_push_with_adam_on_the_mean():
     core = make_core(grads_per_step=2)
     before = core.weights()
     g1, g2 = grads(core, 1), grads(core, 2)
-    first = core.submit(0, g1, stats(0))
+    first = core.submit(0, g1, stats(0), learner="a")
     assert (first.applied, first.stale, first.version) == (True, False, 0)
     for group in GROUPS:
         np.testing.assert_array_equal(core.weights()[group], before[group])
-    second = core.submit(0, g2, stats(1))
+    second = core.submit(0, g2, stats(1), learner="b")
     assert (second.applied, second.stale, second.version) == (True, False, 1)
     after = core.weights()
     for group in GRADIENT_GROUPS:
@@ -91,12 +91,12 @@ def test_push_older_than_max_staleness_is_dropped_and_changes_nothing():
 
 def test_stale_push_does_not_count_towards_a_pending_step():
     core = make_core(grads_per_step=2, max_staleness=0)
-    core.submit(0, grads(core, 0), stats(0))
-    core.submit(0, grads(core, 1), stats(1))
+    core.submit(0, grads(core, 0), stats(0), learner="a")
+    core.submit(0, grads(core, 1), stats(1), learner="b")
     assert core.version == 1
-    assert core.submit(0, grads(core, 2), stats(2)).stale
-    assert core.submit(1, grads(core, 3), stats(3)).version == 1  # one pending, not two
-    assert core.submit(1, grads(core, 4), stats(4)).version == 2
+    assert core.submit(0, grads(core, 2), stats(2), learner="a").stale
+    assert core.submit(1, grads(core, 3), stats(3), learner="a").version == 1  # one pending, not two
+    assert core.submit(1, grads(core, 4), stats(4), learner="b").version == 2
 
 
 def test_base_version_ahead_of_the_aggregator_is_an_error():
@@ -159,24 +159,24 @@ BAD_GRADIENTS = [
         "tensors[norm_stats].data",
         "NaN",
     ),
-    ("negative count", _negative_count, "tensors[norm_stats].data", "negative count"),
+    ("negative count", _negative_count, "tensors[norm_stats].data", "count -1 must be a whole number >= 1"),
 ]
 
 
 @pytest.mark.parametrize("case,mutate,field,message", BAD_GRADIENTS, ids=[r[0] for r in BAD_GRADIENTS])
 def test_bad_gradients_raise_naming_the_field_and_change_nothing(case, mutate, field, message):
     core = make_core(grads_per_step=2)
-    core.submit(0, grads(core, 0), stats(0))  # one pending: a bad push must not complete the step
+    core.submit(0, grads(core, 0), stats(0), learner="a")  # one pending: a bad push must not complete the step
     before = core.weights()
     bad_grads, bad_stats = mutate(grads(core, 1), stats(1))
     with pytest.raises(GradientError) as err:
-        core.submit(0, bad_grads, bad_stats)
+        core.submit(0, bad_grads, bad_stats, learner="b")
     assert err.value.field == field
     assert message in str(err.value)
     assert core.version == 0
     for group in GROUPS:
         np.testing.assert_array_equal(core.weights()[group], before[group])
-    assert core.submit(0, grads(core, 2), stats(2)).version == 1
+    assert core.submit(0, grads(core, 2), stats(2), learner="b").version == 1
 
 
 def test_target_critic_moves_by_tau_toward_the_critic_once_per_version():
@@ -185,9 +185,9 @@ def test_target_critic_moves_by_tau_toward_the_critic_once_per_version():
     np.testing.assert_array_equal(start["critic_target"], start["critic"])
     target = start["critic_target"]
     for version in range(3):
-        core.submit(version, grads(core, 2 * version), stats(0))
+        core.submit(version, grads(core, 2 * version), stats(0), learner="a")
         np.testing.assert_array_equal(core.weights()["critic_target"], target)  # pending: no move
-        core.submit(version, grads(core, 2 * version + 1), stats(0))
+        core.submit(version, grads(core, 2 * version + 1), stats(0), learner="b")
         critic = core.weights()["critic"]
         target = (1 - CONFIG.tau) * target + CONFIG.tau * critic
         np.testing.assert_allclose(core.weights()["critic_target"], target, rtol=1e-5, atol=1e-7)
@@ -202,7 +202,7 @@ def test_obs_norm_is_mean_and_std_of_every_reported_batch():
     rng = np.random.default_rng(0)
     batches = [rng.normal(3.0 * i, 0.5 + i, (20 + i, SPEC.input_dim)) for i in range(4)]
     for i, x in enumerate(batches):
-        core.submit(core.version, grads(core, i), norm_stats(x))
+        core.submit(core.version, grads(core, i), norm_stats(x), learner="ab"[i % 2])
     assert core.version == 2
     everything = np.concatenate(batches)
     norm = core.weights()["obs_norm"]
@@ -294,3 +294,67 @@ def test_checkpoint_listing_orders_by_version_and_ignores_torn_and_foreign_files
 def test_loading_a_directory_without_checkpoints_names_it(tmp_path):
     with pytest.raises(FileNotFoundError, match="no checkpoint"):
         load_checkpoint(tmp_path)
+
+
+def test_a_wild_gradient_is_clipped_and_cannot_poison_adam():
+    core = make_core(config=AggregatorConfig(lr=1e-2, tau=0.25, seed=0, max_grad_norm=10.0))
+    wild = {g: np.full(core.sizes[g], 1e30, np.float32) for g in GRADIENT_GROUPS}
+    assert core.submit(0, wild, stats(0)).version == 1
+    assert core.clipped == 1
+    for g in GROUPS:
+        assert np.all(np.isfinite(core.weights()[g]))
+    # Adam's moments stayed finite: an ordinary gradient still moves the weights.
+    before = core.weights()["critic"]
+    core.submit(1, grads(core, 1), stats(1))
+    assert np.all(np.isfinite(core.weights()["critic"])) and not np.allclose(core.weights()["critic"], before)
+
+
+def test_two_near_float32_max_gradients_do_not_overflow_the_mean():
+    core = make_core(grads_per_step=2)
+    huge = {g: np.full(core.sizes[g], 3e38, np.float32) for g in GRADIENT_GROUPS}
+    core.submit(0, huge, stats(0), learner="a")
+    assert core.submit(0, huge, stats(1), learner="b").version == 1
+    assert all(np.all(np.isfinite(w)) for w in core.weights().values())
+
+
+def test_without_clipping_a_step_that_would_overflow_adam_is_skipped_and_counted():
+    core = make_core(config=AggregatorConfig(lr=1e-2, tau=0.25, seed=0, max_grad_norm=0.0))
+    before = core.weights()
+    huge = {g: np.full(core.sizes[g], 3e38, np.float32) for g in GRADIENT_GROUPS}
+    result = core.submit(0, huge, stats(0))
+    assert (result.applied, core.version, core.steps_skipped) == (True, 0, 1)
+    for g in GROUPS:
+        np.testing.assert_array_equal(core.weights()[g], before[g])
+    assert core.submit(0, grads(core, 1), stats(1)).version == 1  # and the next push steps as usual
+
+
+def test_a_learner_contributes_at_most_one_gradient_per_step():
+    core = make_core(grads_per_step=2)
+    core.submit(0, grads(core, 0), stats(0), learner="fast")
+    second = core.submit(0, grads(core, 1), stats(1), learner="fast")
+    assert (second.applied, second.stale, core.version) == (False, False, 0)
+    assert "already has a gradient pending" in second.reason
+    assert core.submit(0, grads(core, 2), stats(2), learner="slow").version == 1
+
+
+@pytest.mark.parametrize(
+    "case,mutate,message",
+    [
+        ("zero count", lambda s: np.concatenate([[0.0], s[1:]]), "count 0 must be a whole number >= 1"),
+        ("fractional count", lambda s: np.concatenate([[2.5], s[1:]]), "count 2.5 must be a whole number"),
+        ("count over the batch", lambda s: np.concatenate([[17.0], s[1:]]), r"and <= batch_size \(16\)"),
+        ("3e38 sums", lambda s: np.concatenate([s[:1], np.full(len(s) - 1, 3e38)]), "beyond max_input_abs"),
+        (
+            "squares below the sums",
+            lambda s: np.concatenate([s[: 1 + SPEC.input_dim], np.zeros(SPEC.input_dim)]),
+            "inconsistent with the sums",
+        ),
+    ],
+)
+def test_bad_normalizer_statistics_are_refused(case, mutate, message):
+    core = make_core()
+    bad = mutate(stats(0).astype(np.float64)).astype(np.float32)
+    with pytest.raises(GradientError, match=message) as err:
+        core.submit(0, grads(core, 0), bad, batch_size=16)
+    assert err.value.field == "tensors[norm_stats].data"
+    assert core.version == 0 and not core._pending

@@ -13,6 +13,7 @@ import pytest
 from aggregator.client import AggregatorClient, GradientPush
 from aggregator.core import AggregatorCore
 from aggregator.service import GRPC_OPTIONS, AggregatorServer
+from fleetrl.checkpoint import load_checkpoint
 from fleetrl.config import AggregatorConfig
 from fleetrl.policy import GRADIENT_GROUPS, GROUPS, ModelSpec
 from fleetrl.proto import fleetrl_pb2 as pb
@@ -175,7 +176,7 @@ def test_bad_push_is_invalid_argument_and_the_server_keeps_serving(case, mutate,
     core = server.servicer.core
     client.push_gradients(push(core, 0))
     before = core.weights()
-    bad = push(core, 1, seed=1).to_proto()
+    bad = push(core, 1, seed=1).to_proto(incarnation=7, seq=1)
     mutate(bad)
     with pytest.raises(grpc.RpcError) as err:
         stub.PushGradients(bad, timeout=5)
@@ -211,8 +212,10 @@ def test_watch_with_a_negative_interval_is_invalid_argument(stub):
         (pb.EvalReport(version=0, success_rate=-0.1), "success_rate: -0.1 not in [0, 1]"),
         (pb.EvalReport(version=0, success_rate=float("nan")), "success_rate: nan"),
         (pb.EvalReport(version=5, success_rate=0.5), "version: 5 > 0"),
+        (pb.EvalReport(version=0, success_rate=0.5, kind="quick"), "kind: 'quick' not one of ('curve', 'full')"),
+        (pb.EvalReport(version=0, success_rate=0.5), "kind: '' not one of"),
     ],
-    ids=["above 1", "below 0", "NaN", "future version"],
+    ids=["above 1", "below 0", "NaN", "future version", "unknown kind", "no kind"],
 )
 def test_bad_eval_report_is_invalid_argument(report, details, server, client, tmp_path):
     with pytest.raises(grpc.RpcError) as err:
@@ -231,16 +234,26 @@ def test_eval_reports_show_in_stats_and_append_to_evals_jsonl(server, client, tm
         client.push_gradients(push(core, v, seed=v))
     client.report_eval(
         pb.EvalReport(
-            version=2, episodes=20, success_rate=0.75, mean_return=-12.5, env_steps=4000, evaluator="evaluator-0"
+            version=2,
+            episodes=20,
+            success_rate=0.75,
+            mean_return=-12.5,
+            env_steps=4000,
+            evaluator="evaluator-0",
+            kind="curve",
         )
     )
-    client.report_eval(pb.EvalReport(version=1, episodes=20, success_rate=0.5, env_steps=3000))  # older: logged only
+    client.report_eval(pb.EvalReport(version=1, episodes=20, success_rate=0.5, env_steps=3000, kind="curve"))
+    client.report_eval(pb.EvalReport(version=1, episodes=50, success_rate=0.9, env_steps=3000, kind="full"))
     stats = client.stats()
-    assert (stats.last_eval.version, stats.last_eval.success_rate, stats.last_eval.episodes) == (2, 0.75, 20)
-    assert stats.last_eval.evaluator == "evaluator-0"
+    assert (stats.last_curve.version, stats.last_curve.success_rate, stats.last_curve.episodes) == (2, 0.75, 20)
+    assert stats.last_curve.evaluator == "evaluator-0"
+    assert (stats.last_full.version, stats.last_full.success_rate, stats.last_full.episodes) == (1, 0.9, 50)
+    assert stats.last_eval.version == 2  # the newest of any kind; an older curve report is logged only
     assert stats.env_steps == 4000
     rows = [json.loads(line) for line in (tmp_path / "evals.jsonl").read_text().splitlines()]
-    assert [(r["version"], r["success_rate"], r["env_steps"]) for r in rows] == [(2, 0.75, 4000), (1, 0.5, 3000)]
+    got = [(r["version"], r["success_rate"], r["env_steps"], r["kind"]) for r in rows]
+    assert got == [(2, 0.75, 4000, "curve"), (1, 0.5, 3000, "curve"), (1, 0.9, 3000, "full")]
     assert rows[0]["mean_return"] == -12.5 and rows[0]["evaluator"] == "evaluator-0"
 
 
@@ -269,7 +282,71 @@ def test_checkpoints_are_written_every_n_versions_and_pruned(tmp_path):
     with AggregatorServer(core, config, run_dir=tmp_path) as srv, AggregatorClient(srv.address) as agg:
         for v in range(7):
             agg.push_gradients(push(core, v, seed=v))
+        srv.servicer.flush_checkpoints()  # written by a thread: acks never wait on the disk
         names = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
         assert names == ["ckpt_0000000004.pt", "ckpt_0000000006.pt"]
     names = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
     assert names == ["ckpt_0000000006.pt", "ckpt_0000000007.pt"]  # close() checkpoints the last version
+
+
+def test_a_retried_push_is_applied_once_and_answered_as_a_duplicate(server, client, stub):
+    core = server.servicer.core
+    message = push(core, 0).to_proto(incarnation=99, seq=1)
+    first = stub.PushGradients(message, timeout=5)
+    again = stub.PushGradients(message, timeout=5)  # the client timed out and sent it again
+    assert (first.applied, first.version, first.duplicate) == (True, 1, False)
+    assert (again.applied, again.version, again.duplicate) == (True, 1, True)
+    assert core.version == 1
+    stats = client.stats()
+    assert (stats.gradients_applied, stats.gradients_duplicate) == (1, 1)
+    restarted = push(core, 1).to_proto(incarnation=100, seq=1)  # a restarted learner: new incarnation
+    assert stub.PushGradients(restarted, timeout=5).version == 2
+
+
+def test_rejections_are_counted_per_learner(server, client, stub):
+    core = server.servicer.core
+    for learner_id in (3, 3, 5):
+        bad = push(core, 0).to_proto(incarnation=7, seq=learner_id)
+        bad.learner_id = learner_id
+        bad.tensors[0].data = b"\0" * 3
+        with pytest.raises(grpc.RpcError):
+            stub.PushGradients(bad, timeout=5)
+    assert dict(client.stats().rejected_by_learner) == {"learner-3": 2, "learner-5": 1}
+
+
+def _crash(server: AggregatorServer) -> None:
+    """Stop serving without the exit checkpoint, as after SIGKILL."""
+    server._server.stop(0).wait()
+    server.servicer.close()
+
+
+def test_after_a_crash_no_version_number_is_reused(tmp_path):
+    config = AggregatorConfig(lr=1e-2, checkpoint_every_versions=4, keep_checkpoints=2)
+    first = AggregatorServer(AggregatorCore(SPEC, config, 1, 1), config, run_dir=tmp_path)
+    core = first.servicer.core
+    with AggregatorClient(first.address, timeout_sec=5.0) as agg:
+        for v in range(6):  # versions 1..6 published; checkpoint at 4
+            agg.push_gradients(push(core, v, seed=v))
+    published = core.version
+    _crash(first)
+    with AggregatorServer(AggregatorCore(SPEC, config, 1, 1), config, run_dir=tmp_path) as second:
+        assert second.servicer.core.version > published  # the weights of 4 under a version never used
+        with AggregatorClient(second.address, timeout_sec=5.0) as agg, agg.watch("learner-0") as watcher:
+            assert watcher.wait_newer_than(-1, timeout=10).version == second.servicer.core.version
+
+
+def test_a_corrupt_newest_checkpoint_is_skipped_for_the_one_before(tmp_path):
+    config = AggregatorConfig(lr=1e-2, checkpoint_every_versions=2, keep_checkpoints=3)
+    with AggregatorServer(AggregatorCore(SPEC, config, 1, 1), config, run_dir=tmp_path) as srv:
+        core = srv.servicer.core
+        with AggregatorClient(srv.address, timeout_sec=5.0) as agg:
+            for v in range(3):
+                agg.push_gradients(push(core, v, seed=v))
+        srv.servicer.flush_checkpoints()
+        at_two = load_checkpoint(tmp_path / "checkpoints" / "ckpt_0000000002.pt")["weights"]
+    newest = tmp_path / "checkpoints" / "ckpt_0000000003.pt"
+    newest.write_bytes(newest.read_bytes()[:-100])  # torn by a crash mid-write (no fsync'd rename)
+    with AggregatorServer(AggregatorCore(SPEC, config, 1, 1), config, run_dir=tmp_path) as again:
+        restored = again.servicer.core
+        for group in GROUPS:
+            np.testing.assert_array_equal(restored.weights()[group], at_two[group])

@@ -3,6 +3,7 @@ over real gRPC."""
 
 from __future__ import annotations
 
+import dataclasses
 import socket
 import threading
 import time
@@ -19,7 +20,7 @@ from buffer.client import (
     ReplaySampler,
 )
 from buffer.service import IngestServer
-from buffer.storage import TemporalStorage
+from buffer.storage import PushKey, TemporalStorage
 from fleetrl.config import BufferConfig
 from fleetrl.wire import Transitions, TransitionSchema
 
@@ -91,18 +92,34 @@ def test_refresh_without_new_data_changes_nothing(storage, sampler, make_transit
     assert sampler.size() == 10
 
 
-def test_unwritten_slots_are_ignored_until_written(storage, sampler, make_transitions, redis_client):
-    redis_client.incrby(storage.layout.head_key, 2)  # positions 0, 1 reserved by a slow writer
+def test_nothing_past_a_reservation_in_flight_is_seen_until_it_is_written(storage, sampler, make_transitions):
+    slow = PushKey(sampler_id=1, incarnation=5, seq=1)
+    storage._reserve_positions(2, slow)  # positions 0, 1 reserved by a slow writer
     storage.write(make_transitions(4, first_id=10), task_id=0, policy_version=0)  # positions 2..5
     sampler.refresh()
-    assert sampler.size() == 4
-    assert sampled_ids(sampler.sample(200)) == {10, 11, 12, 13}
-    # The slow writer lands: the sampler re-reads from the gap and finds the rows.
-    records = storage.layout.encode(make_transitions(2, first_id=20), task_id=0, policy_version=0)
-    redis_client.setrange(storage.layout.window_key(0), 0, records.tobytes())
+    assert sampler.size() == 0  # the committed head waits for positions 0, 1
+    # The slow writer (or its sampler's retry) lands: everything is visible, each row once.
+    storage.write(make_transitions(2, first_id=20), task_id=0, policy_version=0, key=slow)
     sampler.refresh()
     assert sampler.size() == 6
     assert sampled_ids(sampler.sample(300)) == {10, 11, 12, 13, 20, 21}
+
+
+def test_a_skipped_range_stays_invalid_even_if_written_late(storage, sampler, make_transitions, redis_client):
+    fast = ReplaySampler(
+        redis_client, RUN, SCHEMA, dataclasses.replace(CONFIG, stalled_write_timeout_sec=0.1), seed=0
+    )
+    slow = PushKey(sampler_id=1, incarnation=5, seq=1)
+    storage._reserve_positions(2, slow)
+    storage.write(make_transitions(4, first_id=10), task_id=0, policy_version=0)
+    time.sleep(0.2)
+    fast.refresh()  # advances past the stalled reservation
+    assert fast.size() == 4 and fast._read_upto == 6
+    late = storage.layout.encode(make_transitions(2, first_id=20), task_id=0, policy_version=0)
+    redis_client.setrange(storage.layout.window_key(0), 0, late.tobytes())  # the stalled writer wakes up
+    fresh = ReplaySampler(redis_client, RUN, SCHEMA, CONFIG, seed=1)
+    fresh.refresh()
+    assert sampled_ids(fresh.sample(300)) == {10, 11, 12, 13}  # a new reader ignores it too
 
 
 def test_sampler_drops_evicted_windows(storage, sampler, make_transitions):
@@ -136,7 +153,7 @@ def test_push_waits_for_a_service_that_starts_late(storage, make_transitions):
     timer.start()
     try:
         with IngestClient(f"127.0.0.1:{port}", sampler_id=1, run_id=RUN, push_timeout_sec=1.0) as client:
-            ack = client.push(make_transitions(3), seq=0, policy_version=0, task_id=0, env_steps=3, max_retry_sec=20)
+            ack = client.push(make_transitions(3), seq=1, policy_version=0, task_id=0, env_steps=3, max_retry_sec=20)
         assert ack.stored == 3 and storage.head() == 3
     finally:
         timer.join()
@@ -147,7 +164,7 @@ def test_push_gives_up_after_max_retry_sec(make_transitions):
     with IngestClient(f"127.0.0.1:{_unused_port()}", sampler_id=1, run_id=RUN, push_timeout_sec=0.2) as client:
         start = time.monotonic()
         with pytest.raises(IngestUnavailable, match="not acked after 0.5s"):
-            client.push(make_transitions(1), seq=0, policy_version=0, task_id=0, env_steps=1, max_retry_sec=0.5)
+            client.push(make_transitions(1), seq=1, policy_version=0, task_id=0, env_steps=1, max_retry_sec=0.5)
         assert time.monotonic() - start < 3.0
 
 
@@ -163,13 +180,13 @@ def test_batch_over_the_message_limit_fails_instead_of_retrying_forever():
     )
     with IngestClient(f"127.0.0.1:{_unused_port()}", sampler_id=1, run_id=RUN) as client:
         with pytest.raises(ValueError, match="smaller batches"):
-            client.push(big, seq=0, policy_version=0, task_id=0, env_steps=n)
+            client.push(big, seq=1, policy_version=0, task_id=0, env_steps=n)
 
 
 def test_invalid_push_raises_at_once_without_retry(storage, make_transitions):
     with IngestServer(storage, task_id=0, schema=SCHEMA, run_id=RUN, config=CONFIG) as server:
         with IngestClient(server.address, sampler_id=1, run_id=RUN, push_timeout_sec=1.0) as client:
             with pytest.raises(PushRejected, match="task_id: 4") as err:
-                client.push(make_transitions(2), seq=0, policy_version=0, task_id=4, env_steps=2)
+                client.push(make_transitions(2), seq=1, policy_version=0, task_id=4, env_steps=2)
         assert err.value.details.startswith("task_id")
         assert server.servicer.counters().rejected == 1  # one attempt, no retries

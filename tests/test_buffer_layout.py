@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from buffer.dedup import SeqDedup
 from buffer.layout import RecordLayout, Segment
 from fleetrl.config import BufferConfig
 from fleetrl.wire import TransitionSchema
@@ -78,14 +77,3 @@ def test_encode_refuses_rows_of_another_schema(make_transitions):
     other = TransitionSchema(obs_dim=4, goal_dim=2, act_dim=2)
     with pytest.raises(ValueError, match="floats per row"):
         layout().encode(make_transitions(2, schema=other), task_id=0, policy_version=0)
-
-
-def test_dedup_remembers_recent_seqs_per_sampler():
-    dedup = SeqDedup(remember=3)
-    for seq in range(5):
-        dedup.mark(1, seq)
-    assert dedup.seen(1, 4) and dedup.seen(1, 2)
-    assert not dedup.seen(1, 1)  # forgotten: taken as new rather than silently dropped
-    assert not dedup.seen(2, 4)  # another sampler
-    assert dedup.last_acked(1) == 4
-    assert dedup.last_acked(2) is None

@@ -50,7 +50,10 @@ def stored_bytes(storage: TemporalStorage) -> tuple[int, list[bytes]]:
     return head, [storage.client.get(k) or b"" for k in keys]
 
 
-def good_batch(make_transitions, n: int = 4, seq: int = 0, first_id: int = 0) -> pb.TransitionBatch:
+INCARNATION = 4242
+
+
+def good_batch(make_transitions, n: int = 4, seq: int = 1, first_id: int = 0) -> pb.TransitionBatch:
     return batch_to_proto(
         make_transitions(n, first_id=first_id),
         run_id=RUN,
@@ -59,6 +62,7 @@ def good_batch(make_transitions, n: int = 4, seq: int = 0, first_id: int = 0) ->
         policy_version=2,
         task_id=TASK,
         env_steps=n,
+        incarnation=INCARNATION,
     )
 
 
@@ -120,15 +124,21 @@ BAD_INPUTS: list[tuple[str, Callable[..., None], str]] = [
         "columns[6].name: duplicate column 'reward'",
     ),
     ("unknown column", _unknown_column, "columns: unknown column(s) ['foo']"),
+    ("more episodes than rows", lambda b, make: setattr(b, "episodes", 5), "episodes: 5 episodes cannot end in 4"),
+    (
+        "more successes than episodes",
+        lambda b, make: (setattr(b, "episodes", 1), setattr(b, "successes", 2)),
+        "successes: 2 exceeds episodes (1)",
+    ),
 ]
 
 
 @pytest.mark.parametrize("case,mutate,details", BAD_INPUTS, ids=[row[0] for row in BAD_INPUTS])
 def test_bad_input_is_rejected_and_the_service_keeps_serving(case, mutate, details, server, stub, make_transitions):
     storage = server.servicer.storage
-    assert stub.Push(good_batch(make_transitions, seq=0), timeout=5).stored == 4
+    assert stub.Push(good_batch(make_transitions, seq=1), timeout=5).stored == 4
     before = stored_bytes(storage)
-    bad = good_batch(make_transitions, seq=1, first_id=100)
+    bad = good_batch(make_transitions, seq=2, first_id=100)
     mutate(bad, make_transitions)
     with pytest.raises(grpc.RpcError) as err:
         stub.Push(bad, timeout=5)
@@ -136,7 +146,7 @@ def test_bad_input_is_rejected_and_the_service_keeps_serving(case, mutate, detai
     assert details in err.value.details()
     assert stored_bytes(storage) == before
     assert server.servicer.counters().rejected == 1
-    ack = stub.Push(good_batch(make_transitions, seq=1, first_id=200), timeout=5)
+    ack = stub.Push(good_batch(make_transitions, seq=2, first_id=200), timeout=5)
     assert (ack.stored, ack.duplicate, ack.head) == (4, False, 8)
 
 
@@ -166,9 +176,9 @@ def test_concurrent_retries_of_one_seq_store_it_once(server, make_transitions):
 
 
 def test_stats_count_batches_steps_rejections_and_duplicates(server, stub, make_transitions):
-    for seq in range(3):
+    for seq in range(1, 4):
         stub.Push(good_batch(make_transitions, n=5, seq=seq, first_id=5 * seq), timeout=5)
-    stub.Push(good_batch(make_transitions, n=5, seq=2), timeout=5)
+    stub.Push(good_batch(make_transitions, n=5, seq=3), timeout=5)
     for name in ("run_id", "run_id"):
         bad = good_batch(make_transitions, seq=9)
         setattr(bad, name, "nope")
@@ -187,7 +197,7 @@ def test_stats_count_batches_steps_rejections_and_duplicates(server, stub, make_
 
 def test_ingest_client_pushes_and_reads_stats(server, make_transitions):
     with IngestClient(server.address, sampler_id=4, run_id=RUN, push_timeout_sec=5.0) as client:
-        ack = client.push(make_transitions(6), seq=0, policy_version=1, task_id=TASK, env_steps=6)
+        ack = client.push(make_transitions(6), seq=1, policy_version=1, task_id=TASK, env_steps=6)
         assert (ack.stored, ack.head) == (6, 6)
         assert client.stats().env_steps == 6
 
@@ -211,7 +221,7 @@ def test_run_ingest_service_serves_until_sigterm(clean_redis_cluster, tmp_path, 
             time.sleep(0.05)
         address = ready.read_text()
         with IngestClient(address, sampler_id=0, run_id=RUN, push_timeout_sec=5.0) as client:
-            ack = client.push(make_transitions(3), seq=0, policy_version=0, task_id=TASK, env_steps=3)
+            ack = client.push(make_transitions(3), seq=1, policy_version=0, task_id=TASK, env_steps=3)
         assert ack.stored == 3
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=10) == 0
@@ -226,8 +236,29 @@ def test_redis_failure_is_unavailable_and_the_retry_is_stored(server, redis_clie
     redis_client.rpush(window_key, "not a string")  # SETRANGE on it fails with WRONGTYPE
     with IngestClient(server.address, sampler_id=1, run_id=RUN, push_timeout_sec=1.0) as client:
         with pytest.raises(IngestUnavailable, match="redis write failed"):
-            client.push(make_transitions(3), seq=0, policy_version=0, task_id=TASK, env_steps=3, max_retry_sec=0.3)
+            client.push(make_transitions(3), seq=1, policy_version=0, task_id=TASK, env_steps=3, max_retry_sec=0.3)
         redis_client.delete(window_key)
-        ack = client.push(make_transitions(3), seq=0, policy_version=0, task_id=TASK, env_steps=3)
+        ack = client.push(make_transitions(3), seq=1, policy_version=0, task_id=TASK, env_steps=3)
     assert (ack.stored, ack.duplicate) == (3, False)  # the failed attempts were never acked
     assert server.servicer.counters().batches == 1
+
+
+def test_stats_report_training_success_over_the_last_100_episodes(server, stub, make_transitions):
+    def push(seq: int, episodes: int, successes: int) -> None:
+        batch = good_batch(make_transitions, seq=seq)
+        batch.episodes, batch.successes = episodes, successes
+        stub.Push(batch, timeout=5)
+
+    push(1, 0, 0)  # a batch that ends no episode leaves the rate alone
+    stats = stub.Stats(pb.BufferStatsRequest(), timeout=5)
+    assert (stats.episodes, stats.train_success) == (0, 0.0)
+    for seq in range(2, 52):  # 50 single-episode batches, all failures
+        push(seq, 1, 0)
+    for seq in range(52, 77):  # 25 batches of 2 episodes, both successes
+        push(seq, 2, 2)
+    stats = stub.Stats(pb.BufferStatsRequest(), timeout=5)
+    assert stats.episodes == 100 and stats.train_success == pytest.approx(0.5)
+    for seq in range(77, 127):  # 50 more successes: the 50 failures fall out of the window
+        push(seq, 1, 1)
+    stats = stub.Stats(pb.BufferStatsRequest(), timeout=5)
+    assert stats.episodes == 150 and stats.train_success == pytest.approx(1.0)

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 import pytest
 
-from buffer.storage import Snapshot, TemporalStorage
+from buffer.storage import PushKey, Snapshot, TemporalStorage, WriteResult
 from fleetrl.config import BufferConfig
 from fleetrl.wire import TransitionSchema
 
@@ -16,8 +17,10 @@ SMALL_SCHEMA = TransitionSchema(obs_dim=3, goal_dim=2, act_dim=2)  # make_transi
 WINDOW = 8
 
 
-def storage(client, capacity: int = 10_000, run_id: str = "run1") -> TemporalStorage:
-    config = BufferConfig(window_size_transitions=WINDOW, capacity_transitions=capacity)
+def storage(client, capacity: int = 10_000, run_id: str = "run1", stalled_sec: float = 30.0) -> TemporalStorage:
+    config = BufferConfig(
+        window_size_transitions=WINDOW, capacity_transitions=capacity, stalled_write_timeout_sec=stalled_sec
+    )
     return TemporalStorage(client, run_id, SMALL_SCHEMA, config)
 
 
@@ -29,14 +32,14 @@ def ids_in(store: TemporalStorage, window: int) -> list[int]:
 def test_write_then_read_back_is_exact(redis_client, make_transitions):
     store = storage(redis_client)
     t = make_transitions(5, first_id=100)
-    assert store.write(t, task_id=3, policy_version=42) == 5
+    assert store.write(t, task_id=3, policy_version=42) == WriteResult(committed=5, stored=5, duplicate=False)
     records = store.read_window(0)
     assert len(records) == 5
     np.testing.assert_array_equal(records["row"], t.pack())
     assert records["task_id"].tolist() == [3] * 5
     assert records["policy_version"].tolist() == [42] * 5
     assert records["valid"].tolist() == [1] * 5
-    assert store.snapshot() == Snapshot(head=5, oldest_window=0)
+    assert store.snapshot() == Snapshot(committed=5, oldest_window=0)
 
 
 def test_batches_straddling_windows_are_split(redis_client, make_transitions):
@@ -56,7 +59,7 @@ def test_eviction_drops_oldest_whole_windows_and_keeps_capacity(redis_client, ma
     store = storage(redis_client, capacity=3 * WINDOW)
     for i in range(10):
         store.write(make_transitions(7, first_id=7 * i), task_id=0, policy_version=i)
-    head, oldest = store.snapshot()
+    head, oldest, _ = store.snapshot()
     assert head == 70
     # Windows wholly older than head - capacity = 46 are gone: windows 0..4 (positions < 40).
     assert oldest == 5
@@ -101,13 +104,83 @@ def test_concurrent_writers_store_every_row_exactly_once(redis_client, make_tran
     assert stored == list(range(total))
 
 
-def test_reserved_but_unwritten_slots_read_as_invalid(redis_client, make_transitions):
+def test_the_committed_head_waits_for_a_reservation_still_being_written(redis_client, make_transitions):
     store = storage(redis_client)
-    redis_client.incrby(store.layout.head_key, 3)  # a writer reserved [0, 3) and is still writing
-    store.write(make_transitions(2, first_id=50), task_id=0, policy_version=0)
+    status, start, _, _ = store._reserve_positions(3, PushKey(1, 11, 1))  # a writer reserved [0, 3) ...
+    assert (status, start) == (0, 0)
+    assert store.write(make_transitions(2, first_id=50), task_id=0, policy_version=0).committed == 0
+    assert store.advance() == 0  # ... and is still within stalled_write_timeout_sec
     records = store.read_window(0)
-    assert records["valid"].tolist() == [0, 0, 0, 1, 1]
-    assert ids_in(store, 0) == [50, 51]
+    assert records["valid"].tolist() == [0, 0, 0, 1, 1]  # written, but not yet visible to readers
+
+
+def test_a_stalled_reservation_is_skipped_and_its_late_retry_is_stored_elsewhere_once(
+    redis_client, make_transitions
+):
+    store = storage(redis_client, stalled_sec=0.2)
+    key = PushKey(1, 11, 1)
+    store._reserve_positions(3, key)  # its ingest died after reserving [0, 3), before writing
+    store.write(make_transitions(2, first_id=50), task_id=0, policy_version=0)
+    time.sleep(0.3)
+    assert store.advance() == 5
+    assert store.snapshot().skipped == ((0, 3),)
+    late = store.write(make_transitions(3, first_id=10), task_id=0, policy_version=0, key=key)  # the retry
+    assert late == WriteResult(committed=8, stored=3, duplicate=False)
+    again = store.write(make_transitions(3, first_id=10), task_id=0, policy_version=0, key=key)
+    assert again.duplicate and again.stored == 0
+    assert ids_in(store, 0)[-3:] == [10, 11, 12]  # positions 5..7
+
+
+def test_a_retried_key_is_stored_once_even_through_a_new_storage_object(redis_client, make_transitions):
+    first = storage(redis_client)
+    key = PushKey(2, 99, 1)
+    assert first.write(make_transitions(4), task_id=0, policy_version=0, key=key).stored == 4
+    restarted = storage(redis_client)  # an ingest restart, or a second ingest service
+    retry = restarted.write(make_transitions(4), task_id=0, policy_version=0, key=key)
+    assert retry == WriteResult(committed=4, stored=0, duplicate=True)
+    older = restarted.write(make_transitions(4), task_id=0, policy_version=0, key=key._replace(seq=0 + 1))
+    assert older.duplicate
+    assert first.head() == 4
+
+
+def test_a_half_written_batch_retried_rewrites_the_same_positions(redis_client, make_transitions):
+    store = storage(redis_client)
+    key = PushKey(3, 5, 1)
+    batch = make_transitions(5, first_id=20)
+    status, start, _, _ = store._reserve_positions(5, key)  # reserved; the write then failed midway
+    records = store.layout.encode(batch, task_id=0, policy_version=0)
+    redis_client.setrange(store.layout.window_key(0), 0, records[:2].tobytes())  # two of five landed
+    result = store.write(batch, task_id=0, policy_version=0, key=key)
+    assert result == WriteResult(committed=5, stored=5, duplicate=False)
+    assert ids_in(store, 0) == [20, 21, 22, 23, 24]  # no row twice
+    assert store.write(batch, task_id=0, policy_version=0, key=key).duplicate
+
+
+def test_a_restarted_sampler_is_a_new_incarnation_and_its_seq_1_is_new_data(redis_client, make_transitions):
+    store = storage(redis_client)
+    store.write(make_transitions(2, first_id=0), task_id=0, policy_version=0, key=PushKey(4, 1001, 1))
+    restarted = store.write(make_transitions(2, first_id=2), task_id=0, policy_version=0, key=PushKey(4, 2002, 1))
+    assert restarted.stored == 2 and not restarted.duplicate
+    assert ids_in(store, 0) == [0, 1, 2, 3]
+
+
+def test_dedup_state_is_small_and_expires(redis_client, make_transitions):
+    store = storage(redis_client)
+    key = PushKey(5, 77, 1)
+    for seq in range(1, 51):
+        store.write(make_transitions(1, first_id=seq), task_id=0, policy_version=0, key=key._replace(seq=seq))
+    assert 0 < store.dedup_bytes(key) < 512  # one small hash per incarnation, whatever it pushed
+    ttl = redis_client.ttl(store.layout.dedup_key(5, 77))
+    assert 0 < ttl <= store.dedup_ttl_sec
+
+
+def test_an_unlink_that_failed_is_retried_by_the_next_write(redis_client, make_transitions):
+    store = storage(redis_client, capacity=2 * WINDOW)
+    redis_client.set(store.layout.window_key(40), b"left over")  # evicted, but its UNLINK failed
+    redis_client.sadd(store.layout.evict_key, 40)
+    store.write(make_transitions(1), task_id=0, policy_version=0)
+    assert redis_client.exists(store.layout.window_key(40)) == 0
+    assert redis_client.scard(store.layout.evict_key) == 0
 
 
 def test_capacity_below_two_windows_is_refused(redis_client):

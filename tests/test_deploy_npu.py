@@ -10,7 +10,7 @@ import pytest
 import torch
 from onnx import TensorProto, helper
 
-from aggregator.checkpoint import save_checkpoint
+from fleetrl.checkpoint import load_checkpoint, save_checkpoint
 from aggregator.core import AggregatorCore
 from deploy_npu import cli
 from deploy_npu.audit import NPU_OPS, OpAuditError, audit_onnx
@@ -230,7 +230,7 @@ def _bad_checkpoints(tmp_path, checkpoint_path):
     garbage = tmp_path / "ckpt_0000000001.pt"
     garbage.write_bytes(b"not a torch file")
     (tmp_path / "empty").mkdir()
-    state = torch.load(checkpoint_path, weights_only=False)
+    state = load_checkpoint(checkpoint_path)
     no_actor = {**state, "weights": {"obs_norm": state["weights"]["obs_norm"]}}
     wrong_size = {**state, "weights": {**state["weights"], "actor": np.zeros(7, np.float32)}}
     nan = {**state, "weights": {**state["weights"], "obs_norm": np.full(26, np.nan, np.float32)}}

@@ -50,7 +50,7 @@ def test_duplicate_gradient_tensor_is_invalid_argument(tmp_path):
     core = AggregatorCore(SPEC, config, grads_per_step=1, max_staleness=1)
     with AggregatorServer(core, config) as server:
         channel = grpc.insecure_channel(server.address, options=GRPC_OPTIONS)
-        msg = push(core, 0).to_proto()
+        msg = push(core, 0).to_proto(incarnation=7, seq=1)
         msg.tensors.append(to_tensor("actor", np.zeros(core.sizes["actor"], np.float32)))
         with pytest.raises(grpc.RpcError) as err:
             pb_grpc.AggregatorStub(channel).PushGradients(msg, timeout=5)
