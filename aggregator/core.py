@@ -21,7 +21,6 @@ import torch
 from fleetrl.config import AggregatorConfig
 from learner.models import GRADIENT_GROUPS, GROUPS, ModelSpec, SACModel, norm_from_stats
 
-
 HUGE_GRADIENT = 1e15  # an element this large squares past float32 range inside Adam
 
 

@@ -370,6 +370,10 @@ def run_aggregator(
                 for key, value in dict(server.servicer.metrics).items():
                     writer.add_scalar(f"learner/{key}", value, logged)
                 writer.add_scalar("aggregator/gradients_stale", server.servicer.counts["stale"], logged)
+                writer.add_scalar("aggregator/steps_skipped", core.steps_skipped, logged)
+                writer.add_scalar("aggregator/gradients_clipped", core.clipped, logged)
+                for learner, count in dict(server.servicer.rejected_by_learner).items():
+                    writer.add_scalar(f"aggregator/rejected/{learner}", count, logged)
                 writer.flush()
     if writer is not None:
         writer.close()

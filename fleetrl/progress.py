@@ -51,6 +51,7 @@ class Snapshot:
     train_success: float  # last 100 training episodes
     train_episodes: int
     restarts: int
+    rejected_by_learner: tuple[tuple[str, int], ...] = ()  # learners whose pushes were refused
 
     @classmethod
     def take(cls, ingest, agg, wall_sec: float, restarts: int) -> Snapshot | None:
@@ -70,6 +71,7 @@ class Snapshot:
             train_success=buf.train_success,
             train_episodes=buf.episodes,
             restarts=restarts,
+            rejected_by_learner=tuple(sorted(ag.rejected_by_learner.items())),
         )
 
 
@@ -93,6 +95,7 @@ class Progress:
         self._prev: Snapshot | None = None
         self._last_log = -LOG_EVERY_SEC
         self._seen: dict[str, EvalPoint | None] = {"curve": None, "full": None}
+        self._rejected: dict[str, int] = {}  # learner -> rejections last reported
         self._live: Live | None = None
         if self.console.is_terminal:
             self._live = Live(self._table(), console=self.console, refresh_per_second=4, transient=False)
@@ -119,6 +122,7 @@ class Progress:
             self._prev = snap
         self.last = snap
         self._record_evals(snap)
+        self._record_rejections(snap)
         step = snap.env_steps
         self.writer.add_scalar("fleet/version", snap.version, step)
         self.writer.add_scalar("fleet/transitions_per_sec", self.rates.transitions_per_sec, step)
@@ -149,6 +153,16 @@ class Progress:
             if kind == "full" and complete and self.target is None and point.success >= self.config.target_success:
                 self.target = snap
 
+    def _record_rejections(self, snap: Snapshot) -> None:
+        """Name a learner as soon as the aggregator refuses its pushes, and again as they mount."""
+        for learner, count in snap.rejected_by_learner:
+            seen = self._rejected.get(learner, 0)
+            if count > seen and (seen == 0 or count >= 2 * seen):
+                self.console.log(
+                    f"{learner}: {count} gradient pushes rejected as invalid by the aggregator (see its log)"
+                )
+                self._rejected[learner] = count
+
     def _write_jsonl(self, snap: Snapshot) -> None:
         row = {
             "wall_sec": round(snap.wall_sec, 3),
@@ -172,11 +186,13 @@ class Progress:
             f"{s.wall_sec:6.1f}s env_steps {s.env_steps} ({r.env_steps_per_sec:.0f}/s) transitions {s.transitions} "
             f"({r.transitions_per_sec:.0f}/s) version {s.version} ({r.updates_per_sec:.1f}/s) "
             f"eval {_eval_text(s.curve)} train {s.train_success:.2f} restarts {s.restarts}"
+            + "".join(f" {name} rejected {n}" for name, n in s.rejected_by_learner)
         )
 
     def _table(self) -> Table:
         table = Table(title=f"fleetrl {self.config.sim.task}  ->  {self.config.run_dir}")
         columns = ("wall s", "env steps", "env steps/s", "version", "updates/s", "eval success", "train success")
+        columns += ("rejected pushes",)
         for col in columns:
             table.add_column(col, justify="right")
         s = self.last
@@ -190,6 +206,7 @@ class Progress:
                 f"{r.updates_per_sec:.1f}",
                 _eval_text(s.curve),
                 f"{s.train_success:.2f} (last 100)" if s.train_episodes else "-",
+                ", ".join(f"{name} {n}" for name, n in s.rejected_by_learner) or "-",
             )
         return table
 
