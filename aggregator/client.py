@@ -23,14 +23,11 @@ import numpy as np
 from fleetrl.policy import ModelSpec
 from fleetrl.proto import fleetrl_pb2 as pb
 from fleetrl.proto import fleetrl_pb2_grpc as pb_grpc
+from fleetrl.transport import NO_SECURITY, Security
 from fleetrl.wire import from_tensor, to_tensor
 
 log = logging.getLogger("fleetrl.aggregator.client")
 
-CHANNEL_OPTIONS = [
-    ("grpc.max_receive_message_length", 256 * 1024 * 1024),
-    ("grpc.max_send_message_length", 256 * 1024 * 1024),
-]
 RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 
 
@@ -65,10 +62,10 @@ class GradientPush:
 
 
 class AggregatorClient:
-    def __init__(self, address: str, timeout_sec: float = 30.0) -> None:
+    def __init__(self, address: str, timeout_sec: float = 30.0, security: Security = NO_SECURITY) -> None:
         self.address = address
         self.timeout_sec = timeout_sec
-        self._channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+        self._channel = security.channel(address)
         self._stub = pb_grpc.AggregatorStub(self._channel)
         # Idempotency key of gradient pushes: new per client (per process start), seq per push.
         self.incarnation = secrets.randbits(63) or 1

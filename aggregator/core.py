@@ -181,7 +181,7 @@ class AggregatorCore:
         }
 
     def _optimizer_finite(self) -> bool:
-        tensors = [self._flat[g] for g in GRADIENT_GROUPS]
+        tensors: list[torch.Tensor] = [self._flat[g] for g in GRADIENT_GROUPS]
         for g in GRADIENT_GROUPS:
             for state in self._optim[g].state.values():
                 tensors += [v for v in state.values() if isinstance(v, torch.Tensor)]

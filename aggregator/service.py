@@ -30,15 +30,12 @@ from fleetrl.process import write_ready_file
 from fleetrl.proto import fleetrl_pb2 as pb
 from fleetrl.proto import fleetrl_pb2_grpc as pb_grpc
 from fleetrl.tb import ScalarWriter
+from fleetrl.transport import GRPC_OPTIONS, NO_SECURITY, RefusalCounter, Security
 from fleetrl.wire import WireError, from_tensor, to_tensor
 from sim.registry import get_task
 
 log = logging.getLogger("fleetrl.aggregator")
 
-GRPC_OPTIONS = [
-    ("grpc.max_receive_message_length", 256 * 1024 * 1024),
-    ("grpc.max_send_message_length", 256 * 1024 * 1024),
-]
 EVAL_KINDS = ("curve", "full")  # see EvalReport.kind
 WATCH_HEARTBEAT_SEC = 1.0  # a watcher re-checks its connection at least this often
 
@@ -238,14 +235,20 @@ class AggregatorServer:
         run_dir: str | pathlib.Path | None = None,
         host: str = "127.0.0.1",
         port: int = 0,
+        security: Security = NO_SECURITY,
     ) -> None:
         self.run_dir = pathlib.Path(run_dir) if run_dir is not None else None
+        self.refused = RefusalCounter()  # calls without the fleet token, ReportEval included
         if self.run_dir is not None:
             _restore(core, self.run_dir / "checkpoints", config)
         self.servicer = AggregatorServicer(core, config, self.run_dir)
-        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=32), options=GRPC_OPTIONS)
+        self._server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=32),
+            options=GRPC_OPTIONS,
+            interceptors=security.server_interceptors(self.refused),
+        )
         pb_grpc.add_AggregatorServicer_to_server(self.servicer, self._server)
-        self.port = self._server.add_insecure_port(f"{host}:{port}")
+        self.port = security.add_port(self._server, f"{host}:{port}")
         if self.port == 0:
             raise OSError(f"aggregator could not bind {host}:{port}")
         self.address = f"{host}:{self.port}"
@@ -352,7 +355,12 @@ class _Checkpointer:
 
 
 def run_aggregator(
-    config: RunConfig, port: int, run_dir: str | None, ready_file: str | None, stop: threading.Event
+    config: RunConfig,
+    port: int,
+    run_dir: str | None,
+    ready_file: str | None,
+    stop: threading.Event,
+    security: Security = NO_SECURITY,
 ) -> int:
     """The aggregator role process: serve until `stop`, checkpoint on the way out. Returns the version."""
     task = get_task(config.sim.task)
@@ -360,7 +368,7 @@ def run_aggregator(
     grads_per_step = config.aggregator.grads_per_step or config.learner.num_learners
     core = AggregatorCore(spec, config.aggregator, grads_per_step, config.learner.max_grad_staleness, task.name)
     writer = _summary_writer(run_dir, "aggregator")
-    with AggregatorServer(core, config.aggregator, run_dir, port=port) as server:
+    with AggregatorServer(core, config.aggregator, run_dir, port=port, security=security) as server:
         write_ready_file(ready_file, server.address)
         log.info("aggregator at %s, version %d, %d gradients per step", server.address, core.version, grads_per_step)
         logged = -1

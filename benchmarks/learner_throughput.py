@@ -39,7 +39,6 @@ from common import result_record, write_result  # benchmarks/common.py (this scr
 from aggregator.client import AggregatorClient
 from fleetrl.config import RunConfig, with_overrides
 from fleetrl.launch import LocalFleet
-from fleetrl.local_cluster import LocalRedisCluster
 from fleetrl.policy import ModelSpec
 from fleetrl.presets import preset_config
 from fleetrl.watchdog import Watchdog
@@ -110,13 +109,13 @@ def _heartbeat(run_dir: pathlib.Path) -> dict:
 
 def measure_learner(config: RunConfig, run_dir: pathlib.Path, seconds: float) -> dict:
     """Start the fleet (one learner), wait for WARMUP_UPDATES, then measure over `seconds`."""
-    cluster = LocalRedisCluster(3)
+    fleet = LocalFleet(config, started_at=time.monotonic())
+    cluster = fleet.make_cluster()
     with closing(cluster), Watchdog(run_dir / "logs", stop_grace_sec=5.0) as dog:
-        fleet = LocalFleet(config, started_at=time.monotonic())
         fleet.prepare()
         _, aggregator = fleet.start_roles(dog, cluster, learners=True, evaluator=False, max_restarts=0)
         pid = dog.pids()["learner-0"]
-        with AggregatorClient(aggregator) as agg:
+        with AggregatorClient(aggregator, security=fleet.security) as agg:
             deadline = time.monotonic() + START_TIMEOUT_SEC
             while agg.stats().gradients_applied < WARMUP_UPDATES:
                 dog.poll()

@@ -202,9 +202,9 @@ class Fleet:
     """Aggregator, buffer and samplers started by fleetrl.launch.LocalFleet itself (no learner,
     no evaluator, no restarts: a restart would spoil the measurement window)."""
 
-    def __init__(self, config: RunConfig, run_dir: pathlib.Path, dog: Watchdog, cluster: LocalRedisCluster) -> None:
-        self.config, self.run_dir, self.dog, self.cluster = config, run_dir, dog, cluster
-        self.local = LocalFleet(config, started_at=time.monotonic())
+    def __init__(self, local: LocalFleet, run_dir: pathlib.Path, dog: Watchdog, cluster: LocalRedisCluster) -> None:
+        self.config, self.run_dir, self.dog, self.cluster = local.config, run_dir, dog, cluster
+        self.local = local
         self.local.prepare()
 
     def start(self) -> str:
@@ -322,12 +322,13 @@ def print_figures(f: Figures) -> None:
 
 def run_e2e(args: argparse.Namespace, run_dir: pathlib.Path) -> tuple[RunConfig, dict]:
     config = bench_config(args.task, args.samplers, run_dir)
-    cluster = LocalRedisCluster(3)
+    local = LocalFleet(config, started_at=time.monotonic())
+    cluster = local.make_cluster()
     with closing(cluster), Watchdog(run_dir / "logs", stop_grace_sec=5.0) as dog:  # roles stop before redis
-        fleet = Fleet(config, run_dir, dog, cluster)
+        fleet = Fleet(local, run_dir, dog, cluster)
         buffer = fleet.start()
         print(f"[e2e] fleet up: redis {cluster.addresses}, buffer {buffer}", file=sys.stderr)
-        with IngestClient(buffer, sampler_id=0, run_id=config.run_id) as ingest:
+        with IngestClient(buffer, sampler_id=0, run_id=config.run_id, security=local.security) as ingest:
             result = measure_acked(fleet, ingest, args.seconds, args.warmup_sec)
         fleet.stop()
     return config, result

@@ -30,13 +30,10 @@ from buffer.storage import TemporalStorage
 from fleetrl.config import BufferConfig
 from fleetrl.proto import fleetrl_pb2 as pb
 from fleetrl.proto import fleetrl_pb2_grpc as pb_grpc
+from fleetrl.transport import NO_SECURITY, Security
 from fleetrl.wire import Transitions, TransitionSchema, batch_to_proto
 
-MAX_MESSAGE_BYTES = 64 * 1024 * 1024
-GRPC_OPTIONS = [
-    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-]
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024  # a TransitionBatch; gRPC's own limit (transport.py) is larger
 
 
 class EmptyBufferError(RuntimeError):
@@ -201,14 +198,22 @@ class IngestClient:
     BACKOFF_FIRST_SEC = 0.05
     BACKOFF_MAX_SEC = 2.0
 
-    def __init__(self, address: str, *, sampler_id: int, run_id: str, push_timeout_sec: float = 10.0) -> None:
+    def __init__(
+        self,
+        address: str,
+        *,
+        sampler_id: int,
+        run_id: str,
+        push_timeout_sec: float = 10.0,
+        security: Security = NO_SECURITY,
+    ) -> None:
         if push_timeout_sec <= 0:
             raise ValueError(f"push_timeout_sec ({push_timeout_sec}) must be > 0")
         self.address = address
         self.sampler_id = sampler_id
         self.run_id = run_id
         self.push_timeout_sec = push_timeout_sec
-        self._channel = grpc.insecure_channel(address, options=GRPC_OPTIONS)
+        self._channel = security.channel(address)
         self._stub = pb_grpc.ReplayIngestStub(self._channel)
         self._jitter = random.Random(sampler_id)
         # New for every client, i.e. every sampler process start: with seq, the idempotency key.

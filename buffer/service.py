@@ -21,13 +21,13 @@ from dataclasses import dataclass, field
 import grpc
 from redis.exceptions import RedisError, SlotNotCoveredError
 
-from buffer.client import GRPC_OPTIONS
 from buffer.layout import MAX_UINT32
 from buffer.storage import PushKey, TemporalStorage
 from fleetrl.config import BufferConfig
 from fleetrl.local_cluster import connect
 from fleetrl.proto import fleetrl_pb2 as pb
 from fleetrl.proto import fleetrl_pb2_grpc as pb_grpc
+from fleetrl.transport import GRPC_OPTIONS, NO_SECURITY, RefusalCounter, Security
 from fleetrl.wire import Transitions, TransitionSchema, WireError, batch_from_proto
 
 # Redis failures worth a retry: the push is answered UNAVAILABLE and the sampler retries.
@@ -115,6 +115,7 @@ class ReplayIngestServicer(pb_grpc.ReplayIngestServicer):
         self.run_id = run_id
         self.config = config
         self._counters = IngestCounters()
+        self.refused = RefusalCounter()  # set by IngestServer: calls refused for their token
         self._outcomes: deque[bool] = deque(maxlen=TRAIN_SUCCESS_EPISODES)  # newest training episodes
         self._lock = threading.Lock()
 
@@ -124,9 +125,10 @@ class ReplayIngestServicer(pb_grpc.ReplayIngestServicer):
             c = self._counters
             recent = self._outcomes
             success = sum(recent) / len(recent) if recent else 0.0
-            return IngestCounters(
-                c.head, c.env_steps, c.batches, c.duplicates, dict(c.rejected_by_reason), c.episodes, success
-            )
+            reasons = dict(c.rejected_by_reason)
+            if self.refused.total:
+                reasons["authorization"] = self.refused.total
+            return IngestCounters(c.head, c.env_steps, c.batches, c.duplicates, reasons, c.episodes, success)
 
     def Push(self, request: pb.TransitionBatch, context: grpc.ServicerContext) -> pb.PushAck:
         try:
@@ -203,8 +205,11 @@ class IngestServer:
         config: BufferConfig,
         port: int = 0,
         host: str = "127.0.0.1",
+        security: Security = NO_SECURITY,
     ) -> None:
         self._storage = storage
+        self.security = security
+        self.refused = RefusalCounter()  # calls without the fleet token
         self.task_id = task_id
         self.schema = schema
         self.run_id = run_id
@@ -240,11 +245,13 @@ class IngestServer:
             storage, task_id=self.task_id, schema=self.schema, run_id=self.run_id, config=self.config
         )
         pool = futures.ThreadPoolExecutor(max_workers=self.config.grpc_workers)
-        server = grpc.server(pool, options=GRPC_OPTIONS)
+        self.servicer.refused = self.refused
+        interceptors = self.security.server_interceptors(self.refused)
+        server = grpc.server(pool, options=GRPC_OPTIONS, interceptors=interceptors)
         pb_grpc.add_ReplayIngestServicer_to_server(self.servicer, server)
         target = f"{self.host}:{self._requested_port}"
         try:
-            port = server.add_insecure_port(target)
+            port = self.security.add_port(server, target)
         except RuntimeError as e:
             raise OSError(f"ingest service cannot bind {target}: {e}") from e
         if port == 0:
@@ -268,6 +275,7 @@ def run_ingest_service(
     redis_addresses: str,
     port: int,
     ready_file: str | None = None,
+    security: Security = NO_SECURITY,
 ) -> None:
     """Serve until SIGTERM or SIGINT, then stop gracefully (the CLI's ingest role process).
 
@@ -276,10 +284,12 @@ def run_ingest_service(
     """
     stop = threading.Event()
     handlers = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
-    client = connect(redis_addresses)
+    client = connect(redis_addresses, security)
     try:
         storage = TemporalStorage(client, run_id, schema, config)
-        with IngestServer(storage, task_id=task_id, schema=schema, run_id=run_id, config=config, port=port) as server:
+        with IngestServer(
+            storage, task_id=task_id, schema=schema, run_id=run_id, config=config, port=port, security=security
+        ) as server:
             if ready_file:
                 tmp = f"{ready_file}.tmp{os.getpid()}"
                 with open(tmp, "w") as f:

@@ -84,7 +84,8 @@ return evictions(0, start)
 
 # KEYS: committed, pending, dedup, skipped, oldest, evict.
 # ARGV: start (-1: only advance), n, seq, now_ms, stalled_ms, window_size, first_window, last_window.
-# Returns {state, committed, oldest}: state 1 committed now or before, -1 skipped (re-reserve).
+# Returns {state, committed, oldest}: state 1 committed by this call, 2 by an earlier attempt,
+# -1 skipped as stalled (the caller reserves anew).
 _COMMIT_LUA = """
 local start, n, seq = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local now, stalled, window_size = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
@@ -92,12 +93,14 @@ local state = 1
 if start >= 0 then
   local mine = redis.call('ZRANGEBYSCORE', KEYS[2], start, start)
   if #mine == 0 then
-    if #redis.call('ZRANGEBYSCORE', KEYS[4], start, start) > 0 then state = -1 end
+    if #redis.call('ZRANGEBYSCORE', KEYS[4], start, start) > 0 then state = -1 else state = 2 end
+  elseif string.sub(mine[1], -1) == '1' then
+    state = 2
   else
     redis.call('ZREM', KEYS[2], mine[1])
     redis.call('ZADD', KEYS[2], start, string.sub(mine[1], 1, -2) .. '1')
   end
-  if state == 1 and seq > 0 and tonumber(redis.call('HGET', KEYS[3], 'start') or '-1') == start then
+  if state >= 1 and seq > 0 and tonumber(redis.call('HGET', KEYS[3], 'start') or '-1') == start then
     redis.call('HSET', KEYS[3], 'state', 'done')
   end
 end
@@ -120,7 +123,7 @@ end
 redis.call('SET', KEYS[1], committed)
 local oldest = tonumber(redis.call('GET', KEYS[5]) or '0')
 redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', '(' .. (oldest * window_size - 2 * window_size))
-if start >= 0 and state == 1 then
+if start >= 0 and state >= 1 then
   for w = tonumber(ARGV[7]), math.min(tonumber(ARGV[8]), oldest - 1) do redis.call('SADD', KEYS[6], w) end
 end
 return {state, committed, oldest}
@@ -198,6 +201,8 @@ class TemporalStorage:
             state, committed = self._commit_positions(start, n, key)
             if state == 1:
                 return WriteResult(committed, n, False)
+            if state == 2:  # a concurrent attempt of the same push committed it first
+                return WriteResult(committed, 0, True)
         raise RuntimeError(f"write of {n} rows was skipped as stalled three times: writes take too long")
 
     def _reserve_positions(self, n: int, key: PushKey | None) -> tuple[int, int, int, list[int]]:

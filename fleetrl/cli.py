@@ -10,6 +10,7 @@
     fleetrl evaluator  --config C --buffer B --aggregator A
     fleetrl export     --checkpoint CKPT --out policy.onnx
     fleetrl report     RUN_DIR [RUN_DIR ...] --out report.html   # curves, updates/s, CPU per role
+    fleetrl certs      --out DIR [--hosts H1,H2]                 # a self-signed TLS set for a fleet
 
 Each role subcommand takes the addresses of the services it needs, so the same fleet can be
 spread over hosts: start `redis-cluster` (or point at your own cluster), then the buffer and
@@ -72,6 +73,10 @@ def _parser(export_args: bool = True) -> argparse.ArgumentParser:
         p.add_argument("--ready-file", help="write the bound address here once serving")
         p.add_argument("--run-dir", help="checkpoints and TensorBoard go here (aggregator)")
         p.add_argument("--heartbeat", help="heartbeat JSON file the watchdog reads")
+    certs = sub.add_parser("certs", help="make a self-signed TLS certificate set for a fleet")
+    certs.add_argument("--out", required=True, help="folder for ca.pem, ca.key, fleet.pem, fleet.key")
+    certs.add_argument("--hosts", default="", help="comma-separated host names and IPs the services listen on")
+    certs.add_argument("--days", type=int, default=365, help="validity in days")
     report = sub.add_parser("report", help="one HTML page (PNG plots beside it) comparing run directories")
     from fleetrl.report import add_arguments as add_report_arguments  # matplotlib loads only when writing
 
@@ -134,23 +139,25 @@ def _train(args: argparse.Namespace) -> int:
 
 def _role(args: argparse.Namespace) -> int:
     from fleetrl.process import die_with_parent, setup_logging, stop_event
+    from fleetrl.transport import Security
 
     config = _config(args).validate()
     setup_logging(f"{args.command}-{args.id}")
     die_with_parent()
     stop = stop_event()
+    security = Security.from_config(config.security)  # the token and Redis password (files or env)
     if args.command == "buffer":
         from buffer.service import run_ingest_service
         from sim.registry import get_task
 
         task = get_task(config.sim.task)
         run_ingest_service(
-            config.buffer, config.run_id, task.task_id, task.schema(), args.redis, args.port, args.ready_file
+            config.buffer, config.run_id, task.task_id, task.schema(), args.redis, args.port, args.ready_file, security
         )
     elif args.command == "aggregator":
         from aggregator.service import run_aggregator
 
-        run_aggregator(config, args.port, args.run_dir, args.ready_file, stop)
+        run_aggregator(config, args.port, args.run_dir, args.ready_file, stop, security)
     elif args.command == "learner":
         from learner.worker import LearnerEndpoints, run_learner
 
@@ -183,6 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     from fleetrl.config import ConfigError, help_lines
     from fleetrl.local_cluster import LocalClusterError
     from fleetrl.report import ReportError
+    from fleetrl.transport import SecurityError
     from fleetrl.watchdog import RoleFailed
 
     try:
@@ -194,6 +202,10 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.command == "redis-cluster":
             return _redis_cluster(args)
+        if args.command == "certs":
+            from fleetrl.certs import main as certs_main  # cryptography loads only here
+
+            return certs_main(args)
         if args.command == "report":
             from fleetrl.report import main as report_main
 
@@ -205,6 +217,9 @@ def main(argv: list[str] | None = None) -> int:
         return _role(args)
     except ConfigError as err:
         print(f"fleetrl: config error: {err}", file=sys.stderr)
+        return 2
+    except SecurityError as err:
+        print(f"fleetrl: security error: {err}", file=sys.stderr)
         return 2
     except ReportError as err:
         print(f"fleetrl: {err}", file=sys.stderr)

@@ -152,6 +152,23 @@ class EvalConfig:
 
 
 @dataclass(frozen=True)
+class SecurityConfig:
+    """Who may talk to the fleet. Secrets themselves never go into a config file: only paths."""
+
+    token_file: str = config_field(
+        "", "file holding the fleet token every RPC must carry; '' = the FLEETRL_TOKEN environment variable"
+    )
+    tls_cert: str = config_field("", "PEM server certificate (with tls_key): services serve TLS; see fleetrl certs")
+    tls_key: str = config_field("", "PEM private key of tls_cert")
+    tls_ca: str = config_field("", "PEM CA: clients verify services against it (and services verify clients)")
+    tls_client_auth: bool = config_field(False, "services require client certificates signed by tls_ca")
+    redis_user: str = config_field("fleetrl", "Redis ACL user of the run (the nodes fleetrl starts create it)")
+    redis_password_file: str = config_field(
+        "", "file holding the Redis password; '' = the FLEETRL_REDIS_PASSWORD environment variable"
+    )
+
+
+@dataclass(frozen=True)
 class RunConfig:
     run_id: str = config_field("run", "names the run's Redis keys and its run directory")
     run_dir: str = config_field("runs/run", "where config, checkpoints, TensorBoard events and summary go")
@@ -165,6 +182,7 @@ class RunConfig:
     learner: LearnerConfig = field(default_factory=LearnerConfig)
     aggregator: AggregatorConfig = field(default_factory=AggregatorConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    security: SecurityConfig = field(default_factory=SecurityConfig)
 
     def validate(self) -> RunConfig:
         """Cross-field checks, run once at launch. Returns self so calls can chain."""

@@ -17,10 +17,12 @@ Topology (one comment per edge):
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
 import pathlib
+import secrets
 import socket
 import sys
 import threading
@@ -35,11 +37,23 @@ from fleetrl.cpu import CpuMeter
 from fleetrl.local_cluster import LocalRedisCluster
 from fleetrl.process import heartbeat_file, stop_event
 from fleetrl.progress import Progress, Snapshot
+from fleetrl.transport import REDIS_PASSWORD_ENV, TOKEN_ENV, Security
 from fleetrl.watchdog import RoleSpec, Watchdog
 
 log = logging.getLogger("fleetrl.launch")
 READY_TIMEOUT_SEC = 120.0
 CPU_SAMPLE_SEC = 2.0
+
+
+def local_security(config: RunConfig) -> Security:
+    """The configured secrets, with a fresh token and Redis password for whatever is not set."""
+    given = Security.from_config(config.security)
+    return dataclasses.replace(
+        given,
+        token=given.token or secrets.token_urlsafe(32),
+        redis_user=config.security.redis_user,
+        redis_password=given.redis_password or secrets.token_urlsafe(32),
+    )
 
 
 def free_port() -> int:
@@ -82,6 +96,13 @@ class LocalFleet:
         self._stop = threading.Event()
         self.cpu = CpuMeter()
         self._cpu_sampled = -CPU_SAMPLE_SEC
+        # A local run needs no set-up: without a token or Redis password given, one is made.
+        self.security = local_security(config)
+        self._child_env = {TOKEN_ENV: self.security.token, REDIS_PASSWORD_ENV: self.security.redis_password}
+
+    def make_cluster(self) -> LocalRedisCluster:
+        """The run's local Redis Cluster: its nodes require the run's ACL user and password."""
+        return LocalRedisCluster(self.num_redis_primaries, auth=self.security)
 
     def _role_argv(self, role: str, *args: str) -> tuple[str, ...]:
         return (sys.executable, "-m", "fleetrl.cli", role, "--config", str(self.run_dir / "config.json"), *args)
@@ -92,7 +113,7 @@ class LocalFleet:
         ready.unlink(missing_ok=True)
         port = address.rsplit(":", 1)[1]
         argv = self._role_argv(role, "--port", port, "--ready-file", str(ready), *extra)
-        dog.start(RoleSpec(role, argv, max_restarts=self._max_restarts))
+        dog.start(RoleSpec(role, argv, max_restarts=self._max_restarts, env=self._child_env))
 
     def _wait_ready(self, dog: Watchdog, role: str) -> None:
         ready = self.run_dir / "ready" / role
@@ -108,7 +129,7 @@ class LocalFleet:
             name = f"{role}-{index}"
             beat = heartbeat_file(self.run_dir, name)
             argv = self._role_argv(role, "--id", str(index), "--heartbeat", beat, *extra)
-            dog.start(RoleSpec(name, argv, heartbeat_path=beat, max_restarts=self._max_restarts))
+            dog.start(RoleSpec(name, argv, heartbeat_path=beat, max_restarts=self._max_restarts, env=self._child_env))
 
     def prepare(self) -> None:
         """Create the run directory and write the resolved config every role process reads."""
@@ -162,7 +183,7 @@ class LocalFleet:
         self.prepare()
         progress = Progress(self.config, self.run_dir, self.started_at)
         try:
-            cluster = LocalRedisCluster(self.num_redis_primaries)
+            cluster = self.make_cluster()
             with closing(cluster), Watchdog(self.run_dir / "logs") as dog:  # roles stop before the cluster
                 buffer, aggregator = self.start_roles(dog, cluster)
                 progress.note(f"fleet up: redis {cluster.addresses}, buffer {buffer}, aggregator {aggregator}")
@@ -186,7 +207,10 @@ class LocalFleet:
         self, dog: Watchdog, progress: Progress, buffer: str, aggregator: str, cluster: LocalRedisCluster
     ) -> str:
         c = self.config
-        with IngestClient(buffer, sampler_id=0, run_id=c.run_id) as ingest, AggregatorClient(aggregator) as agg:
+        with (
+            IngestClient(buffer, sampler_id=0, run_id=c.run_id, security=self.security) as ingest,
+            AggregatorClient(aggregator, security=self.security) as agg,
+        ):
             while not self._stop.is_set():
                 for event in dog.poll():
                     progress.note(event)

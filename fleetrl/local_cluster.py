@@ -31,6 +31,8 @@ from pathlib import Path
 import redis
 from redis.cluster import ClusterNode, RedisCluster
 
+from fleetrl.transport import Security
+
 NUM_SLOTS = 16384
 CLUSTER_BUS_OFFSET = 10000  # Redis fixes the cluster bus port at port + 10000.
 INSTALL_HINT = "install it with `sudo apt-get update && sudo apt-get install -y redis-server`"
@@ -43,9 +45,13 @@ class LocalClusterError(RuntimeError):
     """The local cluster could not be started or formed; the message carries the node logs."""
 
 
-def connect(addresses: str) -> RedisCluster:
-    """A RedisCluster client for "host:port,host:port" (any reachable subset of the nodes)."""
-    return RedisCluster(startup_nodes=[ClusterNode(h, p) for h, p in parse_addresses(addresses)])
+def connect(addresses: str, security: Security | None = None) -> RedisCluster:
+    """A RedisCluster client for "host:port,host:port" (any reachable subset of the nodes),
+    logged in as the run's ACL user when `security` carries a Redis password."""
+    nodes = [ClusterNode(h, p) for h, p in parse_addresses(addresses)]
+    if security is None or not security.redis_password:
+        return RedisCluster(startup_nodes=nodes)
+    return RedisCluster(startup_nodes=nodes, username=security.redis_user, password=security.redis_password)
 
 
 def parse_addresses(addresses: str) -> list[tuple[str, int]]:
@@ -117,17 +123,26 @@ def _log_tail(path: Path) -> str:
 class _Node:
     """One redis-server child process with its own directory and log."""
 
-    def __init__(self, binary: str, root: Path, index: int, port: int) -> None:
+    def __init__(self, binary: str, root: Path, index: int, port: int, auth: Security) -> None:
         self.port = port
         self.dir = root / f"node{index}-{port}"
         self.dir.mkdir()
         self.log = self.dir / "redis.log"
         conf = self.dir / "redis.conf"
-        conf.write_text(
-            f"port {port}\nbind 127.0.0.1\nprotected-mode no\ndir {self.dir}\n"
+        text = (
+            f"port {port}\nbind 127.0.0.1\ndir {self.dir}\n"
             "cluster-enabled yes\ncluster-config-file nodes.conf\ncluster-node-timeout 5000\n"
             'save ""\nappendonly no\ndaemonize no\n'
         )
+        if auth.redis_password:
+            # The run's own ACL user; the default user (no password) is switched off.
+            name, secret = auth.redis_user, auth.redis_password
+            text += f"protected-mode yes\nuser default off\nuser {name} on >{secret} ~* &* +@all\n"
+            text += f"masteruser {name}\nmasterauth {secret}\n"
+        else:
+            text += "protected-mode no\n"
+        conf.write_text(text)
+        conf.chmod(0o600)  # it holds the password
         with open(self.log, "wb") as log:
             self.process = subprocess.Popen(
                 [binary, str(conf)],
@@ -137,7 +152,9 @@ class _Node:
                 preexec_fn=_parent_death_signal(),
                 cwd=self.dir,
             )
-        self.conn = redis.Redis(host="127.0.0.1", port=port, socket_timeout=5.0)
+        user: str | None = auth.redis_user if auth.redis_password else None
+        password: str | None = auth.redis_password or None
+        self.conn = redis.Redis(host="127.0.0.1", port=port, socket_timeout=5.0, username=user, password=password)
 
     def wait_ping(self, deadline: float) -> bool:
         """True once our server answers; False if it exited (e.g. the port was taken) or timed out."""
@@ -172,13 +189,19 @@ class LocalRedisCluster:
     """
 
     def __init__(
-        self, num_primaries: int = 3, *, startup_timeout_sec: float = 30.0, redis_server: str | None = None
+        self,
+        num_primaries: int = 3,
+        *,
+        startup_timeout_sec: float = 30.0,
+        redis_server: str | None = None,
+        auth: Security | None = None,
     ) -> None:
         if num_primaries < 3:
             raise ValueError(f"num_primaries ({num_primaries}) must be >= 3: Redis Cluster needs 3 primaries")
         self.num_primaries = num_primaries
         self.startup_timeout_sec = startup_timeout_sec
         self._binary = redis_server
+        self.auth = auth or Security()  # with a redis_password: nodes require the run's ACL user
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
         self._nodes: list[_Node] = []
 
@@ -205,8 +228,8 @@ class LocalRedisCluster:
         return [n.process.pid for n in self._nodes]
 
     def client(self) -> RedisCluster:
-        """A new RedisCluster client; the caller closes it."""
-        return RedisCluster(startup_nodes=[ClusterNode(h, p) for h, p in self.nodes])
+        """A new RedisCluster client (logged in when the nodes require it); the caller closes it."""
+        return connect(self.addresses, self.auth)
 
     def flush(self) -> None:
         """FLUSHALL on every node (tests call this between cases)."""
@@ -251,7 +274,7 @@ class LocalRedisCluster:
         logs = []
         for _ in range(_PORT_ATTEMPTS):
             port = _free_port_pair(taken)
-            node = _Node(binary, Path(self._tmp.name), index, port)
+            node = _Node(binary, Path(self._tmp.name), index, port, self.auth)
             if node.wait_ping(deadline):
                 return node
             node.stop(1.0)

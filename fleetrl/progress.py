@@ -191,8 +191,16 @@ class Progress:
 
     def _table(self) -> Table:
         table = Table(title=f"fleetrl {self.config.sim.task}  ->  {self.config.run_dir}")
-        columns = ("wall s", "env steps", "env steps/s", "version", "updates/s", "eval success", "train success")
-        columns += ("rejected pushes",)
+        columns = (
+            "wall s",
+            "env steps",
+            "env steps/s",
+            "version",
+            "updates/s",
+            "eval success",
+            "train success",
+            "rejected pushes",
+        )
         for col in columns:
             table.add_column(col, justify="right")
         s = self.last

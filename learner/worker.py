@@ -23,6 +23,7 @@ from buffer.client import ReplaySampler
 from fleetrl.config import RunConfig
 from fleetrl.local_cluster import connect
 from fleetrl.process import Heartbeat
+from fleetrl.transport import Security
 from learner.models import GROUPS, SACModel
 from learner.sac import Batch, SACHyperparams, compute_gradients
 from sim.registry import get_task
@@ -112,9 +113,13 @@ def run_learner(config: RunConfig, learner_id: int, endpoints: LearnerEndpoints,
     torch.set_num_threads(config.learner.torch_threads)
     task = get_task(config.sim.task)
     heartbeat = Heartbeat(endpoints.heartbeat_path)
-    redis_client = connect(endpoints.redis)
+    security = Security.from_config(config.security)
+    redis_client = connect(endpoints.redis, security)
     try:
-        with AggregatorClient(endpoints.aggregator) as agg, agg.watch(f"learner-{learner_id}") as weights:
+        with (
+            AggregatorClient(endpoints.aggregator, security=security) as agg,
+            agg.watch(f"learner-{learner_id}") as weights,
+        ):
             replay = ReplaySampler(
                 redis_client,
                 config.run_id,

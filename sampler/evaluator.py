@@ -30,6 +30,7 @@ from fleetrl.config import EvalConfig, RunConfig
 from fleetrl.policy import ACTOR_GROUPS
 from fleetrl.process import Heartbeat
 from fleetrl.proto import fleetrl_pb2 as pb
+from fleetrl.transport import Security
 from sampler.worker import Policy, rollout
 from sim.registry import get_task, goal_reward, make_env
 
@@ -135,14 +136,19 @@ def run_evaluator(
     policy = Policy()
     scored = 0
     name = f"evaluator-{evaluator_id}"
+    security = Security.from_config(config.security)
     with (
-        AggregatorClient(aggregator) as agg,
+        AggregatorClient(aggregator, security=security) as agg,
         agg.watch(name, ACTOR_GROUPS) as watcher,
-        IngestClient(buffer, sampler_id=0, run_id=config.run_id) as ingest,
+        IngestClient(buffer, sampler_id=0, run_id=config.run_id, security=security) as ingest,
     ):
         started, next_at = time.monotonic(), 0.0
         while not stop.is_set():
-            stop.wait(max(0.0, next_at - time.monotonic()))
+            if time.monotonic() < next_at:  # waiting for the next score: keep the heartbeat alive
+                with heartbeat.phase("idle"):
+                    stop.wait(min(1.0, next_at - time.monotonic()))
+                heartbeat.beat(scored=scored)
+                continue
             snapshot = watcher.wait_newer_than(policy.version, timeout=0.5)
             if snapshot is None or stop.is_set():
                 heartbeat.beat(scored=scored)

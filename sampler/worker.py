@@ -25,6 +25,7 @@ from buffer.client import IngestClient
 from fleetrl.config import RunConfig, SamplerConfig
 from fleetrl.policy import ACTOR_GROUPS, NumpyActor
 from fleetrl.process import Heartbeat
+from fleetrl.transport import Security
 from sampler.hardening import harden
 from sampler.her import Episode, relabel_future
 from sim.registry import TaskSpec, get_task, goal_reward, make_env
@@ -166,11 +167,16 @@ def run_sampler(config: RunConfig, sampler_id: int, endpoints: SamplerEndpoints,
     heartbeat = Heartbeat(endpoints.heartbeat_path)
     policy = Policy(seed=cfg.seed + 1000 * sampler_id + 1, random_action_prob=cfg.random_action_prob)
     steps, episodes, successes = 0, 0, 0
+    security = Security.from_config(config.security)
     with (
-        AggregatorClient(endpoints.aggregator) as agg,
+        AggregatorClient(endpoints.aggregator, security=security) as agg,
         agg.watch(f"sampler-{sampler_id}", ACTOR_GROUPS, cfg.weights_interval_sec) as watcher,
         IngestClient(
-            endpoints.buffer, sampler_id=sampler_id, run_id=config.run_id, push_timeout_sec=cfg.push_timeout_sec
+            endpoints.buffer,
+            sampler_id=sampler_id,
+            run_id=config.run_id,
+            push_timeout_sec=cfg.push_timeout_sec,
+            security=security,
         ) as ingest,
     ):
         pusher = Pusher(ingest, task)

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from aggregator.core import AggregatorCore, GradientError
 from fleetrl.checkpoint import (
     checkpoint_path,
     latest_checkpoint,
@@ -15,7 +16,6 @@ from fleetrl.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
-from aggregator.core import AggregatorCore, GradientError
 from fleetrl.config import AggregatorConfig
 from learner.models import GRADIENT_GROUPS, GROUPS, ModelSpec, norm_from_stats, norm_stats
 

@@ -12,12 +12,13 @@ import pytest
 
 from aggregator.client import AggregatorClient, GradientPush
 from aggregator.core import AggregatorCore
-from aggregator.service import GRPC_OPTIONS, AggregatorServer
+from aggregator.service import AggregatorServer
 from fleetrl.checkpoint import load_checkpoint
 from fleetrl.config import AggregatorConfig
 from fleetrl.policy import GRADIENT_GROUPS, GROUPS, ModelSpec
 from fleetrl.proto import fleetrl_pb2 as pb
 from fleetrl.proto import fleetrl_pb2_grpc as pb_grpc
+from fleetrl.transport import GRPC_OPTIONS
 from learner.models import norm_stats
 
 SPEC = ModelSpec(obs_dim=3, goal_dim=2, act_dim=2, hidden_sizes=(8,))

@@ -106,9 +106,7 @@ def test_nothing_past_a_reservation_in_flight_is_seen_until_it_is_written(storag
 
 
 def test_a_skipped_range_stays_invalid_even_if_written_late(storage, sampler, make_transitions, redis_client):
-    fast = ReplaySampler(
-        redis_client, RUN, SCHEMA, dataclasses.replace(CONFIG, stalled_write_timeout_sec=0.1), seed=0
-    )
+    fast = ReplaySampler(redis_client, RUN, SCHEMA, dataclasses.replace(CONFIG, stalled_write_timeout_sec=0.1), seed=0)
     slow = PushKey(sampler_id=1, incarnation=5, seq=1)
     storage._reserve_positions(2, slow)
     storage.write(make_transitions(4, first_id=10), task_id=0, policy_version=0)

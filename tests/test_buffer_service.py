@@ -16,12 +16,13 @@ import grpc
 import numpy as np
 import pytest
 
-from buffer.client import GRPC_OPTIONS, IngestClient, IngestUnavailable
+from buffer.client import IngestClient, IngestUnavailable
 from buffer.service import IngestServer
 from buffer.storage import TemporalStorage
 from fleetrl.config import BufferConfig
 from fleetrl.proto import fleetrl_pb2 as pb
 from fleetrl.proto import fleetrl_pb2_grpc as pb_grpc
+from fleetrl.transport import GRPC_OPTIONS
 from fleetrl.wire import TransitionSchema, batch_to_proto
 
 SCHEMA = TransitionSchema(obs_dim=3, goal_dim=2, act_dim=2)  # make_transitions' default

@@ -114,9 +114,7 @@ def test_the_committed_head_waits_for_a_reservation_still_being_written(redis_cl
     assert records["valid"].tolist() == [0, 0, 0, 1, 1]  # written, but not yet visible to readers
 
 
-def test_a_stalled_reservation_is_skipped_and_its_late_retry_is_stored_elsewhere_once(
-    redis_client, make_transitions
-):
+def test_a_stalled_reservation_is_skipped_and_its_late_retry_is_stored_elsewhere_once(redis_client, make_transitions):
     store = storage(redis_client, stalled_sec=0.2)
     key = PushKey(1, 11, 1)
     store._reserve_positions(3, key)  # its ingest died after reserving [0, 3), before writing

@@ -10,7 +10,6 @@ import pytest
 import torch
 from onnx import TensorProto, helper
 
-from fleetrl.checkpoint import load_checkpoint, save_checkpoint
 from aggregator.core import AggregatorCore
 from deploy_npu import cli
 from deploy_npu.audit import NPU_OPS, OpAuditError, audit_onnx
@@ -26,6 +25,7 @@ from deploy_npu.parity import (
     random_inputs,
     task_for_spec,
 )
+from fleetrl.checkpoint import load_checkpoint, save_checkpoint
 from fleetrl.config import AggregatorConfig
 from learner.models import GRADIENT_GROUPS, ModelSpec, norm_stats
 from sim import get_task

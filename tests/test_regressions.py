@@ -8,9 +8,10 @@ import pytest
 
 from aggregator.client import AggregatorClient
 from aggregator.core import AggregatorCore
-from aggregator.service import GRPC_OPTIONS, AggregatorServer
+from aggregator.service import AggregatorServer
 from fleetrl.config import AggregatorConfig, ConfigError, EvalConfig, RunConfig, with_overrides
 from fleetrl.proto import fleetrl_pb2_grpc as pb_grpc
+from fleetrl.transport import GRPC_OPTIONS
 from fleetrl.wire import to_tensor
 from sampler.evaluator import evaluate
 from sim.registry import make_env

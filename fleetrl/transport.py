@@ -1,0 +1,186 @@
+"""The fleet's wire security and gRPC plumbing, shared by every service and client.
+
+    security = Security.from_config(config.security)     # token (file or FLEETRL_TOKEN), TLS files
+    server = grpc.server(pool, options=GRPC_OPTIONS, interceptors=security.server_interceptors(counter))
+    port = security.add_port(server, "0.0.0.0:50051")     # TLS when configured
+    channel = security.channel("10.0.0.6:50051")          # sends the token on every call
+
+Every RPC carries the fleet's token in its `authorization` metadata; a server with a token
+refuses any call without the right one (UNAUTHENTICATED, counted) before the handler runs.
+TLS (server certificate, optionally client certificates) is on when `security.tls_cert` is
+set; `fleetrl certs` makes a self-signed set. The local launcher generates a token (and a
+Redis password) per run, so a local run needs no set-up.
+"""
+
+from __future__ import annotations
+
+import hmac
+import os
+import pathlib
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+
+from fleetrl.config import SecurityConfig
+
+MAX_MESSAGE_BYTES = 256 * 1024 * 1024
+GRPC_OPTIONS = [
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+]
+TOKEN_ENV = "FLEETRL_TOKEN"
+REDIS_PASSWORD_ENV = "FLEETRL_REDIS_PASSWORD"
+_HEADER = "authorization"
+
+
+class SecurityError(ValueError):
+    """A security setting cannot be used (missing file, half a TLS pair); names the field."""
+
+
+def _read(path: str, field: str) -> bytes:
+    try:
+        return pathlib.Path(path).read_bytes()
+    except OSError as err:
+        raise SecurityError(f"security.{field} ({path!r}) cannot be read: {err.strerror}") from err
+
+
+@dataclass(frozen=True)
+class Security:
+    token: str = ""  # empty: no token sent, none required
+    tls_cert: bytes = b""  # PEM; with tls_key, servers serve TLS
+    tls_key: bytes = b""
+    tls_ca: bytes = b""  # PEM; clients verify servers against it, servers verify client certs with it
+    tls_client_auth: bool = False
+    redis_user: str = ""
+    redis_password: str = ""
+
+    @classmethod
+    def from_config(cls, config: SecurityConfig, environ: dict[str, str] | None = None) -> Security:
+        env = os.environ if environ is None else environ
+        token = _read(config.token_file, "token_file").decode().strip() if config.token_file else env.get(TOKEN_ENV, "")
+        password = env.get(REDIS_PASSWORD_ENV, "")
+        if config.redis_password_file:
+            password = _read(config.redis_password_file, "redis_password_file").decode().strip()
+        if bool(config.tls_cert) != bool(config.tls_key):
+            raise SecurityError("security.tls_cert and security.tls_key come together: set both or neither")
+        if config.tls_client_auth and not config.tls_ca:
+            raise SecurityError("security.tls_client_auth needs security.tls_ca to check client certificates")
+        return cls(
+            token=token,
+            tls_cert=_read(config.tls_cert, "tls_cert") if config.tls_cert else b"",
+            tls_key=_read(config.tls_key, "tls_key") if config.tls_key else b"",
+            tls_ca=_read(config.tls_ca, "tls_ca") if config.tls_ca else b"",
+            tls_client_auth=config.tls_client_auth,
+            redis_user=config.redis_user if password else "",
+            redis_password=password,
+        )
+
+    @property
+    def tls(self) -> bool:
+        return bool(self.tls_cert)
+
+    # --- servers --------------------------------------------------------------------------
+    def server_interceptors(self, refused: RefusalCounter | None = None) -> list[grpc.ServerInterceptor]:
+        return [TokenCheck(self.token, refused)] if self.token else []
+
+    def add_port(self, server: grpc.Server, address: str) -> int:
+        """Bind `address` (TLS when configured); returns the port, 0 if it could not bind."""
+        if not self.tls:
+            return server.add_insecure_port(address)
+        credentials = grpc.ssl_server_credentials(
+            [(self.tls_key, self.tls_cert)],
+            root_certificates=self.tls_ca or None,
+            require_client_auth=self.tls_client_auth,
+        )
+        return server.add_secure_port(address, credentials)
+
+    # --- clients --------------------------------------------------------------------------
+    def channel(self, address: str) -> grpc.Channel:
+        """A channel to `address` that sends the token on every call (TLS when a CA is set)."""
+        if self.tls_ca:
+            credentials = grpc.ssl_channel_credentials(
+                root_certificates=self.tls_ca,
+                private_key=self.tls_key or None if self.tls_client_auth else None,
+                certificate_chain=self.tls_cert or None if self.tls_client_auth else None,
+            )
+            channel = grpc.secure_channel(address, credentials, options=GRPC_OPTIONS)
+        else:
+            channel = grpc.insecure_channel(address, options=GRPC_OPTIONS)
+        if not self.token:
+            return channel
+        return grpc.intercept_channel(channel, _TokenSender(self.token))
+
+
+NO_SECURITY = Security()
+
+
+class RefusalCounter:
+    """Calls refused for a missing or wrong token, per method (thread-safe)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.by_method: dict[str, int] = {}
+
+    def add(self, method: str) -> None:
+        with self._lock:
+            self.by_method[method] = self.by_method.get(method, 0) + 1
+
+    @property
+    def total(self) -> int:
+        with self._lock:
+            return sum(self.by_method.values())
+
+
+class TokenCheck(grpc.ServerInterceptor):
+    """Refuses (UNAUTHENTICATED) every call whose `authorization` is not `Bearer <token>`."""
+
+    def __init__(self, token: str, refused: RefusalCounter | None = None) -> None:
+        self._expected = f"Bearer {token}".encode()
+        self.refused = refused or RefusalCounter()
+
+    def intercept_service(self, continuation: Callable[[Any], Any], details: Any) -> Any:
+        handler = continuation(details)
+        given = dict(details.invocation_metadata or ()).get(_HEADER, "")
+        given_bytes = given.encode() if isinstance(given, str) else bytes(given)
+        if handler is None or hmac.compare_digest(given_bytes, self._expected):
+            return handler
+        self.refused.add(details.method)
+        why = "missing fleet token" if not given else "wrong fleet token"
+
+        def refuse(request: Any, context: grpc.ServicerContext) -> Any:
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, f"authorization: {why} (see security.token_file)")
+
+        make = grpc.unary_stream_rpc_method_handler if handler.unary_stream else grpc.unary_unary_rpc_method_handler
+        return make(
+            refuse, request_deserializer=handler.request_deserializer, response_serializer=handler.response_serializer
+        )
+
+
+class _TokenSender(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor):
+    def __init__(self, token: str) -> None:
+        self._header = (_HEADER, f"Bearer {token}")
+
+    def _with_token(self, details: Any) -> Any:
+        metadata = [*(details.metadata or ()), self._header]
+        return _CallDetails(
+            details.method, details.timeout, metadata, details.credentials, details.wait_for_ready, details.compression
+        )
+
+    def intercept_unary_unary(self, continuation: Callable[..., Any], details: Any, request: Any) -> Any:
+        return continuation(self._with_token(details), request)
+
+    def intercept_unary_stream(self, continuation: Callable[..., Any], details: Any, request: Any) -> Any:
+        return continuation(self._with_token(details), request)
+
+
+@dataclass(frozen=True)
+class _CallDetails(grpc.ClientCallDetails):
+    method: str
+    timeout: float | None
+    metadata: Any
+    credentials: Any
+    wait_for_ready: bool | None
+    compression: Any
