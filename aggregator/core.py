@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from fleetrl.config import AggregatorConfig
+from fleetrl.wire import cap
 from learner.models import GRADIENT_GROUPS, GROUPS, ModelSpec, SACModel, norm_from_stats
 
 HUGE_GRADIENT = 1e15  # an element this large squares past float32 range inside Adam
@@ -75,7 +76,8 @@ class AggregatorCore:
             raise GradientError("tensors", f"missing group(s) {missing}; expected {list(GRADIENT_GROUPS)}")
         extra = sorted(set(grads) - set(GRADIENT_GROUPS))
         if extra:
-            raise GradientError("tensors", f"unknown group(s) {extra}; expected {list(GRADIENT_GROUPS)}")
+            shown = [cap(name, 30) for name in extra[:3]] + ([f"and {len(extra) - 3} more"] if len(extra) > 3 else [])
+            raise GradientError("tensors", f"unknown group(s) {shown}; expected {list(GRADIENT_GROUPS)}")
         for g in GRADIENT_GROUPS:
             if grads[g].shape != (self.sizes[g],):
                 raise GradientError(f"tensors[{g}].shape", f"{list(grads[g].shape)}, expected [{self.sizes[g]}]")

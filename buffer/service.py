@@ -57,6 +57,8 @@ def validate_batch(
         raise WireError("num_transitions", f"{n} is outside [1, max_batch_transitions={max_batch_transitions}]")
     if batch.policy_version > MAX_UINT32:
         raise WireError("policy_version", f"{batch.policy_version} exceeds {MAX_UINT32} (stored as uint32)")
+    if batch.env_steps > n:
+        raise WireError("env_steps", f"{batch.env_steps} env steps cannot yield {n} transitions")
     if batch.episodes > n:
         raise WireError("episodes", f"{batch.episodes} episodes cannot end in {n} transitions")
     if batch.successes > batch.episodes:

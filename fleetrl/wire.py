@@ -6,6 +6,7 @@ fleetrl.config and the generated protos). It holds no role's logic.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -13,6 +14,13 @@ import numpy as np
 from fleetrl.proto import fleetrl_pb2 as pb
 
 ALLOWED_DTYPES = ("float32",)
+MAX_ABS_VALUE = 1e6  # observations, goals and rewards beyond this are a sender's bug (and break learners)
+ACTION_LIMIT = 1.0 + 1e-5  # actions are tanh-squashed into [-1, 1]
+
+
+def cap(text: str, limit: int = 60) -> str:
+    """A client's value as an error may echo it: bounded, so details stay far below gRPC's limits."""
+    return text if len(text) <= limit else f"{text[: limit - 15]}... ({len(text)} chars)"
 
 
 class WireError(ValueError):
@@ -30,13 +38,13 @@ def to_tensor(name: str, array: np.ndarray) -> pb.Tensor:
 
 def from_tensor(tensor: pb.Tensor, field: str = "tensor") -> np.ndarray:
     """Decode a Tensor, checking dtype and that the byte count matches the shape."""
-    where = f"{field}[{tensor.name}]"
+    where = f"{field}[{cap(tensor.name)}]"
     if tensor.dtype not in ALLOWED_DTYPES:
-        raise WireError(f"{where}.dtype", f"{tensor.dtype!r} is not one of {ALLOWED_DTYPES}")
-    if any(d < 0 for d in tensor.shape):
-        raise WireError(f"{where}.shape", f"negative dimension in {list(tensor.shape)}")
+        raise WireError(f"{where}.dtype", f"{cap(tensor.dtype)!r} is not one of {ALLOWED_DTYPES}")
+    if len(tensor.shape) > 4 or any(d < 0 for d in tensor.shape):
+        raise WireError(f"{where}.shape", f"{cap(str(list(tensor.shape)))}: at most 4 dimensions, none negative")
     dtype = np.dtype(tensor.dtype)
-    expected = int(np.prod(tensor.shape, dtype=np.int64)) * dtype.itemsize
+    expected = math.prod(tensor.shape) * dtype.itemsize  # Python ints: [2**32, 2**32] does not wrap to 0
     if len(tensor.data) != expected:
         raise WireError(f"{where}.data", f"{len(tensor.data)} bytes, shape {list(tensor.shape)} needs {expected}")
     return np.frombuffer(tensor.data, dtype=dtype).reshape(tuple(tensor.shape))
@@ -141,12 +149,14 @@ def batch_from_proto(batch: pb.TransitionBatch, schema: TransitionSchema) -> Tra
     by_name: dict[str, np.ndarray] = {}
     for i, tensor in enumerate(batch.columns):
         if tensor.name in by_name:
-            raise WireError(f"columns[{i}].name", f"duplicate column {tensor.name!r}")
+            raise WireError(f"columns[{i}].name", f"duplicate column {cap(tensor.name)!r}")
+        if tensor.name not in schema.column_dims():
+            unknown = sorted({c.name for c in batch.columns} - set(schema.column_dims()))
+            shown = [cap(u, 30) for u in unknown[:3]]
+            more = f" and {len(unknown) - 3} more" if len(unknown) > 3 else ""
+            raise WireError("columns", f"unknown column(s) {shown}{more}; expected {list(schema.column_dims())}")
         by_name[tensor.name] = from_tensor(tensor, "columns")
     dims = schema.column_dims()
-    unknown = sorted(set(by_name) - set(dims))
-    if unknown:
-        raise WireError("columns", f"unknown column(s) {unknown}; expected {list(dims)}")
     for name, dim in dims.items():
         if name not in by_name:
             raise WireError("columns", f"missing column {name!r}")
@@ -154,6 +164,18 @@ def batch_from_proto(batch: pb.TransitionBatch, schema: TransitionSchema) -> Tra
         got = by_name[name].shape
         if got != expected:
             raise WireError(f"columns[{name}].shape", f"{list(got)}, expected {list(expected)}")
-        if not np.all(np.isfinite(by_name[name])):
-            raise WireError(f"columns[{name}].data", "contains NaN or inf")
+        _check_values(name, by_name[name])
     return Transitions(**by_name)
+
+
+def _check_values(name: str, values: np.ndarray) -> None:
+    """Finite, and within what the column can mean: done is 0 or 1, actions in [-1, 1]."""
+    where = f"columns[{name}].data"
+    if not np.all(np.isfinite(values)):
+        raise WireError(where, "contains NaN or inf")
+    if name == "done" and not np.all((values == 0) | (values == 1)):
+        raise WireError(where, f"must be 0 or 1, got {float(values[(values != 0) & (values != 1)][0]):g}")
+    limit = ACTION_LIMIT if name == "action" else MAX_ABS_VALUE
+    worst = float(np.abs(values).max(initial=0.0))
+    if worst > limit:
+        raise WireError(where, f"magnitude {worst:g} beyond {limit:g}")

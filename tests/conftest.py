@@ -56,7 +56,7 @@ def make_transitions() -> Callable[..., Transitions]:
     """make_transitions(n, first_id=0, schema=SMALL_SCHEMA): rows whose values identify them.
 
     Row i has reward == first_id + i (its id); every other value is derived from the id, so a
-    row read back can be checked against what was written.
+    row read back can be checked against what was written (actions squashed into [-1, 1]).
     """
 
     def make(n: int, first_id: int = 0, schema: TransitionSchema = SMALL_SCHEMA) -> Transitions:
@@ -68,7 +68,7 @@ def make_transitions() -> Callable[..., Transitions]:
         return Transitions(
             obs=block(schema.obs_dim, 0.25),
             goal=block(schema.goal_dim, 0.5),
-            action=block(schema.act_dim, 0.75),
+            action=np.tanh(block(schema.act_dim, 0.75) / 1000).astype(np.float32),  # actions lie in [-1, 1]
             reward=ids.copy(),
             next_obs=block(schema.obs_dim, 1.25),
             done=(ids % 2).astype(np.float32),

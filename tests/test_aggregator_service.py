@@ -149,6 +149,84 @@ def _drop(msg: pb.Gradients, name: str) -> None:
     del msg.tensors[[t.name for t in msg.tensors].index(name)]
 
 
+def _norm(msg: pb.Gradients) -> np.ndarray:
+    return np.frombuffer(_tensor(msg, "norm_stats").data, np.float32).copy()
+
+
+def _set_norm(msg: pb.Gradients, values: np.ndarray) -> None:
+    tensor = _tensor(msg, "norm_stats")
+    tensor.data = values.astype(np.float32).tobytes()
+    tensor.shape[:] = [len(values)]
+
+
+def _huge_norm_sums(msg: pb.Gradients) -> None:
+    values = _norm(msg)
+    values[1:] = 3e38
+    _set_norm(msg, values)
+
+
+def _inconsistent_norm(msg: pb.Gradients) -> None:
+    values = _norm(msg)
+    values[1 + SPEC.input_dim :] = 0.0
+    values[1 : 1 + SPEC.input_dim] = 5.0
+    _set_norm(msg, values)
+
+
+def _short_norm(msg: pb.Gradients) -> None:
+    _set_norm(msg, _norm(msg)[:-1])
+
+
+def _duplicate_actor(msg: pb.Gradients) -> None:
+    msg.tensors.append(_tensor(msg, "actor"))
+
+
+def _extra_group(msg: pb.Gradients) -> None:
+    extra = pb.Tensor()
+    extra.CopyFrom(_tensor(msg, "critic"))
+    extra.name = "critic_target"
+    msg.tensors.append(extra)
+
+
+def _many_groups(msg: pb.Gradients) -> None:
+    for i in range(3000):
+        msg.tensors.append(pb.Tensor(name=f"junk{i}", dtype="float32", shape=[1], data=b"\0" * 4))
+
+
+def _huge_name(msg: pb.Gradients) -> None:
+    msg.tensors.append(pb.Tensor(name="g" * 2**20, dtype="float32", shape=[1], data=b"\0" * 4))
+
+
+def _shape_overflow(msg: pb.Gradients) -> None:
+    _tensor(msg, "actor").shape[:] = [2**32, 2**32]
+
+
+def _negative_dim(msg: pb.Gradients) -> None:
+    _tensor(msg, "critic").shape[:] = [-1]
+
+
+def _five_dims(msg: pb.Gradients) -> None:
+    _tensor(msg, "log_alpha").shape[:] = [1, 1, 1, 1, 1]
+
+
+def _two_d_actor(msg: pb.Gradients) -> None:
+    tensor = _tensor(msg, "actor")
+    tensor.shape[:] = [1, tensor.shape[0]]
+
+
+def _scalar_log_alpha(msg: pb.Gradients) -> None:
+    _tensor(msg, "log_alpha").shape[:] = []
+
+
+def _garbage_bytes(msg: pb.Gradients) -> None:
+    _tensor(msg, "actor").data = b"\x01\x02\x03\x04\x05"
+
+
+def _float64_stats(msg: pb.Gradients) -> None:
+    tensor = _tensor(msg, "norm_stats")
+    tensor.dtype = "float64"
+    tensor.data = np.frombuffer(tensor.data, np.float32).astype(np.float64).tobytes()
+
+
 # One row per bad push: (case, mutate(Gradients) in place, expected in details, rejected field).
 BAD_PUSHES: list[tuple[str, Callable[[pb.Gradients], None], str, str]] = [
     ("bad dtype", _float64, "tensors[actor].dtype: 'float64'", "tensors[actor].dtype"),
@@ -169,6 +247,53 @@ BAD_PUSHES: list[tuple[str, Callable[[pb.Gradients], None], str, str]] = [
         "tensors[norm_stats].data",
     ),
     ("version ahead", lambda m: setattr(m, "base_version", 7), "base_version: 7 is ahead", "base_version"),
+    ("no incarnation", lambda m: setattr(m, "incarnation", 0), "incarnation: 0: every learner", "incarnation"),
+    ("seq 0", lambda m: setattr(m, "seq", 0), "seq: 0: a learner's pushes are numbered from 1", "seq"),
+    ("batch_size 0", lambda m: setattr(m, "batch_size", 0), "batch_size: 0", "batch_size"),
+    (
+        "inf critic",
+        lambda m: _set_first(m, "critic", float("inf")),
+        "tensors[critic].data: contains",
+        "tensors[critic].data",
+    ),
+    (
+        "-inf log_alpha",
+        lambda m: _set_first(m, "log_alpha", float("-inf")),
+        "tensors[log_alpha].data: contains",
+        "tensors[log_alpha].data",
+    ),
+    (
+        "norm count 0",
+        lambda m: _set_first(m, "norm_stats", 0.0),
+        "count 0 must be a whole number",
+        "tensors[norm_stats].data",
+    ),
+    (
+        "norm count over the batch",
+        lambda m: _set_first(m, "norm_stats", 9.0),
+        "count 9 must be a whole number >= 1 and <= batch_size (8)",
+        "tensors[norm_stats].data",
+    ),
+    ("3e38 norm sums", _huge_norm_sums, "implies inputs beyond max_input_abs", "tensors[norm_stats].data"),
+    ("squares below sums", _inconsistent_norm, "sums of squares are inconsistent", "tensors[norm_stats].data"),
+    (
+        "norm_stats wrong length",
+        _short_norm,
+        "tensors[norm_stats].shape: [10], expected [11]",
+        "tensors[norm_stats].shape",
+    ),
+    ("duplicate tensor", _duplicate_actor, "tensors[4].name: duplicate tensor 'actor'", "tensors[4].name"),
+    ("unknown group", _extra_group, "tensors: unknown group(s) ['critic_target']", "tensors"),
+    ("thousands of unknown tensors", _many_groups, "tensors: unknown group(s)", "tensors"),
+    ("1 MB tensor name", _huge_name, "unknown group(s) ['ggggggggggggggg... (1048576 chars)']", "tensors"),
+    ("shape 2**32 x 2**32", _shape_overflow, "needs 73786976294838206464", "tensors[actor].data"),
+    ("negative dimension", _negative_dim, "at most 4 dimensions, none negative", "tensors[critic].shape"),
+    ("5-D tensor", _five_dims, "at most 4 dimensions", "tensors[log_alpha].shape"),
+    ("2-D actor", _two_d_actor, "tensors[actor].shape: [1, ", "tensors[actor].shape"),
+    ("scalar log_alpha", _scalar_log_alpha, "tensors[log_alpha].shape: [], expected [1]", "tensors[log_alpha].shape"),
+    ("empty message", lambda m: m.Clear(), "incarnation: 0", "incarnation"),
+    ("garbage float bytes", _garbage_bytes, "tensors[actor].data: 5 bytes", "tensors[actor].data"),
+    ("bad dtype on stats", _float64_stats, "tensors[norm_stats].dtype: 'float64'", "tensors[norm_stats].dtype"),
 ]
 
 

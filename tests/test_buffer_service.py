@@ -98,6 +98,33 @@ def _unknown_column(b: pb.TransitionBatch, make) -> None:
     b.columns.append(pb.Tensor(name="foo", dtype="float32", shape=[4], data=b"\0" * 16))
 
 
+def _shape_overflow(b: pb.TransitionBatch, make) -> None:
+    _column(b, "obs").shape[:] = [2**32, 2**32]  # wraps to 0 bytes in int64 arithmetic
+
+
+def _negative_dim(b: pb.TransitionBatch, make) -> None:
+    _column(b, "reward").shape[:] = [-4]
+
+
+def _five_dims(b: pb.TransitionBatch, make) -> None:
+    _column(b, "goal").shape[:] = [4, 2, 1, 1, 1]
+
+
+def _float64_done(b: pb.TransitionBatch, make) -> None:
+    column = _column(b, "done")
+    column.dtype = "float64"
+    column.data = np.frombuffer(column.data, np.float32).astype(np.float64).tobytes()
+
+
+def _many_unknown_columns(b: pb.TransitionBatch, make) -> None:
+    for i in range(5000):
+        b.columns.append(pb.Tensor(name=f"junk{i:05d}", dtype="float32", shape=[4], data=b"\0" * 16))
+
+
+def _huge_column_name(b: pb.TransitionBatch, make) -> None:
+    b.columns.append(pb.Tensor(name="x" * 2**20, dtype="float32", shape=[4], data=b"\0" * 16))
+
+
 # One row per bad input: (case, mutate(batch, make_transitions) in place, expected in details).
 BAD_INPUTS: list[tuple[str, Callable[..., None], str]] = [
     ("wrong run_id", lambda b, make: setattr(b, "run_id", "other"), "run_id: 'other'"),
@@ -126,6 +153,23 @@ BAD_INPUTS: list[tuple[str, Callable[..., None], str]] = [
     ),
     ("unknown column", _unknown_column, "columns: unknown column(s) ['foo']"),
     ("more episodes than rows", lambda b, make: setattr(b, "episodes", 5), "episodes: 5 episodes cannot end in 4"),
+    ("no incarnation", lambda b, make: setattr(b, "incarnation", 0), "incarnation: 0: every sampler process start"),
+    ("seq 0", lambda b, make: setattr(b, "seq", 0), "seq: 0: a sampler incarnation numbers its batches from 1"),
+    ("3e38 observation", lambda b, make: _set_values(b, "obs", 0, 3e38), "columns[obs].data: magnitude 3e+38 beyond"),
+    ("3e38 reward", lambda b, make: _set_values(b, "reward", 3, -3e38), "columns[reward].data: magnitude 3e+38"),
+    ("done of 7", lambda b, make: _set_values(b, "done", 1, 7.0), "columns[done].data: must be 0 or 1, got 7"),
+    ("action beyond 1", lambda b, make: _set_values(b, "action", 2, 1.5), "columns[action].data: magnitude 1.5"),
+    ("-inf action", lambda b, make: _set_values(b, "action", 0, float("-inf")), "columns[action].data: contains NaN"),
+    ("NaN goal", lambda b, make: _set_values(b, "goal", 0, float("nan")), "columns[goal].data: contains NaN"),
+    ("inf next_obs", lambda b, make: _set_values(b, "next_obs", 5, float("inf")), "columns[next_obs].data"),
+    ("shape 2**32 x 2**32", _shape_overflow, "columns[obs].data: 48 bytes, shape [4294967296, 4294967296] needs"),
+    ("negative dimension", _negative_dim, "columns[reward].shape: [-4]: at most 4 dimensions, none negative"),
+    ("5-D column", _five_dims, "columns[goal].shape: [4, 2, 1, 1, 1]: at most 4 dimensions"),
+    ("float64 done", _float64_done, "columns[done].dtype: 'float64' is not one of"),
+    ("env_steps beyond rows", lambda b, make: setattr(b, "env_steps", 10**12), "env_steps: 1000000000000 env steps"),
+    ("1 MB run id", lambda b, make: setattr(b, "run_id", "r" * 2**20), "run_id: 'rrrrrrrr"),
+    ("thousands of unknown columns", _many_unknown_columns, "and 4997 more; expected"),
+    ("1 MB column name", _huge_column_name, "unknown column(s) ['xxxxxxxxxxxxxxx... (1048576 chars)']"),
     (
         "more successes than episodes",
         lambda b, make: (setattr(b, "episodes", 1), setattr(b, "successes", 2)),
@@ -263,3 +307,14 @@ def test_stats_report_training_success_over_the_last_100_episodes(server, stub, 
         push(seq, 1, 1)
     stats = stub.Stats(pb.BufferStatsRequest(), timeout=5)
     assert stats.episodes == 150 and stats.train_success == pytest.approx(1.0)
+
+
+def test_garbage_bytes_are_refused_and_the_service_keeps_serving(server, make_transitions):
+    with grpc.insecure_channel(server.address, options=GRPC_OPTIONS) as channel:
+        raw = channel.unary_unary("/fleetrl.v1.ReplayIngest/Push")  # no serializer: bytes as they are
+        with pytest.raises(grpc.RpcError) as err:
+            raw(b"\xff\xfe not a protobuf \x00\x01", timeout=5)
+        # gRPC itself answers a request it cannot parse (the servicer never sees it).
+        assert err.value.code() == grpc.StatusCode.INTERNAL
+        assert pb_grpc.ReplayIngestStub(channel).Push(good_batch(make_transitions), timeout=5).stored == 4
+    assert server.servicer.storage.head() == 4
