@@ -39,6 +39,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 import psutil
+from common import result_record, write_result  # benchmarks/common.py (this script's folder)
 
 from buffer.client import IngestClient
 from fleetrl.config import RandomizationConfig, RunConfig, with_overrides
@@ -185,9 +186,10 @@ def measure_env_steps(task: str, seconds: float, warmup_sec: float, seed: int = 
     return SingleResult(steps, elapsed, cpu)
 
 
-def bench_config(task: str, samplers: int, run_dir: pathlib.Path) -> RunConfig:
+def bench_config(task: str, samplers: int, run_dir: pathlib.Path, security: list[str] = ()) -> RunConfig:
     """The default RunConfig with the limiter off and random actions throughout."""
     overrides = [
+        *security,
         f"sim.task={json.dumps(task)}",
         "run_id=bench",
         f"run_dir={json.dumps(str(run_dir))}",
@@ -320,8 +322,26 @@ def print_figures(f: Figures) -> None:
         print(f"{label + ':':48s}{figure}" + (f"   ({note})" if note else ""))
 
 
-def run_e2e(args: argparse.Namespace, run_dir: pathlib.Path) -> tuple[RunConfig, dict]:
-    config = bench_config(args.task, args.samplers, run_dir)
+SECURITY_MODES = {
+    "on": [],  # what a user gets: a token on every RPC, a Redis password (no TLS unless configured)
+    "off": ["security.enabled=false"],
+}
+
+
+def tls_overrides(run_dir: pathlib.Path) -> list[str]:
+    """Token, Redis password and TLS with a fresh certificate set (fleetrl certs)."""
+    from fleetrl.certs import make_certs
+
+    paths = make_certs(run_dir / "certs", hosts=[])
+    return [
+        f"security.tls_cert={json.dumps(str(paths['fleet.pem']))}",
+        f"security.tls_key={json.dumps(str(paths['fleet.key']))}",
+        f"security.tls_ca={json.dumps(str(paths['ca.pem']))}",
+    ]
+
+
+def run_e2e(args: argparse.Namespace, run_dir: pathlib.Path, security: list[str] = ()) -> tuple[RunConfig, dict]:
+    config = bench_config(args.task, args.samplers, run_dir, security)
     local = LocalFleet(config, started_at=time.monotonic())
     cluster = local.make_cluster()
     with closing(cluster), Watchdog(run_dir / "logs", stop_grace_sec=5.0) as dog:  # roles stop before redis
@@ -342,6 +362,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup-sec", type=float, default=5.0, help="(b): after the first ack, before measuring")
     p.add_argument("--run-dir", help="config, logs, heartbeats of (b); default: a temporary directory")
     p.add_argument("--json", help="also write the figures here as JSON")
+    p.add_argument(
+        "--compare-security",
+        action="store_true",
+        help="also run (b) with security off and with token + TLS, and print acked env steps/s on ÷ off",
+    )
     args = p.parse_args(argv)
     if args.seconds <= 0 or args.samplers < 1 or args.warmup_sec < 0:
         got = f"--seconds {args.seconds}, --samplers {args.samplers}, --warmup-sec {args.warmup_sec}"
@@ -363,6 +388,7 @@ def main(argv: list[str] | None = None) -> int:
         before = measure_env_steps(args.task, half, warmup_sec=min(2.0, half))
         print(f"[e2e] starting fleet in {run_dir}", file=sys.stderr)
         config, e2e = run_e2e(args, run_dir)
+        security = compare_security(args, run_dir) if args.compare_security else None
         after = measure_env_steps(args.task, half, warmup_sec=min(1.0, half), seed=1)
         ok = True
     except KeyboardInterrupt:
@@ -378,10 +404,31 @@ def main(argv: list[str] | None = None) -> int:
     figures = Figures.of(args, config.sampler.her_k, single, e2e)
     if args.json:
         payload = {**asdict(figures), "cpu_single": single.cpu, "cpu_e2e": e2e["cpu"], "phases": e2e["phases"]}
-        pathlib.Path(args.json).write_text(json.dumps(payload, indent=2))
+        if security is not None:
+            payload["security_env_steps_per_sec"] = {**security, "default": e2e["env_steps_per_sec"]}
+        write_result(result_record("sampler_throughput", payload), args.json)
     print_diagnostics(before, after, e2e)
     print_figures(figures)
+    if security is not None:
+        on, off = security["token_tls"], security["off"]
+        print(f"security off:            {off:10.1f} env steps acked/s")
+        print(f"token + Redis password:  {e2e['env_steps_per_sec']:10.1f} env steps acked/s (the default)")
+        print(f"token + TLS:             {on:10.1f} env steps acked/s")
+        print(f"ratio token+TLS / off:   {on / off:10.3f}")
+        print(f"ratio default / off:     {e2e['env_steps_per_sec'] / off:10.3f}")
     return 0
+
+
+def compare_security(args: argparse.Namespace, run_dir: pathlib.Path) -> dict[str, float]:
+    """(b) again with security off, then with token + TLS; acked env steps/s of each."""
+    rates = {}
+    for name, overrides in (("off", SECURITY_MODES["off"]), ("token_tls", tls_overrides(run_dir))):
+        sub = run_dir / f"security-{name}"
+        sub.mkdir(parents=True, exist_ok=True)
+        print(f"[e2e] security {name}", file=sys.stderr)
+        _, result = run_e2e(args, sub, overrides)
+        rates[name] = result["env_steps_per_sec"]
+    return rates
 
 
 if __name__ == "__main__":

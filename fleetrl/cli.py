@@ -73,6 +73,8 @@ def _parser(export_args: bool = True) -> argparse.ArgumentParser:
         p.add_argument("--ready-file", help="write the bound address here once serving")
         p.add_argument("--run-dir", help="checkpoints and TensorBoard go here (aggregator)")
         p.add_argument("--heartbeat", help="heartbeat JSON file the watchdog reads")
+        if role == "sampler":
+            p.add_argument("--ack-log", help="folder for the ack ledger: one JSON line per acked batch")
     certs = sub.add_parser("certs", help="make a self-signed TLS certificate set for a fleet")
     certs.add_argument("--out", required=True, help="folder for ca.pem, ca.key, fleet.pem, fleet.key")
     certs.add_argument("--hosts", default="", help="comma-separated host names and IPs the services listen on")
@@ -165,7 +167,8 @@ def _role(args: argparse.Namespace) -> int:
     elif args.command == "sampler":
         from sampler.worker import SamplerEndpoints, run_sampler
 
-        run_sampler(config, args.id, SamplerEndpoints(args.buffer, args.aggregator, args.heartbeat), stop)
+        endpoints = SamplerEndpoints(args.buffer, args.aggregator, args.heartbeat, args.ack_log)
+        run_sampler(config, args.id, endpoints, stop)
     elif args.command == "evaluator":
         from sampler.evaluator import run_evaluator
 

@@ -85,7 +85,9 @@ class SamplerConfig:
     )
     pin_cpus: bool = config_field(True, "pin each worker to one CPU (round-robin over allowed CPUs)")
     mlock: bool = config_field(True, "mlockall the worker's memory; degrades with a warning when refused")
-    seed: int = config_field(0, "base seed; sampler i uses seed + 1000 * i")
+    seed: int = config_field(
+        0, "base seed; each sampler process mixes in its index and incarnation, so restarts never replay episodes"
+    )
 
 
 @dataclass(frozen=True)
@@ -155,6 +157,9 @@ class EvalConfig:
 class SecurityConfig:
     """Who may talk to the fleet. Secrets themselves never go into a config file: only paths."""
 
+    enabled: bool = config_field(
+        True, "false: no token, no Redis password, no TLS (a trusted single-user machine; benchmarks compare)"
+    )
     token_file: str = config_field(
         "", "file holding the fleet token every RPC must carry; '' = the FLEETRL_TOKEN environment variable"
     )
@@ -216,6 +221,11 @@ class RunConfig:
             (self.aggregator.max_input_abs > 0, "aggregator.max_input_abs", "> 0"),
             (self.aggregator.checkpoint_every_versions >= 1, "aggregator.checkpoint_every_versions", ">= 1"),
             (self.eval.episodes >= 1, "eval.episodes", ">= 1"),
+            (
+                0 <= self.eval.seed and self.eval.seed + self.eval.episodes <= 2**21,
+                "eval.seed",
+                "in [0, 2**21 - eval.episodes]: training episodes draw their seeds from 2**21 up",
+            ),
             (
                 1 <= self.eval.curve_episodes <= self.eval.episodes,
                 "eval.curve_episodes",

@@ -48,6 +48,8 @@ CPU_SAMPLE_SEC = 2.0
 def local_security(config: RunConfig) -> Security:
     """The configured secrets, with a fresh token and Redis password for whatever is not set."""
     given = Security.from_config(config.security)
+    if not config.security.enabled:
+        return given
     return dataclasses.replace(
         given,
         token=given.token or secrets.token_urlsafe(32),
@@ -155,7 +157,9 @@ class LocalFleet:
         self._max_restarts = max_restarts
         buffer, aggregator = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
         self._start_service(dog, "aggregator", aggregator, "--run-dir", str(self.run_dir))
-        self._start_workers(dog, "sampler", c.sampler.num_samplers, "--buffer", buffer, "--aggregator", aggregator)
+        acks = str(self.run_dir / "acks")
+        sampler_args = ("--buffer", buffer, "--aggregator", aggregator, "--ack-log", acks)
+        self._start_workers(dog, "sampler", c.sampler.num_samplers, *sampler_args)
         if evaluator:
             self._start_workers(dog, "evaluator", 1, "--buffer", buffer, "--aggregator", aggregator)
         cluster.start()

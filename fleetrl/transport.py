@@ -59,6 +59,8 @@ class Security:
 
     @classmethod
     def from_config(cls, config: SecurityConfig, environ: dict[str, str] | None = None) -> Security:
+        if not config.enabled:
+            return cls()
         env = os.environ if environ is None else environ
         token = _read(config.token_file, "token_file").decode().strip() if config.token_file else env.get(TOKEN_ENV, "")
         password = env.get(REDIS_PASSWORD_ENV, "")

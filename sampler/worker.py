@@ -13,7 +13,11 @@ at most `max_env_steps_per_update` env steps per aggregator version (after a war
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
+import os
+import pathlib
 import queue
 import threading
 from dataclasses import dataclass
@@ -26,11 +30,13 @@ from fleetrl.config import RunConfig, SamplerConfig
 from fleetrl.policy import ACTOR_GROUPS, NumpyActor
 from fleetrl.process import Heartbeat
 from fleetrl.transport import Security
+from fleetrl.wire import Transitions
 from sampler.hardening import harden
 from sampler.her import Episode, relabel_future
 from sim.registry import TaskSpec, get_task, goal_reward, make_env
 
 log = logging.getLogger("fleetrl.sampler")
+TRAIN_SEEDS_FROM = 2**21  # evaluation seeds start at EvalConfig.seed (1e6 by default), below this
 
 
 @dataclass(frozen=True)
@@ -38,6 +44,41 @@ class SamplerEndpoints:
     buffer: str  # host:port of a buffer ingest service
     aggregator: str  # host:port of the aggregator
     heartbeat_path: str | None = None
+    ack_log_dir: str | None = None  # AckLedger files: every acked batch, for audits and fault tests
+
+
+class AckLedger:
+    """One JSON line per acked batch of this sampler incarnation, written right after the ack.
+
+    {"incarnation", "seq", "transitions", "env_steps", "duplicate", "fingerprint"}: the
+    fingerprint is a hash of the batch's first packed row, so an auditor can check that every
+    acked batch is stored, and stored once (tests/test_e2e_faults.py does).
+    """
+
+    def __init__(self, directory: str | os.PathLike, sampler_id: int, incarnation: int) -> None:
+        path = pathlib.Path(directory)
+        path.mkdir(parents=True, exist_ok=True)
+        self.incarnation = incarnation
+        self._file = open(path / f"sampler-{sampler_id}-{incarnation}.jsonl", "a")  # noqa: SIM115 - close()
+
+    def record(self, seq: int, transitions: Transitions, env_steps: int, duplicate: bool) -> None:
+        row = {
+            "incarnation": self.incarnation,
+            "seq": seq,
+            "transitions": len(transitions),
+            "env_steps": env_steps,
+            "duplicate": duplicate,
+            "fingerprint": row_fingerprint(transitions.pack()[0]),
+        }
+        self._file.write(json.dumps(row) + "\n")
+        self._file.flush()  # in the page cache: survives this process being killed
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def row_fingerprint(row: np.ndarray) -> str:
+    return hashlib.sha1(np.ascontiguousarray(row, np.float32).tobytes()).hexdigest()
 
 
 class Policy:
@@ -102,9 +143,12 @@ def rollout(env, policy: Policy | None, seed: int | None, rng: np.random.Generat
 class Pusher:
     """Background pushes, so acting never waits on the network; a bounded queue gives backpressure."""
 
-    def __init__(self, ingest: IngestClient, task: TaskSpec, max_pending: int = 8) -> None:
+    def __init__(
+        self, ingest: IngestClient, task: TaskSpec, max_pending: int = 8, ledger: AckLedger | None = None
+    ) -> None:
         self.ingest = ingest
         self.task = task
+        self.ledger = ledger
         self.queue: queue.Queue = queue.Queue(maxsize=max_pending)
         self.acked_env_steps = 0
         self.acked_transitions = 0
@@ -133,7 +177,7 @@ class Pusher:
                 return
             transitions, seq, version, env_steps, successes = item
             try:
-                self.ingest.push(
+                ack = self.ingest.push(
                     transitions,
                     seq=seq,
                     policy_version=version,
@@ -147,6 +191,8 @@ class Pusher:
                 return
             self.acked_env_steps += env_steps
             self.acked_transitions += len(transitions)
+            if self.ledger is not None:
+                self.ledger.record(seq, transitions, env_steps, ack.duplicate)
 
 
 def allowed_env_steps(cfg: SamplerConfig, version: int) -> float:
@@ -163,9 +209,7 @@ def run_sampler(config: RunConfig, sampler_id: int, endpoints: SamplerEndpoints,
     env = make_env(task, config.sim.randomization)
     report = harden(sampler_id, pin=cfg.pin_cpus, mlock=cfg.mlock)
     log.info("sampler %d: task %s, cpu %s, mlocked %s", sampler_id, task.name, report.cpu, report.mlocked)
-    rng = np.random.default_rng(cfg.seed + 1000 * sampler_id)
     heartbeat = Heartbeat(endpoints.heartbeat_path)
-    policy = Policy(seed=cfg.seed + 1000 * sampler_id + 1, random_action_prob=cfg.random_action_prob)
     steps, episodes, successes = 0, 0, 0
     security = Security.from_config(config.security)
     with (
@@ -179,7 +223,13 @@ def run_sampler(config: RunConfig, sampler_id: int, endpoints: SamplerEndpoints,
             security=security,
         ) as ingest,
     ):
-        pusher = Pusher(ingest, task)
+        # Streams of this sampler *process*: a restarted sampler (a new incarnation) must not
+        # replay its previous life's episodes, and samplers never share episode seeds.
+        streams = np.random.SeedSequence([cfg.seed, sampler_id, ingest.incarnation]).spawn(3)
+        rng, seeds = np.random.default_rng(streams[0]), np.random.default_rng(streams[1])
+        policy = Policy(seed=int(streams[2].generate_state(1)[0]), random_action_prob=cfg.random_action_prob)
+        ledger = AckLedger(endpoints.ack_log_dir, sampler_id, ingest.incarnation) if endpoints.ack_log_dir else None
+        pusher = Pusher(ingest, task, ledger=ledger)
         while not stop.is_set():
             policy.refresh(watcher.latest())
             if steps >= allowed_env_steps(cfg, max(policy.version, 0)):
@@ -189,7 +239,8 @@ def run_sampler(config: RunConfig, sampler_id: int, endpoints: SamplerEndpoints,
                 continue
             acting = policy if (steps >= cfg.random_steps and policy.actor is not None) else None
             with heartbeat.phase("rollout"):
-                episode, success = rollout(env, acting, seed=cfg.seed + 1000 * sampler_id + episodes, rng=rng)
+                seed = int(seeds.integers(TRAIN_SEEDS_FROM, 2**31))  # clear of the evaluator's held-out seeds
+                episode, success = rollout(env, acting, seed=seed, rng=rng)
             with heartbeat.phase("relabel"):
                 transitions = relabel_future(episode, cfg.her_k, lambda a, d: goal_reward(env, a, d), rng)
             with heartbeat.phase("enqueue"):
@@ -207,6 +258,8 @@ def run_sampler(config: RunConfig, sampler_id: int, endpoints: SamplerEndpoints,
                 version=policy.version,
             )
         pusher.close()
+        if ledger is not None:
+            ledger.close()
     env.close()
     log.info("sampler %d: stopped after %d env steps (%d acked)", sampler_id, steps, pusher.acked_env_steps)
     return pusher.acked_env_steps

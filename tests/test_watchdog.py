@@ -17,7 +17,7 @@ ENV = {"PYTHONPATH": str(REPO)}
 SLEEPER = (sys.executable, "-c", "import time; time.sleep(60)")
 
 
-def poll_until(dog: Watchdog, done, timeout: float = 20.0) -> list[str]:
+def poll_until(dog: Watchdog, done, timeout: float = 120.0) -> list[str]:
     events: list[str] = []
     deadline = time.monotonic() + timeout
     while not done(events):
@@ -32,7 +32,7 @@ def test_a_crashing_role_is_restarted_up_to_max_restarts_then_fails_naming_its_l
     with Watchdog(tmp_path / "logs", stop_grace_sec=2) as dog:
         dog.start(RoleSpec("crasher", argv, max_restarts=2))
         events: list[str] = []
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + 120  # a bound against hanging, not a timing check
         with pytest.raises(RoleFailed) as err:
             while time.monotonic() < deadline:
                 events += dog.poll()
@@ -57,7 +57,7 @@ def test_a_role_with_a_stale_heartbeat_is_restarted_and_a_beating_one_is_not(tmp
     )
     with Watchdog(tmp_path / "logs", stop_grace_sec=2) as dog:
         dog.start(RoleSpec("live", beating, heartbeat_path=str(live_beat), heartbeat_timeout_sec=1.0, env=ENV))
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + 120  # a bound against hanging, not a timing check
         while not live_beat.exists():  # a slow interpreter start-up is not what this test is about
             assert time.monotonic() < deadline
             time.sleep(0.05)
@@ -87,7 +87,7 @@ def test_stop_all_terminates_sleeping_roles_and_kills_those_that_ignore_sigterm(
     for i in range(2):
         dog.start(RoleSpec(f"sleeper-{i}", SLEEPER))
     dog.start(RoleSpec("stubborn", stubborn))
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + 120  # a bound against hanging, not a timing check
     while "ready" not in (log_dir / "stubborn.log").read_text():
         assert time.monotonic() < deadline
         time.sleep(0.05)
