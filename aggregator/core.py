@@ -142,7 +142,9 @@ class AggregatorCore:
             grads = [p[g] for p in pending]
             # float64 accumulation: two float32 gradients near 3e38 would overflow their sum.
             mean[g] = np.mean(grads, axis=0, dtype=np.float64)
-        norm = float(np.sqrt(sum(float(np.dot(v, v)) for v in mean.values())))
+        # einsum, not np.dot: a BLAS call here woke OpenBLAS's thread pool on every step (4 ms,
+        # and spinning threads that took CPU from the learner).
+        norm = float(np.sqrt(sum(float(np.einsum("i,i->", v, v)) for v in mean.values())))
         if not np.isfinite(norm):
             return None
         scale = 1.0

@@ -20,6 +20,7 @@ from typing import Any
 
 import grpc
 import numpy as np
+import torch
 
 from aggregator.core import AggregatorCore, GradientError
 from aggregator.dedup import PushDedup
@@ -363,6 +364,7 @@ def run_aggregator(
     security: Security = NO_SECURITY,
 ) -> int:
     """The aggregator role process: serve until `stop`, checkpoint on the way out. Returns the version."""
+    torch.set_num_threads(1)  # small vectors: one thread; spare cores belong to learners and samplers
     task = get_task(config.sim.task)
     spec = ModelSpec(task.obs_dim, task.goal_dim, task.act_dim, config.learner.hidden_sizes)
     grads_per_step = config.aggregator.grads_per_step or config.learner.num_learners

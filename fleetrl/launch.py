@@ -100,7 +100,14 @@ class LocalFleet:
         self._cpu_sampled = -CPU_SAMPLE_SEC
         # A local run needs no set-up: without a token or Redis password given, one is made.
         self.security = local_security(config)
-        self._child_env = {TOKEN_ENV: self.security.token, REDIS_PASSWORD_ENV: self.security.redis_password}
+        self._child_env = {
+            TOKEN_ENV: self.security.token,
+            REDIS_PASSWORD_ENV: self.security.redis_password,
+            # One process per role is the parallelism: BLAS/OpenMP pools in every role would
+            # spin on the same cores (measured: OpenBLAS threads in the aggregator took CPU from
+            # the learner). Learners still set learner.torch_threads themselves.
+            **{var: os.environ.get(var, "1") for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")},
+        }
 
     def make_cluster(self) -> LocalRedisCluster:
         """The run's local Redis Cluster: its nodes require the run's ACL user and password."""

@@ -24,7 +24,7 @@ def test_every_preset_names_a_registered_task_and_validates(task):
 
 def test_the_push_preset_differs_from_the_built_in_defaults():
     config = preset_config("FetchPush-v4")
-    assert config.learner.gamma != RunConfig().learner.gamma
+    assert config.sampler.max_env_steps_per_update != RunConfig().sampler.max_env_steps_per_update
     assert config.sampler.random_action_prob > 0
 
 
@@ -49,7 +49,7 @@ def test_cli_applies_the_preset_of_the_chosen_task_under_set_overrides(capsys):
     assert push["learner"]["gamma"] == TASK_PRESETS["FetchPush-v4"]["learner.gamma"]
     assert _cli_config(capsys, "--set", 'sim.task="FetchPush-v4"')["preset"] == "FetchPush-v4"
     mine = _cli_config(capsys, "--task", "FetchPush-v4", "--set", "learner.gamma=0.9")
-    assert mine["learner"]["gamma"] == 0.9
+    assert mine["learner"]["gamma"] == 0.9 != push["learner"]["gamma"]
     assert mine["sampler"]["random_action_prob"] == push["sampler"]["random_action_prob"]
 
 
@@ -63,7 +63,7 @@ def test_cli_takes_a_resolved_config_file_as_is(capsys, tmp_path):
 
 def test_config_listing_marks_what_the_preset_changed():
     lines = help_lines(preset_config("FetchPush-v4"))
-    gamma = next(line for line in lines if line.startswith("learner.gamma = "))
-    assert gamma.startswith(f"learner.gamma = {TASK_PRESETS['FetchPush-v4']['learner.gamma']!r}  [default 0.95]")
+    eps = next(line for line in lines if line.startswith("sampler.random_action_prob = "))
+    assert eps.startswith("sampler.random_action_prob = 0.3  [default 0.0]")
     tau = next(line for line in lines if line.startswith("aggregator.tau = "))
     assert "[default" not in tau  # a field the preset leaves alone is not marked
