@@ -1,0 +1,100 @@
+"""Package one training run's figures as a raw result under benchmarks/results/.
+
+    python3 benchmarks/collect_run.py RUN_DIR --command "fleetrl train --task FetchPush-v4 --seed 0" \\
+        --out benchmarks/results/push-seed0.json [--commit HASH] [--note TEXT]
+
+Reads the run directory `fleetrl train` leaves (summary.json, evals.jsonl, progress.jsonl,
+config.json) and writes: the summary, the learning curve (every curve score; complete full
+scores), success at given minutes, the config fields that differ from the built-in defaults,
+and the command and commit that produced it. `--commit` defaults to this checkout's HEAD:
+pass the commit the run actually used when it is older.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import pathlib
+import sys
+
+from common import result_record, write_result  # benchmarks/common.py (this script's folder)
+
+from fleetrl.config import RunConfig
+
+
+def _jsonl(path: pathlib.Path) -> list[dict]:
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except ValueError:
+            continue  # a line torn by a crash
+    return rows
+
+
+def _changed(config: dict, defaults: dict, prefix: str = "") -> dict:
+    out = {}
+    for key, value in config.items():
+        default = defaults.get(key)
+        if isinstance(value, dict) and isinstance(default, dict):
+            out.update(_changed(value, default, f"{prefix}{key}."))
+        elif value != default and key not in ("run_dir", "run_id"):
+            out[prefix + key] = value
+    return out
+
+
+def collect(run_dir: pathlib.Path, minutes: list[float]) -> dict:
+    summary = json.loads((run_dir / "summary.json").read_text())
+    started = summary.get("started_unix", 0.0)
+    evals = _jsonl(run_dir / "evals.jsonl")
+    for row in evals:
+        row["wall_sec"] = round(row["time"] - started, 1) if started else None
+    curve = [e for e in evals if e.get("kind", "curve") in ("curve", "")]
+    full = [e for e in evals if e.get("kind") == "full"]
+    progress = _jsonl(run_dir / "progress.jsonl")
+    config = json.loads((run_dir / "config.json").read_text()) if (run_dir / "config.json").exists() else {}
+
+    def curve_at(minute: float) -> float | None:
+        seen = [e["success_rate"] for e in curve if e["wall_sec"] is not None and e["wall_sec"] <= 60 * minute]
+        return max(seen) if seen else None
+
+    return {
+        "summary": summary,
+        "config_changed": _changed(config, dataclasses.asdict(RunConfig())),
+        "best_curve_success_by_minute": {str(m): curve_at(m) for m in minutes},
+        "curve": [{k: e.get(k) for k in ("wall_sec", "env_steps", "version", "success_rate")} for e in curve],
+        "full_scores": [
+            {k: e.get(k) for k in ("wall_sec", "env_steps", "version", "success_rate", "episodes")} for e in full
+        ],
+        "train_success_last": progress[-1].get("train_success") if progress else None,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("run_dir", type=pathlib.Path)
+    p.add_argument("--command", required=True, help="the command that produced the run")
+    p.add_argument("--out", required=True)
+    p.add_argument("--commit", help="the commit the run used (default: this checkout's HEAD)")
+    p.add_argument("--note", default="", help="anything a reader must know about the run")
+    p.add_argument("--minutes", default="10,20,30,60", help="report the best curve success by these minutes")
+    args = p.parse_args(argv)
+    if not (args.run_dir / "summary.json").exists():
+        p.error(f"{args.run_dir}: no summary.json (did the run finish?)")
+    figures = collect(args.run_dir, [float(m) for m in args.minutes.split(",")])
+    figures["note"] = args.note
+    record = result_record("training_run", figures)
+    record["command"] = args.command
+    if args.commit:
+        record["commit"] = args.commit
+    write_result(record, args.out)
+    s = figures["summary"]
+    print(f"{s['task']}: {s['stop_reason']}; best {s['best_success']:.2f}; {s['final_env_steps']} env steps")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
