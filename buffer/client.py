@@ -15,9 +15,11 @@ Sampler side (pushes over gRPC to an ingest service):
 
 from __future__ import annotations
 
+import logging
 import random
 import secrets
 import time
+from collections.abc import Callable
 from typing import cast
 
 import grpc
@@ -33,6 +35,8 @@ from fleetrl.proto import fleetrl_pb2_grpc as pb_grpc
 from fleetrl.transport import NO_SECURITY, Security
 from fleetrl.wire import Transitions, TransitionSchema, batch_to_proto
 
+log = logging.getLogger("fleetrl.buffer.client")
+UNREACHABLE_LOG_SEC = 60.0  # an unreachable ingest service is logged at most this often
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024  # a TransitionBatch; gRPC's own limit (transport.py) is larger
 
 
@@ -216,6 +220,7 @@ class IngestClient:
         self._channel = security.channel(address)
         self._stub = pb_grpc.ReplayIngestStub(self._channel)
         self._jitter = random.Random(sampler_id)
+        self._last_warning = -UNREACHABLE_LOG_SEC
         # New for every client, i.e. every sampler process start: with seq, the idempotency key.
         self.incarnation = secrets.randbits(63) or 1
 
@@ -239,6 +244,7 @@ class IngestClient:
         episodes: int = 0,
         successes: int = 0,
         max_retry_sec: float | None = None,
+        should_stop: Callable[[], bool] = lambda: False,
     ) -> pb.PushAck:
         """Push one batch until acked (an ack means it is in Redis); returns the PushAck.
 
@@ -246,7 +252,9 @@ class IngestClient:
         `episodes` and `successes` count the training episodes that ended in this batch (the
         buffer's Stats report training success over the last 100 episodes from them).
         With `max_retry_sec`, gives up with IngestUnavailable after that long; by default it
-        retries forever (the launcher's watchdog owns giving up on a dead service).
+        retries until `should_stop()` (then IngestUnavailable too): the caller's stop flag, so a
+        sampler whose buffer is gone still stops promptly. While retrying it logs the
+        unreachable service once a minute.
         """
         batch = batch_to_proto(
             transitions,
@@ -277,11 +285,22 @@ class IngestClient:
                     raise PushRejected(code, call.details()) from e
                 if code not in self.RETRYABLE:
                     raise
-                if max_retry_sec is not None and time.monotonic() - start + delay > max_retry_sec:
+                out_of_time = max_retry_sec is not None and time.monotonic() - start + delay > max_retry_sec
+                if out_of_time or should_stop():
+                    why = f"after {max_retry_sec}s" if out_of_time else "before stopping"
                     raise IngestUnavailable(
-                        f"push of seq {seq} to {self.address} not acked after {max_retry_sec}s: "
+                        f"push of seq {seq} to {self.address} not acked {why}: "
                         f"last status {code.name}: {call.details()}"
                     ) from e
+                if time.monotonic() - self._last_warning >= UNREACHABLE_LOG_SEC:
+                    self._last_warning = time.monotonic()
+                    log.warning(
+                        "ingest service %s unreachable for %.0fs (%s); still retrying seq %d",
+                        self.address,
+                        time.monotonic() - start,
+                        code.name,
+                        seq,
+                    )
             time.sleep(delay * self._jitter.uniform(0.5, 1.0))
             delay = min(2 * delay, self.BACKOFF_MAX_SEC)
 

@@ -20,12 +20,13 @@ import os
 import pathlib
 import queue
 import threading
+import time
 from dataclasses import dataclass
 
 import numpy as np
 
 from aggregator.client import AggregatorClient, WeightsSnapshot
-from buffer.client import IngestClient
+from buffer.client import IngestClient, IngestUnavailable
 from fleetrl.config import RunConfig, SamplerConfig
 from fleetrl.policy import ACTOR_GROUPS, NumpyActor
 from fleetrl.process import Heartbeat
@@ -62,6 +63,8 @@ class AckLedger:
         self._file = open(path / f"sampler-{sampler_id}-{incarnation}.jsonl", "a")  # noqa: SIM115 - close()
 
     def record(self, seq: int, transitions: Transitions, env_steps: int, duplicate: bool) -> None:
+        if self._file.closed:  # an ack that lands after shutdown began: the ledger is already closed
+            return
         row = {
             "incarnation": self.incarnation,
             "seq": seq,
@@ -144,7 +147,12 @@ class Pusher:
     """Background pushes, so acting never waits on the network; a bounded queue gives backpressure."""
 
     def __init__(
-        self, ingest: IngestClient, task: TaskSpec, max_pending: int = 8, ledger: AckLedger | None = None
+        self,
+        ingest: IngestClient,
+        task: TaskSpec,
+        max_pending: int = 8,
+        ledger: AckLedger | None = None,
+        halt: threading.Event | None = None,
     ) -> None:
         self.ingest = ingest
         self.task = task
@@ -153,6 +161,9 @@ class Pusher:
         self.acked_env_steps = 0
         self.acked_transitions = 0
         self.error: BaseException | None = None
+        self.dropped = 0  # batches never acked because the sampler stopped first
+        self._stopping = threading.Event()
+        self._halt = halt or threading.Event()  # the role's stop flag: a full queue never outwaits it
         self._seq = 0
         self._thread = threading.Thread(target=self._run, name="pusher", daemon=True)
         self._thread.start()
@@ -163,16 +174,38 @@ class Pusher:
         if self.error is not None:
             raise RuntimeError("pusher thread failed") from self.error
         self._seq += 1
-        self.queue.put((transitions, self._seq, policy_version, env_steps, successes))
+        item = (transitions, self._seq, policy_version, env_steps, successes)
+        while not (self._stopping.is_set() or self._halt.is_set()):  # a full queue waits, never past a stop
+            try:
+                self.queue.put(item, timeout=0.5)
+                return
+            except queue.Full:
+                continue
+        self.dropped += 1
 
-    def close(self, timeout: float = 10.0) -> None:
-        """Flush what is queued (bounded by `timeout`), then stop the thread."""
-        self.queue.put(None)
-        self._thread.join(timeout)
+    def stop_soon(self) -> None:
+        """Stop retrying: what is not acked by now is dropped (counted), never waited for."""
+        self._stopping.set()
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Give queued batches up to `timeout` seconds to be acked, then stop whatever is left."""
+        deadline = time.monotonic() + timeout
+        while not self.queue.empty() and self._thread.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        self._stopping.set()
+        self._thread.join(max(0.0, deadline - time.monotonic()) + 1.0)
+        while True:  # count what never left the queue
+            try:
+                self.dropped += self.queue.get_nowait() is not None
+            except queue.Empty:
+                break
 
     def _run(self) -> None:
-        while True:
-            item = self.queue.get()
+        while not self._stopping.is_set():
+            try:
+                item = self.queue.get(timeout=0.5)
+            except queue.Empty:
+                continue
             if item is None:
                 return
             transitions, seq, version, env_steps, successes = item
@@ -185,7 +218,11 @@ class Pusher:
                     env_steps=env_steps,
                     episodes=0 if successes is None else 1,
                     successes=successes or 0,
+                    should_stop=self._stopping.is_set,
                 )
+            except IngestUnavailable:
+                self.dropped += 1  # stopping while the service was away: never acked, not stored
+                return
             except BaseException as err:  # surfaced to the acting thread on its next put()
                 self.error = err
                 return
@@ -229,7 +266,7 @@ def run_sampler(config: RunConfig, sampler_id: int, endpoints: SamplerEndpoints,
         rng, seeds = np.random.default_rng(streams[0]), np.random.default_rng(streams[1])
         policy = Policy(seed=int(streams[2].generate_state(1)[0]), random_action_prob=cfg.random_action_prob)
         ledger = AckLedger(endpoints.ack_log_dir, sampler_id, ingest.incarnation) if endpoints.ack_log_dir else None
-        pusher = Pusher(ingest, task, ledger=ledger)
+        pusher = Pusher(ingest, task, ledger=ledger, halt=stop)
         while not stop.is_set():
             policy.refresh(watcher.latest())
             if steps >= allowed_env_steps(cfg, max(policy.version, 0)):
@@ -257,9 +294,15 @@ def run_sampler(config: RunConfig, sampler_id: int, endpoints: SamplerEndpoints,
                 acked_env_steps=pusher.acked_env_steps,
                 version=policy.version,
             )
-        pusher.close()
+        pusher.close(timeout=3.0)  # bounded, whatever the buffer does
         if ledger is not None:
             ledger.close()
     env.close()
-    log.info("sampler %d: stopped after %d env steps (%d acked)", sampler_id, steps, pusher.acked_env_steps)
+    log.info(
+        "sampler %d: stopped after %d env steps (%d acked, %d batches dropped unacked)",
+        sampler_id,
+        steps,
+        pusher.acked_env_steps,
+        pusher.dropped,
+    )
     return pusher.acked_env_steps

@@ -131,3 +131,34 @@ def test_sigkill_of_a_sampler_and_of_the_ingest_service_loses_and_doubles_nothin
     assert acked_rows <= len(stored) <= acked_rows + per_batch, (acked_rows, len(stored))
     logs_text = "".join(p.read_text(errors="replace") for p in logs.iterdir())
     assert "Traceback" not in logs_text, logs_text[-3000:]
+
+
+def test_a_sampler_whose_peers_never_answer_logs_it_and_stops_on_sigterm(tmp_path: pathlib.Path) -> None:
+    """Buffer and aggregator addresses that accept connections and never answer (a hung host)."""
+    import socket
+
+    config = with_overrides(RunConfig(), [f'sim.task="{TASK}"', "sampler.push_timeout_sec=1.0"])
+    config_path = tmp_path / "config.json"
+    config_path.write_text(config.to_json())
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(64)  # the kernel completes handshakes; nobody ever reads or writes
+        dead = f"127.0.0.1:{silent.getsockname()[1]}"
+        proc = _start("sampler", config_path, tmp_path, "--buffer", dead, "--aggregator", dead)
+        log = tmp_path / "sampler.log"
+        deadline = time.monotonic() + 120  # a bound against hanging, not a timing check
+        while "unreachable" not in log.read_text():
+            assert proc.poll() is None, log.read_text()[-2000:]
+            assert time.monotonic() < deadline, log.read_text()[-2000:]
+            time.sleep(0.25)
+        time.sleep(3.0)  # long enough for the push queue to fill: acting now waits on a full queue
+        proc.send_signal(signal.SIGTERM)
+        try:
+            code = proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise AssertionError("the sampler ignored SIGTERM while its buffer was unreachable") from None
+    assert code == 0, log.read_text()[-2000:]
+    text = log.read_text()
+    assert f"ingest service {dead} unreachable" in text
+    assert "batches dropped unacked" in text
