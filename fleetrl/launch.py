@@ -195,7 +195,8 @@ class LocalFleet:
         progress = Progress(self.config, self.run_dir, self.started_at)
         try:
             cluster = self.make_cluster()
-            with closing(cluster), Watchdog(self.run_dir / "logs") as dog:  # roles stop before the cluster
+            events = self.run_dir / "events.jsonl"  # every restart: what, when, why
+            with closing(cluster), Watchdog(self.run_dir / "logs", events_path=events) as dog:  # roles stop first
                 buffer, aggregator = self.start_roles(dog, cluster)
                 progress.note(f"fleet up: redis {cluster.addresses}, buffer {buffer}, aggregator {aggregator}")
                 reason = self._monitor(dog, progress, buffer, aggregator, cluster)

@@ -32,7 +32,10 @@ class RoleSpec:
     argv: tuple[str, ...]
     heartbeat_path: str | None = None
     heartbeat_timeout_sec: float = 60.0  # a role silent this long is taken as hung and restarted
-    max_restarts: int = 3
+    max_restarts: int = 3  # the restart budget: this many restarts in a burst ...
+    restart_refill_sec: float = 600.0  # ... and one more every this many seconds, up to max_restarts
+    backoff_first_sec: float = 1.0  # the 2nd restart in a row waits this long, each next one twice as long
+    backoff_max_sec: float = 30.0
     env: dict[str, str] = field(default_factory=dict)
 
 
@@ -41,7 +44,11 @@ class _Running:
     spec: RoleSpec
     proc: subprocess.Popen
     started: float
-    restarts: int = 0
+    restarts: int = 0  # ever
+    budget: float = 0.0  # restarts allowed now (refills over time)
+    budget_at: float = 0.0
+    in_a_row: int = 0  # restarts since the role last ran for backoff_max_sec
+    restart_at: float | None = None  # down, waiting out its backoff until then
 
 
 class RoleFailed(RuntimeError):
@@ -49,10 +56,13 @@ class RoleFailed(RuntimeError):
 
 
 class Watchdog:
-    def __init__(self, log_dir: str | os.PathLike, stop_grace_sec: float = 10.0) -> None:
+    def __init__(
+        self, log_dir: str | os.PathLike, stop_grace_sec: float = 10.0, events_path: str | os.PathLike | None = None
+    ) -> None:
         self.log_dir = pathlib.Path(log_dir)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.stop_grace_sec = stop_grace_sec
+        self.events_path = pathlib.Path(events_path) if events_path else None  # JSON lines: what, when, why
         self.roles: dict[str, _Running] = {}
 
     def __enter__(self) -> Watchdog:
@@ -72,7 +82,8 @@ class Watchdog:
     def start(self, spec: RoleSpec) -> None:
         if spec.name in self.roles:
             raise ValueError(f"role {spec.name!r} already started")
-        self.roles[spec.name] = _Running(spec, self._spawn(spec), time.monotonic())
+        now = time.monotonic()
+        self.roles[spec.name] = _Running(spec, self._spawn(spec), now, budget=spec.max_restarts, budget_at=now)
 
     def _spawn(self, spec: RoleSpec) -> subprocess.Popen:
         if spec.heartbeat_path:
@@ -90,26 +101,62 @@ class Watchdog:
             out.close()
 
     def poll(self) -> list[str]:
-        """Check every role once; restart the dead and the hung. Returns what happened."""
+        """Check every role once; restart the dead and the hung (after a backoff when they keep
+        failing). Returns what happened. Raises RoleFailed once a role's budget is spent."""
         events = []
+        now = time.monotonic()
         for name, running in self.roles.items():
+            spec = running.spec
+            if running.restart_at is not None:
+                if now >= running.restart_at:
+                    running.restart_at = None
+                    self._restart(running, now)
+                    events.append(self._record(running, f"{name} restarted after its backoff", "backoff over"))
+                continue
             code = running.proc.poll()
             hung = code is None and self._silent(running)
             if code is None and not hung:
+                if now - running.started >= spec.backoff_max_sec:
+                    running.in_a_row = 0  # it ran for a while: the next failure restarts at once
                 continue
             why = f"exited with code {code}" if code is not None else "stopped sending heartbeats"
-            if running.restarts >= running.spec.max_restarts:
+            running.budget = min(
+                spec.max_restarts, running.budget + (now - running.budget_at) / spec.restart_refill_sec
+            )
+            running.budget_at = now
+            if running.budget < 1:
+                self._record(running, f"{name} {why}: restart budget spent", why)
                 raise RoleFailed(
-                    f"{name} {why} after {running.restarts} restarts; see {self.log_dir / (name + '.log')}"
+                    f"{name} {why} after {running.restarts} restarts (budget: {spec.max_restarts}, one more every "
+                    f"{spec.restart_refill_sec:.0f}s); see {self.log_dir / (name + '.log')}"
                 )
             if hung:
                 self._terminate(running.proc)
-            running.restarts += 1
-            log.warning("%s %s; restart %d/%d", name, why, running.restarts, running.spec.max_restarts)
-            running.proc = self._spawn(running.spec)
-            running.started = time.monotonic()
-            events.append(f"{name} {why}: restarted")
+            running.budget -= 1
+            running.in_a_row += 1
+            delay = 0.0 if running.in_a_row == 1 else spec.backoff_first_sec * 2 ** (running.in_a_row - 2)
+            delay = min(delay, spec.backoff_max_sec)
+            log.warning("%s %s; restart %d (in %.1fs)", name, why, running.restarts + 1, delay)
+            if delay == 0:
+                self._restart(running, now)
+                events.append(self._record(running, f"{name} {why}: restarted", why))
+            else:
+                running.restart_at = now + delay
+                events.append(self._record(running, f"{name} {why}: restarting in {delay:.1f}s", why))
         return events
+
+    def _restart(self, running: _Running, now: float) -> None:
+        running.restarts += 1
+        running.proc = self._spawn(running.spec)
+        running.started = now
+
+    def _record(self, running: _Running, event: str, why: str) -> str:
+        if self.events_path is not None:
+            row = {"time": time.time(), "role": running.spec.name, "event": event, "why": why}
+            row["restarts"] = running.restarts
+            with open(self.events_path, "a") as f:
+                f.write(json.dumps(row) + "\n")
+        return event
 
     def _silent(self, running: _Running) -> bool:
         path = running.spec.heartbeat_path

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -29,8 +30,9 @@ def poll_until(dog: Watchdog, done, timeout: float = 120.0) -> list[str]:
 
 def test_a_crashing_role_is_restarted_up_to_max_restarts_then_fails_naming_its_log(tmp_path):
     argv = (sys.executable, "-c", "print('crashing now', flush=True); import sys; sys.exit(3)")
-    with Watchdog(tmp_path / "logs", stop_grace_sec=2) as dog:
-        dog.start(RoleSpec("crasher", argv, max_restarts=2))
+    events_path = tmp_path / "events.jsonl"
+    with Watchdog(tmp_path / "logs", stop_grace_sec=2, events_path=events_path) as dog:
+        dog.start(RoleSpec("crasher", argv, max_restarts=2, backoff_first_sec=0.2))
         events: list[str] = []
         deadline = time.monotonic() + 120  # a bound against hanging, not a timing check
         with pytest.raises(RoleFailed) as err:
@@ -38,7 +40,14 @@ def test_a_crashing_role_is_restarted_up_to_max_restarts_then_fails_naming_its_l
                 events += dog.poll()
                 time.sleep(0.05)
         assert dog.restarts == 2
-    assert events == ["crasher exited with code 3: restarted"] * 2
+    assert events == [
+        "crasher exited with code 3: restarted",  # the first failure: at once
+        "crasher exited with code 3: restarting in 0.2s",  # again at once: after a backoff
+        "crasher restarted after its backoff",
+    ]
+    recorded = [json.loads(line) for line in events_path.read_text().splitlines()]
+    assert [r["event"] for r in recorded] == [*events, "crasher exited with code 3: restart budget spent"]
+    assert all(r["role"] == "crasher" and r["time"] > 0 for r in recorded)
     log_path = tmp_path / "logs" / "crasher.log"
     assert "crasher exited with code 3 after 2 restarts" in str(err.value)
     assert str(log_path) in str(err.value)
@@ -115,3 +124,15 @@ def test_role_env_and_output_reach_the_log(tmp_path):
         dog.start(RoleSpec("printer", argv, env={"ROLE_X": "hello-env"}, max_restarts=0))
         dog.roles["printer"].proc.wait(20)
     assert (tmp_path / "printer.log").read_text().split() == ["hello-env", "err"]
+
+
+def test_the_restart_budget_refills_over_time_so_rare_failures_never_end_a_long_run(tmp_path):
+    argv = (sys.executable, "-c", "import sys; sys.exit(1)")
+    spec = RoleSpec("flaky", argv, max_restarts=1, restart_refill_sec=0.5, backoff_first_sec=0.1, backoff_max_sec=0.2)
+    with Watchdog(tmp_path / "logs", stop_grace_sec=2) as dog:
+        dog.start(spec)
+        for _ in range(4):  # four failures, each after the budget had time to refill
+            before = dog.roles["flaky"].restarts
+            poll_until(dog, lambda e, n=before: dog.roles["flaky"].restarts > n)
+            time.sleep(0.6)
+        assert dog.roles["flaky"].restarts >= 4
