@@ -31,7 +31,7 @@ from fleetrl.process import write_ready_file
 from fleetrl.proto import fleetrl_pb2 as pb
 from fleetrl.proto import fleetrl_pb2_grpc as pb_grpc
 from fleetrl.tb import ScalarWriter
-from fleetrl.transport import GRPC_OPTIONS, NO_SECURITY, RefusalCounter, Security
+from fleetrl.transport import GRPC_OPTIONS, NO_SECURITY, RefusalCounter, Security, parse_hostport
 from fleetrl.wire import WireError, from_tensor, to_tensor
 from sim.registry import get_task
 
@@ -357,11 +357,12 @@ class _Checkpointer:
 
 def run_aggregator(
     config: RunConfig,
-    port: int,
+    listen: str,
     run_dir: str | None,
     ready_file: str | None,
     stop: threading.Event,
     security: Security = NO_SECURITY,
+    advertise: str | None = None,
 ) -> int:
     """The aggregator role process: serve until `stop`, checkpoint on the way out. Returns the version."""
     torch.set_num_threads(1)  # small vectors: one thread; spare cores belong to learners and samplers
@@ -370,8 +371,10 @@ def run_aggregator(
     grads_per_step = config.aggregator.grads_per_step or config.learner.num_learners
     core = AggregatorCore(spec, config.aggregator, grads_per_step, config.learner.max_grad_staleness, task.name)
     writer = _summary_writer(run_dir, "aggregator")
-    with AggregatorServer(core, config.aggregator, run_dir, port=port, security=security) as server:
-        write_ready_file(ready_file, server.address)
+    host, port = parse_hostport(listen, "--listen")
+    with AggregatorServer(core, config.aggregator, run_dir, host=host, port=port, security=security) as server:
+        log.info("aggregator listening on %s, reachable at %s", server.address, advertise or server.address)
+        write_ready_file(ready_file, advertise or server.address)
         log.info("aggregator at %s, version %d, %d gradients per step", server.address, core.version, grads_per_step)
         logged = -1
         while not stop.wait(2.0):

@@ -9,7 +9,7 @@
 
 from __future__ import annotations
 
-import os
+import logging
 import re
 import signal
 import threading
@@ -25,12 +25,14 @@ from buffer.layout import MAX_UINT32
 from buffer.storage import PushKey, TemporalStorage
 from fleetrl.config import BufferConfig
 from fleetrl.local_cluster import connect
+from fleetrl.process import write_ready_file
 from fleetrl.proto import fleetrl_pb2 as pb
 from fleetrl.proto import fleetrl_pb2_grpc as pb_grpc
-from fleetrl.transport import GRPC_OPTIONS, NO_SECURITY, RefusalCounter, Security
+from fleetrl.transport import GRPC_OPTIONS, NO_SECURITY, RefusalCounter, Security, parse_hostport
 from fleetrl.wire import Transitions, TransitionSchema, WireError, batch_from_proto
 
 # Redis failures worth a retry: the push is answered UNAVAILABLE and the sampler retries.
+log = logging.getLogger("fleetrl.buffer")
 REDIS_FAILURES = (RedisError, SlotNotCoveredError)
 TRAIN_SUCCESS_EPISODES = 100  # the training-success curve is a moving rate over this many episodes
 
@@ -269,15 +271,20 @@ class IngestServer:
             server.stop(grace).wait()
 
 
+@dataclass(frozen=True)
+class IngestService:
+    """What one ingest service process serves, and where."""
+
+    config: BufferConfig
+    run_id: str
+    task_id: int
+    schema: TransitionSchema
+    listen: str = "127.0.0.1:0"  # HOST:PORT to bind
+    advertise: str | None = None  # HOST:PORT others reach it at (default: the bound address)
+
+
 def run_ingest_service(
-    config: BufferConfig,
-    run_id: str,
-    task_id: int,
-    schema: TransitionSchema,
-    redis_addresses: str,
-    port: int,
-    ready_file: str | None = None,
-    security: Security = NO_SECURITY,
+    service: IngestService, redis_addresses: str, ready_file: str | None = None, security: Security = NO_SECURITY
 ) -> None:
     """Serve until SIGTERM or SIGINT, then stop gracefully (the CLI's ingest role process).
 
@@ -287,16 +294,23 @@ def run_ingest_service(
     stop = threading.Event()
     handlers = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
     client = connect(redis_addresses, security)
+    s = service
+    host, port = parse_hostport(s.listen, "--listen")
     try:
-        storage = TemporalStorage(client, run_id, schema, config)
+        storage = TemporalStorage(client, s.run_id, s.schema, s.config)
         with IngestServer(
-            storage, task_id=task_id, schema=schema, run_id=run_id, config=config, port=port, security=security
+            storage,
+            task_id=s.task_id,
+            schema=s.schema,
+            run_id=s.run_id,
+            config=s.config,
+            port=port,
+            host=host,
+            security=security,
         ) as server:
-            if ready_file:
-                tmp = f"{ready_file}.tmp{os.getpid()}"
-                with open(tmp, "w") as f:
-                    f.write(server.address)
-                os.replace(tmp, ready_file)
+            address = s.advertise or server.address
+            log.info("ingest service listening on %s, reachable at %s", server.address, address)
+            write_ready_file(ready_file, address)
             while not stop.wait(0.5):
                 pass
     finally:

@@ -57,6 +57,14 @@ def _parser(export_args: bool = True) -> argparse.ArgumentParser:
     cfg.add_argument("--json", action="store_true", help="print the resolved RunConfig as JSON (for --config)")
     cluster = sub.add_parser("redis-cluster", help="run a local Redis Cluster until Ctrl-C")
     cluster.add_argument("--primaries", type=int, default=3)
+    cluster.add_argument(
+        "--host", default="127.0.0.1", help="address the nodes bind and announce (reachable by others)"
+    )
+    cluster.add_argument("--ports", help="comma-separated fixed ports, one per primary (default: free ones)")
+    cluster.add_argument("--appendonly", action="store_true", help="persist every write (AOF) to the nodes' folders")
+    cluster.add_argument(
+        "--no-password", action="store_true", help="nodes without a password (default: a fresh one, printed once)"
+    )
     for role, needs in (
         ("buffer", ("redis",)),
         ("aggregator", ()),
@@ -69,7 +77,9 @@ def _parser(export_args: bool = True) -> argparse.ArgumentParser:
         for need in needs:
             p.add_argument(f"--{need}", required=True, help=f"address(es) of the {need}, host:port[,host:port]")
         p.add_argument("--id", type=int, default=0, help="index of this process within its role")
-        p.add_argument("--port", type=int, default=0, help="port to serve on (services only)")
+        p.add_argument("--port", type=int, default=0, help="port to serve on, on 127.0.0.1 (services only)")
+        p.add_argument("--listen", help="HOST:PORT to serve on (services; 0.0.0.0 for every interface)")
+        p.add_argument("--advertise", help="HOST:PORT other hosts reach this service at (services; default: --listen)")
         p.add_argument("--ready-file", help="write the bound address here once serving")
         p.add_argument("--run-dir", help="checkpoints and TensorBoard go here (aggregator)")
         p.add_argument("--heartbeat", help="heartbeat JSON file the watchdog reads")
@@ -149,17 +159,18 @@ def _role(args: argparse.Namespace) -> int:
     stop = stop_event()
     security = Security.from_config(config.security)  # the token and Redis password (files or env)
     if args.command == "buffer":
-        from buffer.service import run_ingest_service
+        from buffer.service import IngestService, run_ingest_service
         from sim.registry import get_task
 
         task = get_task(config.sim.task)
-        run_ingest_service(
-            config.buffer, config.run_id, task.task_id, task.schema(), args.redis, args.port, args.ready_file, security
-        )
+        listen, advertise = _listen(args)
+        service = IngestService(config.buffer, config.run_id, task.task_id, task.schema(), listen, advertise)
+        run_ingest_service(service, args.redis, args.ready_file, security)
     elif args.command == "aggregator":
         from aggregator.service import run_aggregator
 
-        run_aggregator(config, args.port, args.run_dir, args.ready_file, stop, security)
+        listen, advertise = _listen(args)
+        run_aggregator(config, listen, args.run_dir, args.ready_file, stop, security, advertise)
     elif args.command == "learner":
         from learner.worker import LearnerEndpoints, run_learner
 
@@ -177,14 +188,30 @@ def _role(args: argparse.Namespace) -> int:
 
 
 def _redis_cluster(args: argparse.Namespace) -> int:
+    import secrets
+
     from fleetrl.local_cluster import LocalRedisCluster
     from fleetrl.process import stop_event
+    from fleetrl.transport import Security
 
     stop = stop_event()
-    with LocalRedisCluster(args.primaries) as cluster:
+    ports = [int(p) for p in args.ports.split(",")] if args.ports else None
+    password = "" if args.no_password else secrets.token_urlsafe(32)
+    auth = Security(redis_user="fleetrl", redis_password=password)
+    with LocalRedisCluster(
+        args.primaries, host=args.host, ports=ports, appendonly=args.appendonly, auth=auth
+    ) as cluster:
         print(cluster.addresses, flush=True)
+        if password:
+            print(f"export FLEETRL_REDIS_PASSWORD={password}   # every role that reaches these nodes", flush=True)
         stop.wait()
     return 0
+
+
+def _listen(args: argparse.Namespace) -> tuple[str, str | None]:
+    """(listen, advertise) of a service from --listen/--advertise, or --port on loopback."""
+    listen = args.listen or f"127.0.0.1:{args.port}"
+    return listen, args.advertise
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -87,16 +87,16 @@ def _parent_death_signal() -> Callable[[], None] | None:
     return preexec
 
 
-def _port_is_free(port: int) -> bool:
+def _port_is_free(port: int, host: str = "127.0.0.1") -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         try:
-            s.bind(("127.0.0.1", port))
+            s.bind((host, port))
         except OSError:
             return False
     return True
 
 
-def _free_port_pair(taken: set[int]) -> int:
+def _free_port_pair(taken: set[int], host: str = "127.0.0.1") -> int:
     """A loopback port p such that p and its cluster bus port p + 10000 are both free now.
 
     The OS picks p (bind to port 0); a race with another process can still take it before
@@ -104,10 +104,10 @@ def _free_port_pair(taken: set[int]) -> int:
     """
     for _ in range(200):
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.bind(("127.0.0.1", 0))
+            s.bind((host, 0))
             port = s.getsockname()[1]
         bus = port + CLUSTER_BUS_OFFSET
-        if port not in taken and bus < 65536 and _port_is_free(bus):
+        if port not in taken and bus < 65536 and _port_is_free(bus, host):
             return port
     raise LocalClusterError("found no free loopback port p with p + 10000 also free after 200 tries")
 
@@ -123,16 +123,19 @@ def _log_tail(path: Path) -> str:
 class _Node:
     """One redis-server child process with its own directory and log."""
 
-    def __init__(self, binary: str, root: Path, index: int, port: int, auth: Security) -> None:
+    def __init__(
+        self, binary: str, root: Path, index: int, port: int, auth: Security, host: str, appendonly: bool
+    ) -> None:
+        self.host = host
         self.port = port
         self.dir = root / f"node{index}-{port}"
         self.dir.mkdir()
         self.log = self.dir / "redis.log"
         conf = self.dir / "redis.conf"
         text = (
-            f"port {port}\nbind 127.0.0.1\ndir {self.dir}\n"
+            f"port {port}\nbind {host}\ncluster-announce-ip {host}\ndir {self.dir}\n"
             "cluster-enabled yes\ncluster-config-file nodes.conf\ncluster-node-timeout 5000\n"
-            'save ""\nappendonly no\ndaemonize no\n'
+            f'save ""\nappendonly {"yes" if appendonly else "no"}\ndaemonize no\n'
         )
         if auth.redis_password:
             # The run's own ACL user; the default user (no password) is switched off.
@@ -154,7 +157,7 @@ class _Node:
             )
         user: str | None = auth.redis_user if auth.redis_password else None
         password: str | None = auth.redis_password or None
-        self.conn = redis.Redis(host="127.0.0.1", port=port, socket_timeout=5.0, username=user, password=password)
+        self.conn = redis.Redis(host=host, port=port, socket_timeout=5.0, username=user, password=password)
 
     def wait_ping(self, deadline: float) -> bool:
         """True once our server answers; False if it exited (e.g. the port was taken) or timed out."""
@@ -195,12 +198,20 @@ class LocalRedisCluster:
         startup_timeout_sec: float = 30.0,
         redis_server: str | None = None,
         auth: Security | None = None,
+        host: str = "127.0.0.1",
+        ports: list[int] | None = None,
+        appendonly: bool = False,
     ) -> None:
+        """`host`: the address the nodes bind and announce (others must reach it); `ports`:
+        fixed ports, one per primary (default: free ones); `appendonly`: persist to disk."""
+        if ports is not None and len(ports) != num_primaries:
+            raise ValueError(f"ports ({ports}) must name one port per primary ({num_primaries})")
         if num_primaries < 3:
             raise ValueError(f"num_primaries ({num_primaries}) must be >= 3: Redis Cluster needs 3 primaries")
         self.num_primaries = num_primaries
         self.startup_timeout_sec = startup_timeout_sec
         self._binary = redis_server
+        self.host, self.ports, self.appendonly = host, ports, appendonly
         self.auth = auth or Security()  # with a redis_password: nodes require the run's ACL user
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
         self._nodes: list[_Node] = []
@@ -215,7 +226,7 @@ class LocalRedisCluster:
     def nodes(self) -> list[tuple[str, int]]:
         """(host, port) of every primary."""
         self._check_started()
-        return [("127.0.0.1", n.port) for n in self._nodes]
+        return [(n.host, n.port) for n in self._nodes]
 
     @property
     def addresses(self) -> str:
@@ -272,9 +283,10 @@ class LocalRedisCluster:
         assert self._tmp is not None
         taken = {n.port for n in self._nodes}
         logs = []
-        for _ in range(_PORT_ATTEMPTS):
-            port = _free_port_pair(taken)
-            node = _Node(binary, Path(self._tmp.name), index, port, self.auth)
+        attempts = 1 if self.ports else _PORT_ATTEMPTS
+        for _ in range(attempts):
+            port = self.ports[index] if self.ports else _free_port_pair(taken, self.host)
+            node = _Node(binary, Path(self._tmp.name), index, port, self.auth, self.host, self.appendonly)
             if node.wait_ping(deadline):
                 return node
             node.stop(1.0)
@@ -294,7 +306,7 @@ class LocalRedisCluster:
             node.conn.execute_command("CLUSTER", "SET-CONFIG-EPOCH", i + 1)
         first = self._nodes[0]
         for node in self._nodes[1:]:
-            first.conn.execute_command("CLUSTER", "MEET", "127.0.0.1", node.port)
+            first.conn.execute_command("CLUSTER", "MEET", node.host, node.port)
 
     def _wait_cluster_ok(self, deadline: float) -> None:
         last: dict[int, str] = {}

@@ -36,6 +36,14 @@ REDIS_PASSWORD_ENV = "FLEETRL_REDIS_PASSWORD"
 _HEADER = "authorization"
 
 
+def parse_hostport(address: str, field: str = "address") -> tuple[str, int]:
+    """'10.0.0.5:50051' -> ('10.0.0.5', 50051); ValueError names the field and the value."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise ValueError(f"{field} ({address!r}) must look like HOST:PORT with PORT in 0..65535")
+    return host, int(port)
+
+
 class SecurityError(ValueError):
     """A security setting cannot be used (missing file, half a TLS pair); names the field."""
 

@@ -251,17 +251,17 @@ def test_run_ingest_service_serves_until_sigterm(clean_redis_cluster, tmp_path, 
     ready = tmp_path / "ready"
     script = textwrap.dedent(
         f"""
-        from buffer.service import run_ingest_service
+        from buffer.service import IngestService, run_ingest_service
         from fleetrl.config import BufferConfig
         from fleetrl.wire import TransitionSchema
-        run_ingest_service(BufferConfig(), {RUN!r}, {TASK}, TransitionSchema(3, 2, 2),
-                           {clean_redis_cluster.addresses!r}, 0, {str(ready)!r})
+        service = IngestService(BufferConfig(), {RUN!r}, {TASK}, TransitionSchema(3, 2, 2), "127.0.0.1:0")
+        run_ingest_service(service, {clean_redis_cluster.addresses!r}, {str(ready)!r})
         """
     )
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     process = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, env=env)
     try:
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 120  # a bound against hanging, not a timing check
         while not ready.exists() and process.poll() is None and time.monotonic() < deadline:
             time.sleep(0.05)
         address = ready.read_text()

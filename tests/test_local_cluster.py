@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 import redis
 
+from fleetrl import local_cluster
 from fleetrl.local_cluster import LocalClusterError, LocalRedisCluster, connect, parse_addresses
 
 REPO = Path(__file__).resolve().parents[1]
@@ -122,3 +124,18 @@ def test_missing_redis_server_gives_the_install_hint(monkeypatch, tmp_path):
 def test_fewer_than_three_primaries_is_refused():
     with pytest.raises(ValueError, match="num_primaries \\(2\\) must be >= 3"):
         LocalRedisCluster(num_primaries=2)
+
+
+def test_nodes_bind_and_announce_the_given_host_on_fixed_ports():
+    ports = []
+    for _ in range(3):  # three free ports whose bus ports (+10000) are free too, on 127.0.0.2
+        ports.append(local_cluster._free_port_pair(set(ports), "127.0.0.2"))
+    with LocalRedisCluster(host="127.0.0.2", ports=ports, appendonly=True) as cluster:
+        assert cluster.nodes == [("127.0.0.2", p) for p in ports]
+        client = cluster.client()
+        client.set("{h}:k", b"v")
+        announced = {node.host for node in client.get_nodes()}  # what the cluster told the client
+        client.close()
+        assert announced == {"127.0.0.2"}
+        with socket.socket() as s:  # bound to 127.0.0.2 only: 127.0.0.1 on the same port refuses
+            assert s.connect_ex(("127.0.0.1", ports[0])) != 0
