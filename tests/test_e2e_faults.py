@@ -128,6 +128,11 @@ def test_sigkill_of_a_sampler_and_of_the_ingest_service_loses_and_doubles_nothin
     # Stored beyond the acked: at most the one batch the killed sampler had in flight (stored,
     # never acked, never retried). Transitions per batch: 50 env steps x (1 + her_k).
     per_batch = 50 * (1 + config.sampler.her_k)
+    acked_steps = sum(r["env_steps"] for r in acked.values())
+    print(  # the figures of the fault table (pytest -s)
+        f"\nfaults: acked batches {len(acked)}, acked env steps {acked_steps}, acked transitions {acked_rows}, "
+        f"stored transitions {len(stored)}, lost {len(lost)}, doubled {len(doubled)}"
+    )
     assert acked_rows <= len(stored) <= acked_rows + per_batch, (acked_rows, len(stored))
     logs_text = "".join(p.read_text(errors="replace") for p in logs.iterdir())
     assert "Traceback" not in logs_text, logs_text[-3000:]
