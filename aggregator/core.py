@@ -197,6 +197,10 @@ class AggregatorCore:
                 self._flat[g].copy_(saved["flat"][g])
                 self._optim[g].load_state_dict(saved["optim"][g])
 
+    def views(self, groups: tuple[str, ...] = GROUPS) -> dict[str, np.ndarray]:
+        """The live flat vectors, uncopied: read them before the next step (under a lock)."""
+        return {g: self._flat[g].detach().numpy() for g in groups}
+
     def weights(self, groups: tuple[str, ...] = GROUPS) -> dict[str, np.ndarray]:
         """Copies of the current flat vectors (safe to serialize while the next step runs)."""
         return {g: self._flat[g].detach().numpy().copy() for g in groups}

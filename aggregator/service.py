@@ -51,7 +51,7 @@ class _WeightsCache:
         cached = self._cache.get(groups)
         if cached is not None and cached.version == core.version:
             return cached
-        flat = core.weights(groups)
+        flat = core.views(groups)  # no copy: to_tensor copies once, under the caller's lock
         msg = pb.Weights(
             version=core.version,
             tensors=[to_tensor(g, flat[g]) for g in groups],

@@ -21,6 +21,9 @@ import numpy as np
 GROUPS = ("actor", "critic", "critic_target", "log_alpha", "obs_norm")
 GRADIENT_GROUPS = ("actor", "critic", "log_alpha")
 ACTOR_GROUPS = ("actor", "obs_norm")  # all a sampler, evaluator or exporter needs
+# What a learner takes every version: it keeps its own Polyak copy of the target critics after
+# the first full snapshot, so 40% of the weights never travel per version.
+LEARNER_GROUPS = ("actor", "critic", "log_alpha", "obs_norm")
 LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0  # the range CleanRL and SB3 use for SAC
 NORM_CLIP = 5.0  # standardized inputs are clipped to +-5, as in the HER baselines
 

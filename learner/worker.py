@@ -22,6 +22,7 @@ from aggregator.client import AggregatorClient, GradientPush, PendingPush, Weigh
 from buffer.client import ReplaySampler
 from fleetrl.config import RunConfig
 from fleetrl.local_cluster import connect
+from fleetrl.policy import LEARNER_GROUPS
 from fleetrl.process import Heartbeat
 from fleetrl.transport import Security
 from learner.models import GROUPS, SACModel
@@ -38,9 +39,18 @@ class LearnerEndpoints:
     heartbeat_path: str | None = None
 
 
-def _load(model: SACModel, snapshot: WeightsSnapshot) -> None:
+def _load(model: SACModel, snapshot: WeightsSnapshot, tau: float, versions: int) -> None:
+    """Load a snapshot; without critic_target in it, move the learner's own target critics
+    toward the new critics as the aggregator's Polyak update would over `versions` versions
+    (exact for one version; for several, the same total rate on the newest critics)."""
     for group in GROUPS:
-        model.set_flat(group, snapshot.tensors[group])
+        if group in snapshot.tensors:
+            model.set_flat(group, snapshot.tensors[group])
+    if "critic_target" not in snapshot.tensors and versions > 0:
+        rate = 1.0 - (1.0 - tau) ** versions
+        with torch.no_grad():
+            for target, live in zip(model.critic_target.parameters(), model.critic.parameters(), strict=True):
+                target.mul_(1.0 - rate).add_(live, alpha=rate)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -118,7 +128,7 @@ def run_learner(config: RunConfig, learner_id: int, endpoints: LearnerEndpoints,
     try:
         with (
             AggregatorClient(endpoints.aggregator, security=security) as agg,
-            agg.watch(f"learner-{learner_id}") as weights,
+            agg.watch(f"learner-{learner_id}", LEARNER_GROUPS) as weights,
         ):
             replay = ReplaySampler(
                 redis_client,
@@ -128,7 +138,8 @@ def run_learner(config: RunConfig, learner_id: int, endpoints: LearnerEndpoints,
                 seed=config.aggregator.seed + 7919 * (learner_id + 1),
                 refresh_interval_sec=config.learner.buffer_refresh_sec,
             )
-            snapshot = _wait(lambda: weights.wait_newer_than(-1, timeout=1.0), stop, heartbeat)
+            with agg.watch(f"learner-{learner_id}-start") as everything:  # the target critics, once
+                snapshot = _wait(lambda: everything.wait_newer_than(-1, timeout=1.0), stop, heartbeat)
             if snapshot is None:
                 return 0
             log.info(
@@ -177,7 +188,8 @@ class _GradientLoop:
 
     def run(self, snapshot: WeightsSnapshot, stop: threading.Event) -> int:
         model = SACModel(snapshot.spec).to(self.batches.device)
-        _load(model, snapshot)
+        tau = self.config.aggregator.tau
+        _load(model, snapshot, tau, 0)
         loaded, need, pushed = snapshot.version, snapshot.version, 0
         pending: PendingPush | None = None  # one push in flight: its step overlaps the next gradient
         while not stop.is_set():
@@ -187,7 +199,7 @@ class _GradientLoop:
             snapshot = fresh
             if snapshot.version != loaded:
                 with self.heartbeat.phase("load_weights"):
-                    _load(model, snapshot)
+                    _load(model, snapshot, tau, snapshot.version - loaded)
                 loaded = snapshot.version
             push = self._gradient(model, snapshot.version, stop)
             if push is None:

@@ -139,7 +139,9 @@ def run_evaluator(
     security = Security.from_config(config.security)
     with (
         AggregatorClient(aggregator, security=security) as agg,
-        agg.watch(name, ACTOR_GROUPS) as watcher,
+        # At most one version a second: the evaluator only needs the newest when it scores, and
+        # every version streamed costs the aggregator a serialization (measured: 7% of a core).
+        agg.watch(name, ACTOR_GROUPS, min_interval_sec=1.0) as watcher,
         IngestClient(buffer, sampler_id=0, run_id=config.run_id, security=security) as ingest,
     ):
         started, next_at = time.monotonic(), 0.0

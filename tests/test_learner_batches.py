@@ -77,3 +77,29 @@ def test_device_auto_is_cpu_without_cuda_and_cuda_without_a_gpu_is_a_clear_error
     assert resolve_device("auto") == torch.device("cpu")
     with pytest.raises(RuntimeError, match="learner.device is 'cuda' but torch sees no CUDA device"):
         resolve_device("cuda")
+
+
+def test_a_learner_keeps_its_own_target_critics_like_the_aggregators_polyak_update():
+    from aggregator.client import WeightsSnapshot
+    from fleetrl.policy import ModelSpec
+    from learner.models import SACModel
+    from learner.worker import _load
+
+    spec = ModelSpec(3, 2, 2, (8,))
+    source = SACModel(spec)
+    full = WeightsSnapshot(
+        0, {g: source.get_flat(g) for g in ("actor", "critic", "critic_target", "log_alpha", "obs_norm")}, spec
+    )
+    learner = SACModel(spec)
+    _load(learner, full, tau=0.25, versions=0)
+    np.testing.assert_array_equal(learner.get_flat("critic_target"), source.get_flat("critic_target"))
+    target = source.get_flat("critic_target").astype(np.float64)
+    for version in (1, 2):  # one version at a time: exactly the aggregator's update
+        critic = np.random.default_rng(version).normal(size=target.shape).astype(np.float32)
+        partial = {**{g: full.tensors[g] for g in ("actor", "log_alpha", "obs_norm")}, "critic": critic}
+        _load(learner, WeightsSnapshot(version, partial, spec), tau=0.25, versions=1)
+        target = 0.75 * target + 0.25 * critic
+        np.testing.assert_allclose(learner.get_flat("critic_target"), target, rtol=1e-5, atol=1e-6)
+    critic = np.zeros(target.shape, np.float32)
+    _load(learner, WeightsSnapshot(5, {"critic": critic}, spec), tau=0.25, versions=3)  # 3 versions at once
+    np.testing.assert_allclose(learner.get_flat("critic_target"), target * 0.75**3, rtol=1e-5, atol=1e-6)
