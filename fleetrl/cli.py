@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import pathlib
 import sys
 import time
 
@@ -47,6 +48,12 @@ def _parser(export_args: bool = True) -> argparse.ArgumentParser:
     train = sub.add_parser("train", help="train with a complete local fleet (Redis Cluster included)")
     _common(train)
     train.add_argument("--run-dir", help="default: runs/<task>-<timestamp>")
+    train.add_argument(
+        "--resume",
+        metavar="RUN_DIR",
+        help="continue a stopped or crashed run: its config, weights, optimizer and version (the local replay "
+        "buffer starts empty)",
+    )
     train.add_argument("--samplers", type=int, help="shorthand for --set sampler.num_samplers=N")
     train.add_argument("--learners", type=int, help="shorthand for --set learner.num_learners=N")
     train.add_argument("--target-success", type=float, help="stop once evaluation success reaches this")
@@ -134,6 +141,14 @@ def _train(args: argparse.Namespace) -> int:
 
     from fleetrl.launch import LocalFleet
 
+    if args.resume:
+        run_dir = pathlib.Path(args.resume)
+        if not (run_dir / "config.json").exists():
+            from fleetrl.config import ConfigError
+
+            raise ConfigError(f"--resume {run_dir}: no config.json there (not a run directory)")
+        args.config = str(run_dir / "config.json")  # the run's own config; --set still overrides
+        args.run_dir = str(run_dir)
     config = _config(args)
     if not args.run_dir and not any(s.startswith("run_dir=") for s in args.set):
         stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")

@@ -211,8 +211,22 @@ def test_watchdog_restarts_killed_roles_and_training_continues(tmp_path: pathlib
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["restarts"] >= 2, out[-3000:]
     assert "sampler-0 exited" in out and "aggregator exited" in out
-    versions = [json.loads(line)["version"] for line in evals.read_text().splitlines()]
-    assert versions == sorted(versions), "a restarted aggregator must never hand out an older version"
+    events = [json.loads(line)["event"] for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    assert any(e.startswith("aggregator exited") for e in events)
+    resumed_at = _resumed_versions(run_dir)
+    assert resumed_at and resumed_at[0] > before, "a restarted aggregator reused a version already broadcast"
+    # --resume continues the stopped run: weights, optimizer and version from its last checkpoint.
+    final = summary["final_version"]
+    again = _train(run_dir, "--resume", str(run_dir), "--max-wall-sec", "25", "--target-success", "1.0")
+    out, _ = again.communicate(timeout=120)
+    assert _resumed_versions(run_dir)[-1] >= final, out[-3000:]  # a clean stop resumes where it ended
+    assert json.loads((run_dir / "summary.json").read_text())["final_version"] > final
+
+
+def _resumed_versions(run_dir: pathlib.Path) -> list[int]:
+    """Every 'resuming at version N' the aggregator logged, in order."""
+    text = (run_dir / "logs" / "aggregator.log").read_text()
+    return [int(line.rsplit(" ", 1)[1]) for line in text.splitlines() if "resuming at version" in line]
 
 
 def _last_version(evals: pathlib.Path) -> int:
