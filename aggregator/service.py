@@ -31,7 +31,7 @@ from fleetrl.process import write_ready_file
 from fleetrl.proto import fleetrl_pb2 as pb
 from fleetrl.proto import fleetrl_pb2_grpc as pb_grpc
 from fleetrl.tb import ScalarWriter
-from fleetrl.transport import GRPC_OPTIONS, NO_SECURITY, RefusalCounter, Security, parse_hostport
+from fleetrl.transport import GRPC_OPTIONS, NO_SECURITY, RefusalCounter, Security, StandardServices, parse_hostport
 from fleetrl.wire import WireError, from_tensor, to_tensor
 from sim.registry import get_task
 
@@ -249,6 +249,7 @@ class AggregatorServer:
             interceptors=security.server_interceptors(self.refused),
         )
         pb_grpc.add_AggregatorServicer_to_server(self.servicer, self._server)
+        self.standard = StandardServices(self._server, [pb.DESCRIPTOR.services_by_name["Aggregator"].full_name])
         self.port = security.add_port(self._server, f"{host}:{port}")
         if self.port == 0:
             raise OSError(f"aggregator could not bind {host}:{port}")

@@ -28,7 +28,14 @@ from fleetrl.local_cluster import connect
 from fleetrl.process import write_ready_file
 from fleetrl.proto import fleetrl_pb2 as pb
 from fleetrl.proto import fleetrl_pb2_grpc as pb_grpc
-from fleetrl.transport import GRPC_OPTIONS, NO_SECURITY, RefusalCounter, Security, parse_hostport
+from fleetrl.transport import (
+    GRPC_OPTIONS,
+    NO_SECURITY,
+    RefusalCounter,
+    Security,
+    StandardServices,
+    parse_hostport,
+)
 from fleetrl.wire import Transitions, TransitionSchema, WireError, batch_from_proto
 
 # Redis failures worth a retry: the push is answered UNAVAILABLE and the sampler retries.
@@ -66,6 +73,13 @@ def validate_batch(
     if batch.successes > batch.episodes:
         raise WireError("successes", f"{batch.successes} exceeds episodes ({batch.episodes})")
     return batch_from_proto(batch, schema)
+
+
+def _redis_answers(client) -> bool:
+    try:
+        return bool(client.ping())
+    except REDIS_FAILURES:
+        return False
 
 
 def _cap(text: str, limit: int = 200) -> str:
@@ -253,6 +267,7 @@ class IngestServer:
         interceptors = self.security.server_interceptors(self.refused)
         server = grpc.server(pool, options=GRPC_OPTIONS, interceptors=interceptors)
         pb_grpc.add_ReplayIngestServicer_to_server(self.servicer, server)
+        self.standard = StandardServices(server, [pb.DESCRIPTOR.services_by_name["ReplayIngest"].full_name])
         target = f"{self.host}:{self._requested_port}"
         try:
             port = self.security.add_port(server, target)
@@ -311,8 +326,8 @@ def run_ingest_service(
             address = s.advertise or server.address
             log.info("ingest service listening on %s, reachable at %s", server.address, address)
             write_ready_file(ready_file, address)
-            while not stop.wait(0.5):
-                pass
+            while not stop.wait(2.0):  # health: SERVING only while its Redis answers
+                server.standard.set_serving(_redis_answers(client))
     finally:
         client.close()
         for sig, handler in handlers.items():

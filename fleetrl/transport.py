@@ -31,6 +31,7 @@ GRPC_OPTIONS = [
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
 ]
+HEALTH_PREFIX = "/grpc.health.v1.Health/"  # probes (grpc_health_probe, orchestrators) need no token
 TOKEN_ENV = "FLEETRL_TOKEN"
 REDIS_PASSWORD_ENV = "FLEETRL_REDIS_PASSWORD"
 _HEADER = "authorization"
@@ -153,6 +154,8 @@ class TokenCheck(grpc.ServerInterceptor):
 
     def intercept_service(self, continuation: Callable[[Any], Any], details: Any) -> Any:
         handler = continuation(details)
+        if details.method.startswith(HEALTH_PREFIX):
+            return handler
         given = dict(details.invocation_metadata or ()).get(_HEADER, "")
         given_bytes = given.encode() if isinstance(given, str) else bytes(given)
         if handler is None or hmac.compare_digest(given_bytes, self._expected):
@@ -163,13 +166,23 @@ class TokenCheck(grpc.ServerInterceptor):
         def refuse(request: Any, context: grpc.ServicerContext) -> Any:
             context.abort(grpc.StatusCode.UNAUTHENTICATED, f"authorization: {why} (see security.token_file)")
 
-        make = grpc.unary_stream_rpc_method_handler if handler.unary_stream else grpc.unary_unary_rpc_method_handler
+        make = {
+            (False, False): grpc.unary_unary_rpc_method_handler,
+            (False, True): grpc.unary_stream_rpc_method_handler,
+            (True, False): grpc.stream_unary_rpc_method_handler,
+            (True, True): grpc.stream_stream_rpc_method_handler,
+        }[(handler.request_streaming, handler.response_streaming)]
         return make(
             refuse, request_deserializer=handler.request_deserializer, response_serializer=handler.response_serializer
         )
 
 
-class _TokenSender(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor):
+class _TokenSender(
+    grpc.UnaryUnaryClientInterceptor,
+    grpc.UnaryStreamClientInterceptor,
+    grpc.StreamUnaryClientInterceptor,
+    grpc.StreamStreamClientInterceptor,
+):
     def __init__(self, token: str) -> None:
         self._header = (_HEADER, f"Bearer {token}")
 
@@ -185,6 +198,12 @@ class _TokenSender(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInter
     def intercept_unary_stream(self, continuation: Callable[..., Any], details: Any, request: Any) -> Any:
         return continuation(self._with_token(details), request)
 
+    def intercept_stream_unary(self, continuation: Callable[..., Any], details: Any, requests: Any) -> Any:
+        return continuation(self._with_token(details), requests)
+
+    def intercept_stream_stream(self, continuation: Callable[..., Any], details: Any, requests: Any) -> Any:
+        return continuation(self._with_token(details), requests)
+
 
 @dataclass(frozen=True)
 class _CallDetails(grpc.ClientCallDetails):
@@ -194,3 +213,37 @@ class _CallDetails(grpc.ClientCallDetails):
     credentials: Any
     wait_for_ready: bool | None
     compression: Any
+
+
+class StandardServices:
+    """grpc.health.v1 health checking and server reflection on a fleetrl server.
+
+        services = StandardServices(server, ["fleetrl.v1.Aggregator"])   # before server.start()
+        services.set_serving(ok)      # e.g. False while the service's own Redis does not answer
+
+    `grpc_health_probe -addr HOST:PORT` and `grpcurl -plaintext HOST:PORT list` then work, and
+    orchestrators can probe readiness. Health calls need no token; reflection does.
+    """
+
+    def __init__(self, server: grpc.Server, service_names: list[str]) -> None:
+        from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+        from grpc_reflection.v1alpha import reflection
+
+        self._pb = health_pb2
+        self._health = health.HealthServicer()
+        self.names = list(service_names)
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
+        reflection.enable_server_reflection(
+            [*service_names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME],
+            server,
+        )
+        self.serving: bool | None = None
+        self.set_serving(True)
+
+    def set_serving(self, ok: bool) -> None:
+        if ok == self.serving:
+            return
+        self.serving = ok
+        status = self._pb.HealthCheckResponse.SERVING if ok else self._pb.HealthCheckResponse.NOT_SERVING
+        for name in ["", *self.names]:
+            self._health.set(name, status)

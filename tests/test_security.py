@@ -149,3 +149,26 @@ def test_redis_nodes_started_with_a_password_refuse_anyone_without_it():
             anonymous.close()
         data = np.frombuffer(cluster.client().get("{r}:k") or b"", np.uint8)
         assert data.tobytes() == b"v"  # nothing the intruder tried took effect
+
+
+def test_health_and_reflection_answer_probes_without_the_token(aggregator):
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+    from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+    with grpc.insecure_channel(aggregator.address) as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+        for service in ("", "fleetrl.v1.Aggregator"):
+            reply = health.Check(health_pb2.HealthCheckRequest(service=service), timeout=5)
+            assert reply.status == health_pb2.HealthCheckResponse.SERVING
+        aggregator.standard.set_serving(False)
+        reply = health.Check(health_pb2.HealthCheckRequest(service="fleetrl.v1.Aggregator"), timeout=5)
+        assert reply.status == health_pb2.HealthCheckResponse.NOT_SERVING
+        with pytest.raises(grpc.RpcError) as err:  # reflection, like every fleet call, needs the token
+            stub = reflection_pb2_grpc.ServerReflectionStub(channel)
+            next(iter(stub.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")]))))
+        assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    with TOKEN.channel(aggregator.address) as channel:
+        stub = reflection_pb2_grpc.ServerReflectionStub(channel)
+        reply = next(iter(stub.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")]))))
+        names = {s.name for s in reply.list_services_response.service}
+        assert {"fleetrl.v1.Aggregator", "grpc.health.v1.Health"} <= names
