@@ -27,7 +27,7 @@ from aggregator.dedup import PushDedup
 from fleetrl.checkpoint import CheckpointError, VersionLease, load_checkpoint, save_checkpoint
 from fleetrl.config import AggregatorConfig, RunConfig
 from fleetrl.policy import GROUPS, ModelSpec
-from fleetrl.process import write_ready_file
+from fleetrl.process import publish_metrics, write_ready_file
 from fleetrl.proto import fleetrl_pb2 as pb
 from fleetrl.proto import fleetrl_pb2_grpc as pb_grpc
 from fleetrl.tb import ScalarWriter
@@ -379,6 +379,16 @@ def run_aggregator(
         log.info("aggregator at %s, version %d, %d gradients per step", server.address, core.version, grads_per_step)
         logged = -1
         while not stop.wait(2.0):
+            counts = server.servicer.counts
+            publish_metrics(
+                version=core.version,
+                gradients_applied=counts["applied"],
+                gradients_stale=counts["stale"],
+                gradients_rejected=counts["rejected"],
+                gradients_duplicate=counts["duplicate"],
+                subscribers=server.servicer.subscribers,
+                steps_skipped=core.steps_skipped,
+            )
             if writer is not None and core.version != logged:
                 logged = core.version
                 for key, value in dict(server.servicer.metrics).items():

@@ -25,7 +25,7 @@ from buffer.layout import MAX_UINT32
 from buffer.storage import PushKey, TemporalStorage
 from fleetrl.config import BufferConfig
 from fleetrl.local_cluster import connect
-from fleetrl.process import write_ready_file
+from fleetrl.process import publish_metrics, write_ready_file
 from fleetrl.proto import fleetrl_pb2 as pb
 from fleetrl.proto import fleetrl_pb2_grpc as pb_grpc
 from fleetrl.transport import (
@@ -328,6 +328,16 @@ def run_ingest_service(
             write_ready_file(ready_file, address)
             while not stop.wait(2.0):  # health: SERVING only while its Redis answers
                 server.standard.set_serving(_redis_answers(client))
+                c = server.servicer.counters() if server.servicer is not None else None
+                if c is not None:
+                    publish_metrics(
+                        env_steps=c.env_steps,
+                        batches=c.batches,
+                        duplicates=c.duplicates,
+                        rejected=c.rejected,
+                        head=c.head,
+                        serving=float(bool(server.standard.serving)),
+                    )
     finally:
         client.close()
         for sig, handler in handlers.items():

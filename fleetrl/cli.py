@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import logging
 import pathlib
 import sys
 import time
@@ -90,6 +91,7 @@ def _parser(export_args: bool = True) -> argparse.ArgumentParser:
         p.add_argument("--ready-file", help="write the bound address here once serving")
         p.add_argument("--run-dir", help="checkpoints and TensorBoard go here (aggregator)")
         p.add_argument("--heartbeat", help="heartbeat JSON file the watchdog reads")
+        p.add_argument("--metrics", metavar="HOST:PORT", help="serve Prometheus metrics here (default: none)")
         if role == "sampler":
             p.add_argument("--ack-log", help="folder for the ack ledger: one JSON line per acked batch")
     certs = sub.add_parser("certs", help="make a self-signed TLS certificate set for a fleet")
@@ -173,6 +175,14 @@ def _role(args: argparse.Namespace) -> int:
     die_with_parent()
     stop = stop_event()
     security = Security.from_config(config.security)  # the token and Redis password (files or env)
+    if args.metrics:
+        from fleetrl.metrics import RoleMetrics
+        from fleetrl.process import use_metrics
+
+        try:
+            use_metrics(RoleMetrics(f"{args.command}-{args.id}", args.metrics))
+        except OSError as err:  # a taken port costs the metrics, never the role
+            logging.getLogger("fleetrl").warning("no Prometheus metrics on %s: %s", args.metrics, err)
     if args.command == "buffer":
         from buffer.service import IngestService, run_ingest_service
         from sim.registry import get_task

@@ -97,6 +97,7 @@ class LocalFleet:
         self._max_restarts = 3
         self._stop = threading.Event()
         self.cpu = CpuMeter()
+        self._metrics: dict[str, str] = {}  # role -> the address of its Prometheus metrics
         self._cpu_sampled = -CPU_SAMPLE_SEC
         # A local run needs no set-up: without a token or Redis password given, one is made.
         self.security = local_security(config)
@@ -113,15 +114,21 @@ class LocalFleet:
         """The run's local Redis Cluster: its nodes require the run's ACL user and password."""
         return LocalRedisCluster(self.num_redis_primaries, auth=self.security)
 
-    def _role_argv(self, role: str, *args: str) -> tuple[str, ...]:
-        return (sys.executable, "-m", "fleetrl.cli", role, "--config", str(self.run_dir / "config.json"), *args)
+    def _role_argv(self, role: str, name: str, *args: str) -> tuple[str, ...]:
+        """A role's command line; every role also serves Prometheus metrics on a port of its own,
+        listed in <run>/metrics.json."""
+        metrics = f"127.0.0.1:{free_port()}"
+        self._metrics[name] = metrics
+        (self.run_dir / "metrics.json").write_text(json.dumps(self._metrics, indent=2))
+        config = str(self.run_dir / "config.json")
+        return (sys.executable, "-m", "fleetrl.cli", role, "--config", config, "--metrics", metrics, *args)
 
     def _start_service(self, dog: Watchdog, role: str, address: str, *extra: str) -> None:
         """Services listen on ports fixed up front, so a restarted one keeps its address."""
         ready = self.run_dir / "ready" / role
         ready.unlink(missing_ok=True)
         port = address.rsplit(":", 1)[1]
-        argv = self._role_argv(role, "--port", port, "--ready-file", str(ready), *extra)
+        argv = self._role_argv(role, role, "--port", port, "--ready-file", str(ready), *extra)
         dog.start(RoleSpec(role, argv, max_restarts=self._max_restarts, env=self._child_env))
 
     def _wait_ready(self, dog: Watchdog, role: str) -> None:
@@ -137,7 +144,7 @@ class LocalFleet:
         for index in range(count):
             name = f"{role}-{index}"
             beat = heartbeat_file(self.run_dir, name)
-            argv = self._role_argv(role, "--id", str(index), "--heartbeat", beat, *extra)
+            argv = self._role_argv(role, name, "--id", str(index), "--heartbeat", beat, *extra)
             dog.start(RoleSpec(name, argv, heartbeat_path=beat, max_restarts=self._max_restarts, env=self._child_env))
 
     def prepare(self) -> None:

@@ -18,6 +18,19 @@ from collections import defaultdict
 from contextlib import contextmanager
 
 PR_SET_PDEATHSIG = 1
+_metrics = None  # this process's RoleMetrics, when it serves Prometheus metrics (see use_metrics)
+
+
+def use_metrics(metrics) -> None:
+    """Publish every heartbeat (and publish_metrics call) of this process as Prometheus metrics."""
+    global _metrics
+    _metrics = metrics
+
+
+def publish_metrics(**counters: float) -> None:
+    """For roles without a heartbeat file (the services): export counters now."""
+    if _metrics is not None:
+        _metrics.update(counters=counters)
 
 
 def setup_logging(role: str) -> logging.Logger:
@@ -80,9 +93,13 @@ class Heartbeat:
     def beat(self, force: bool = False, **counters: float) -> None:
         self.counters.update(counters)
         now = time.time()
-        if self.path is None or (not force and now - self._last < self.interval_sec):
+        if (self.path is None and _metrics is None) or (not force and now - self._last < self.interval_sec):
             return
         self._last = now
+        if _metrics is not None:
+            _metrics.update(self.phase_sec, self.counters)
+        if self.path is None:
+            return
         payload = {"time": now, "pid": os.getpid(), "phase_sec": self.phase_sec, "counters": self.counters}
         tmp = self.path.with_suffix(f".tmp{os.getpid()}")
         tmp.write_text(json.dumps(payload))

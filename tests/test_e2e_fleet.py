@@ -166,6 +166,10 @@ def test_train_reaches_target_and_leaves_a_run_directory(tmp_path: pathlib.Path)
     assert max(e["success_rate"] for e in evals) >= 0.9
     assert "reached 90% evaluation success" in out
     assert "Traceback" not in out
+    groups = summary["cpu"]["groups"]
+    assert {"aggregator", "buffer", "evaluator", "learner", "sampler", "redis", "launcher"} <= set(groups)
+    assert 0 < summary["fleet_overhead_share"] < 1 and groups["learner"]["cpu_sec"] > 0
+    assert [json.loads(line) for line in (run_dir / "progress.jsonl").read_text().splitlines()]
 
 
 def test_ctrl_c_stops_the_fleet_cleanly(tmp_path: pathlib.Path) -> None:
@@ -178,6 +182,12 @@ def test_ctrl_c_stops_the_fleet_cleanly(tmp_path: pathlib.Path) -> None:
             "the learner's heartbeat",
             [("train", proc)],
         )
+        endpoints = json.loads((run_dir / "metrics.json").read_text())
+        assert {"aggregator", "buffer", "sampler-0", "learner-0", "evaluator-0"} <= set(endpoints)
+        _wait_until(
+            lambda: "fleetrl_counter" in _scrape(endpoints["learner-0"]), 60, "learner metrics", [("train", proc)]
+        )
+        assert "fleetrl_resident_bytes" in _scrape(endpoints["aggregator"])
         children = psutil.Process(proc.pid).children(recursive=True)
         assert any("redis-server" in c.name() for c in children)
         os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
@@ -221,6 +231,15 @@ def test_watchdog_restarts_killed_roles_and_training_continues(tmp_path: pathlib
     out, _ = again.communicate(timeout=120)
     assert _resumed_versions(run_dir)[-1] >= final, out[-3000:]  # a clean stop resumes where it ended
     assert json.loads((run_dir / "summary.json").read_text())["final_version"] > final
+
+
+def _scrape(address: str) -> str:
+    import urllib.request
+
+    try:
+        return urllib.request.urlopen(f"http://{address}/metrics", timeout=5).read().decode()
+    except OSError:
+        return ""
 
 
 def _resumed_versions(run_dir: pathlib.Path) -> list[int]:

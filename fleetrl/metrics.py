@@ -1,0 +1,55 @@
+"""Prometheus metrics of one role process (prometheus-client), on a port of its own.
+
+    metrics = RoleMetrics("sampler-0", "127.0.0.1:9101")   # serves /metrics on that address
+    metrics.update(phase_sec={"rollout": 12.5}, counters={"env_steps": 5000})  # from the heartbeat
+
+Exported, all labelled with `role`:
+    fleetrl_phase_seconds{phase}   seconds spent per heartbeat phase (rollout, gradients, ...)
+    fleetrl_counter{name}          the role's heartbeat counters (env_steps, pushed, version, ...)
+    fleetrl_resident_bytes         resident set size
+    fleetrl_locked_bytes           memory pinned by mlockall (resident and locked)
+
+The local launcher gives every role a port and lists them in <run>/metrics.json, so a
+Prometheus scrape config can be written from it.
+"""
+
+from __future__ import annotations
+
+import psutil
+from prometheus_client import CollectorRegistry, Gauge, start_http_server
+
+from fleetrl.transport import parse_hostport
+
+
+def _locked_bytes() -> int:
+    try:
+        with open("/proc/self/smaps") as f:
+            return 1024 * sum(int(line.split()[1]) for line in f if line.startswith("Locked:"))
+    except OSError:
+        return 0
+
+
+class RoleMetrics:
+    def __init__(self, role: str, listen: str) -> None:
+        host, port = parse_hostport(listen, "--metrics")
+        self.role = role
+        self.registry = CollectorRegistry()
+        self._phase = Gauge("fleetrl_phase_seconds", "seconds per phase", ["role", "phase"], registry=self.registry)
+        self._counter = Gauge("fleetrl_counter", "role counters", ["role", "name"], registry=self.registry)
+        self._rss = Gauge("fleetrl_resident_bytes", "resident set size", ["role"], registry=self.registry)
+        self._locked = Gauge("fleetrl_locked_bytes", "memory pinned by mlockall", ["role"], registry=self.registry)
+        self.server, self._thread = start_http_server(port, addr=host, registry=self.registry)
+        self.port = self.server.server_port
+        self._process = psutil.Process()
+
+    def update(self, phase_sec: dict[str, float] | None = None, counters: dict[str, float] | None = None) -> None:
+        for phase, seconds in (phase_sec or {}).items():
+            self._phase.labels(self.role, phase).set(seconds)
+        for name, value in (counters or {}).items():
+            self._counter.labels(self.role, name).set(float(value))
+        self._rss.labels(self.role).set(self._process.memory_info().rss)
+        self._locked.labels(self.role).set(_locked_bytes())
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
