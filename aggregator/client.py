@@ -15,6 +15,7 @@ import logging
 import secrets
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import grpc
@@ -89,8 +90,8 @@ class AggregatorClient:
         restarting); the aggregator applies it at most once (acks say `duplicate` on a retry)."""
         return self.resend(self._numbered(push))
 
-    def resend(self, message: pb.Gradients) -> pb.GradientAck:
-        return self._retry(lambda: self._stub.PushGradients(message, timeout=self.timeout_sec))
+    def resend(self, message: pb.Gradients, should_stop: Callable[[], bool] = lambda: False) -> pb.GradientAck:
+        return self._retry(lambda: self._stub.PushGradients(message, timeout=self.timeout_sec), should_stop=should_stop)
 
     def push_gradients_async(self, push: GradientPush) -> PendingPush:
         """Send without waiting: the learner computes the next gradient while this one is applied."""
@@ -100,20 +101,21 @@ class AggregatorClient:
     def stats(self, timeout_sec: float = 5.0) -> pb.AggregatorStats:
         return self._stub.Stats(pb.AggregatorStatsRequest(), timeout=timeout_sec)
 
-    def report_eval(self, report: pb.EvalReport) -> None:
-        self._retry(lambda: self._stub.ReportEval(report, timeout=self.timeout_sec))
+    def report_eval(self, report: pb.EvalReport, should_stop: Callable[[], bool] = lambda: False) -> None:
+        """Report a score, retrying while the aggregator is away, until acked or `should_stop()`."""
+        self._retry(lambda: self._stub.ReportEval(report, timeout=self.timeout_sec), should_stop=should_stop)
 
     def watch(self, subscriber: str, groups: tuple[str, ...] = (), min_interval_sec: float = 0.0) -> WeightsWatcher:
         return WeightsWatcher(self._stub, subscriber, groups, min_interval_sec)
 
-    def _retry(self, call, deadline_sec: float = 120.0):
+    def _retry(self, call, deadline_sec: float = 120.0, should_stop: Callable[[], bool] = lambda: False):
         deadline = time.monotonic() + deadline_sec
         delay = 0.05
         while True:
             try:
                 return call()
             except grpc.RpcError as err:
-                if err.code() not in RETRYABLE or time.monotonic() + delay > deadline:
+                if err.code() not in RETRYABLE or time.monotonic() + delay > deadline or should_stop():
                     raise
                 log.warning("aggregator %s: %s; retrying in %.2fs", self.address, err.code().name, delay)
                 time.sleep(delay)
@@ -126,7 +128,7 @@ class PendingPush:
     def __init__(self, client: AggregatorClient, message: pb.Gradients, future: grpc.Future) -> None:
         self._client, self._message, self._future = client, message, future
 
-    def result(self, retry: bool = True) -> pb.GradientAck:
+    def result(self, retry: bool = True, should_stop: Callable[[], bool] = lambda: False) -> pb.GradientAck:
         """The ack. With `retry`, a push the aggregator never took (it was unreachable, or
         stopping and cancelled the call) is sent again until acked; without, the error is raised."""
         try:
@@ -134,7 +136,7 @@ class PendingPush:
         except grpc.RpcError as err:
             if not retry or err.code() not in (*RETRYABLE, grpc.StatusCode.CANCELLED):
                 raise
-            return self._client.resend(self._message)
+            return self._client.resend(self._message, should_stop)
 
 
 class WeightsWatcher:

@@ -25,6 +25,7 @@ from typing import cast
 import grpc
 import numpy as np
 from redis.cluster import RedisCluster
+from redis.exceptions import RedisClusterException, RedisError
 
 from buffer.api import SampledBatch
 from buffer.layout import RecordLayout
@@ -74,6 +75,7 @@ class ReplaySampler:
         self._low = 0  # oldest live position
         self._valid_count = 0
         self._last_refresh = -float("inf")
+        self._last_warning = -UNREACHABLE_LOG_SEC
 
     def size(self) -> int:
         """Valid transitions in the local cache (what sample() draws from)."""
@@ -96,6 +98,18 @@ class ReplaySampler:
             changed = True
         self._read_upto = max(self._read_upto, snapshot.committed)
         return changed
+
+    def try_refresh(self) -> bool:
+        """refresh(), but a Redis that does not answer is logged (once a minute) and the cache
+        kept: a learner trains on what it holds while Redis is away."""
+        try:
+            return self.refresh()
+        except (RedisError, RedisClusterException) as err:
+            self._last_refresh = time.monotonic()
+            if time.monotonic() - self._last_warning >= UNREACHABLE_LOG_SEC:
+                self._last_warning = time.monotonic()
+                log.warning("redis of run %r unreachable (%s); sampling from the cache", self.layout.run_id, err)
+            return False
 
     def _read(self, start: int, stop: int, skipped: tuple[tuple[int, int], ...]) -> None:
         pipe = self.client.pipeline(transaction=False)
@@ -152,7 +166,7 @@ class ReplaySampler:
         if batch_size < 1:
             raise ValueError(f"batch_size ({batch_size}) must be >= 1")
         if time.monotonic() - self._last_refresh >= self.refresh_interval_sec:
-            self.refresh()
+            self.try_refresh()
         if self.size() == 0:
             raise EmptyBufferError(
                 f"replay buffer of run {self.layout.run_id!r} holds no valid transition yet; "
@@ -304,6 +318,8 @@ class IngestClient:
             time.sleep(delay * self._jitter.uniform(0.5, 1.0))
             delay = min(2 * delay, self.BACKOFF_MAX_SEC)
 
-    def stats(self, wait_for_ready: bool = False) -> pb.BufferStats:
-        """The service's counters (one call, no retry; `wait_for_ready` waits out a (re)start)."""
-        return self._stub.Stats(pb.BufferStatsRequest(), timeout=self.push_timeout_sec, wait_for_ready=wait_for_ready)
+    def stats(self, wait_for_ready: bool = False, timeout_sec: float | None = None) -> pb.BufferStats:
+        """The service's counters (one call, no retry; `wait_for_ready` waits out a (re)start,
+        for at most `timeout_sec`, default push_timeout_sec)."""
+        timeout = self.push_timeout_sec if timeout_sec is None else timeout_sec
+        return self._stub.Stats(pb.BufferStatsRequest(), timeout=timeout, wait_for_ready=wait_for_ready)

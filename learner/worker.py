@@ -149,7 +149,7 @@ def run_learner(config: RunConfig, learner_id: int, endpoints: LearnerEndpoints,
                 config.learner.min_replay_transitions,
             )
             while not stop.is_set() and replay.size() < config.learner.min_replay_transitions:
-                replay.refresh()
+                replay.try_refresh()
                 heartbeat.beat(replay=replay.size())
                 stop.wait(0.1)
             device = resolve_device(config.learner.device)
@@ -206,7 +206,13 @@ class _GradientLoop:
                 break
             if pending is not None:
                 with self.heartbeat.phase("push"):
-                    ack = pending.result()
+                    try:
+                        ack = pending.result(should_stop=stop.is_set)
+                    except grpc.RpcError:
+                        if stop.is_set():  # stopping while the aggregator is away: this gradient is lost
+                            pending = None
+                            break
+                        raise
                 # The next gradient may be computed on weights at most max_grad_staleness behind.
                 need = max(need, int(ack.version) - self.config.learner.max_grad_staleness)
                 self.heartbeat.beat(pushed=pushed, version=ack.version, replay=self.batches.replay.size())

@@ -112,7 +112,7 @@ def _acked_env_steps(ingest: IngestClient, stop: threading.Event) -> int | None:
     None once `stop` is set."""
     while not stop.is_set():
         try:
-            return ingest.stats(wait_for_ready=True).env_steps
+            return ingest.stats(wait_for_ready=True, timeout_sec=1.0).env_steps  # short: re-check stop
         except grpc.RpcError as err:
             if err.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
                 raise
@@ -195,7 +195,12 @@ def _score(agg, env, policy: Policy, config: RunConfig, name: str, env_steps: in
             evaluator=name,
             kind=kind,
         )
-        agg.report_eval(report)
+        try:
+            agg.report_eval(report, should_stop=stop.is_set)
+        except grpc.RpcError:
+            if stop.is_set():
+                return None  # stopping while the aggregator is away: the score is dropped
+            raise
         log.info(
             "version %d: %s success %.2f over %d episodes", policy.version, kind, result.success_rate, result.episodes
         )
