@@ -25,17 +25,35 @@ def role_group(name: str) -> str:
     return re.sub(r"-\d+$", "", name)
 
 
+def _locked_kib(pid: int) -> int:
+    """Memory the process pinned (resident and locked), from /proc/<pid>/smaps; 0 if unreadable."""
+    try:
+        with open(f"/proc/{pid}/smaps") as f:
+            return sum(int(line.split()[1]) for line in f if line.startswith("Locked:"))
+    except OSError:
+        return 0
+
+
 class CpuMeter:
+    """CPU-seconds per role, and the peak resident and locked memory of each."""
+
     def __init__(self) -> None:
         self._seconds: dict[tuple[str, int], float] = {}
+        self.peak_rss_mib: dict[str, float] = {}
+        self.peak_locked_mib: dict[str, float] = {}
 
     def sample(self, pids: dict[str, int]) -> None:
         for name, pid in pids.items():
             try:
-                t = psutil.Process(pid).cpu_times()
+                process = psutil.Process(pid)
+                t = process.cpu_times()
+                rss = process.memory_info().rss / 2**20
             except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
                 continue  # gone since: its last reading stands
             self._seconds[(name, pid)] = t.user + t.system + t.children_user + t.children_system
+            self.peak_rss_mib[name] = round(max(self.peak_rss_mib.get(name, 0.0), rss), 1)
+            locked = _locked_kib(pid) / 1024
+            self.peak_locked_mib[name] = round(max(self.peak_locked_mib.get(name, 0.0), locked), 1)
 
     def seconds(self) -> dict[str, float]:
         """CPU-seconds per role name, every incarnation summed."""
@@ -57,4 +75,10 @@ class CpuMeter:
             return {n: {"cpu_sec": round(s, 3), "share": round(s / capacity, 4)} for n, s in sorted(table.items())}
 
         overhead = sum(sec for g, sec in groups.items() if g in OVERHEAD_GROUPS)
-        return {"roles": shares(seconds), "groups": shares(groups), "overhead_share": round(overhead / capacity, 4)}
+        return {
+            "roles": shares(seconds),
+            "groups": shares(groups),
+            "overhead_share": round(overhead / capacity, 4),
+            "peak_rss_mib": dict(sorted(self.peak_rss_mib.items())),
+            "peak_locked_mib": dict(sorted(self.peak_locked_mib.items())),
+        }

@@ -45,3 +45,5 @@ def test_a_role_total_sums_every_incarnation_and_the_report_splits_overhead():
     assert sampler["share"] == pytest.approx(sampler["cpu_sec"] / 20.0, abs=1e-4)
     assert report["groups"]["sampler"]["cpu_sec"] == sampler["cpu_sec"]
     assert report["overhead_share"] == pytest.approx(report["groups"]["aggregator"]["cpu_sec"] / 20.0, abs=1e-4)
+    assert report["peak_rss_mib"]["aggregator"] > 10  # this test process: a Python interpreter at least
+    assert report["peak_locked_mib"]["aggregator"] >= 0
