@@ -16,7 +16,6 @@ import threading
 import time
 from collections import Counter
 from concurrent import futures
-from typing import Any
 
 import grpc
 import numpy as np
@@ -24,7 +23,8 @@ import torch
 
 from aggregator.core import AggregatorCore, GradientError
 from aggregator.dedup import PushDedup
-from fleetrl.checkpoint import CheckpointError, VersionLease, load_checkpoint, save_checkpoint
+from aggregator.persistence import Checkpointer, restore
+from fleetrl.checkpoint import VersionLease, save_checkpoint
 from fleetrl.config import AggregatorConfig, RunConfig
 from fleetrl.policy import GROUPS, ModelSpec
 from fleetrl.process import publish_metrics, write_ready_file
@@ -81,7 +81,7 @@ class AggregatorServicer(pb_grpc.AggregatorServicer):
         if run_dir is not None:
             self.lease = VersionLease(run_dir / "version_lease", ahead=config.checkpoint_every_versions)
             self.lease.ensure(core.version)
-        self._checkpointer = _Checkpointer(run_dir, config.keep_checkpoints)
+        self._checkpointer = Checkpointer(run_dir, config.keep_checkpoints)
         self._last_checkpoint_version = core.version
 
     # --- gradients -------------------------------------------------------------------
@@ -241,7 +241,7 @@ class AggregatorServer:
         self.run_dir = pathlib.Path(run_dir) if run_dir is not None else None
         self.refused = RefusalCounter()  # calls without the fleet token, ReportEval included
         if self.run_dir is not None:
-            _restore(core, self.run_dir / "checkpoints", config)
+            restore(core, self.run_dir / "checkpoints", config)
         self.servicer = AggregatorServicer(core, config, self.run_dir)
         self._server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=32),
@@ -271,21 +271,6 @@ class AggregatorServer:
         self.servicer.close()
 
 
-def _restore(core: AggregatorCore, directory: pathlib.Path, config: AggregatorConfig) -> None:
-    """Load the newest sound checkpoint; after a crash, resume past every version that may
-    have been broadcast (the lease), so no version number ever names two sets of weights."""
-    try:
-        state = load_checkpoint(directory)
-    except FileNotFoundError:
-        return
-    except CheckpointError as err:
-        raise CheckpointError(f"cannot resume from {directory}: {err}") from err
-    core.load_state(state)
-    lease = VersionLease(directory.parent / "version_lease", ahead=config.checkpoint_every_versions)
-    core.version = lease.restart_version(core.version, bool(state.get("clean_shutdown", False)))
-    log.info("restored checkpoint version %d; resuming at version %d", int(state["version"]), core.version)
-
-
 def _decode_gradients(request: pb.Gradients) -> dict[str, np.ndarray]:
     if request.incarnation == 0:
         raise GradientError("incarnation", "0: every learner process start draws a new nonzero incarnation")
@@ -306,54 +291,6 @@ def _decode_gradients(request: pb.Gradients) -> dict[str, np.ndarray]:
 def _cap(text: str, limit: int = 512) -> str:
     """Error details stay far below gRPC's metadata limit whatever a client sent."""
     return text if len(text) <= limit else text[: limit - 20] + f"... ({len(text)} chars)"
-
-
-class _Checkpointer:
-    """One background thread writes checkpoints; the newest queued state wins."""
-
-    def __init__(self, run_dir: pathlib.Path | None, keep: int) -> None:
-        self.directory = None if run_dir is None else run_dir / "checkpoints"
-        self.keep = keep
-        self._cond = threading.Condition()
-        self._state: dict[str, Any] | None = None
-        self._busy = False
-        self._closed = False
-        self._thread = threading.Thread(target=self._run, name="checkpointer", daemon=True)
-        self._thread.start()
-
-    def submit(self, state: dict[str, Any]) -> None:
-        with self._cond:
-            self._state = state
-            self._cond.notify_all()
-
-    def flush(self, timeout: float = 60.0) -> None:
-        with self._cond:
-            self._cond.wait_for(lambda: self._state is None and not self._busy, timeout)
-
-    def close(self) -> None:
-        self.flush()
-        with self._cond:
-            self._closed = True
-            self._cond.notify_all()
-        self._thread.join(timeout=10.0)
-
-    def _run(self) -> None:
-        while True:
-            with self._cond:
-                self._cond.wait_for(lambda: self._state is not None or self._closed)
-                if self._state is None:
-                    return
-                state, self._state, self._busy = self._state, None, True
-            try:
-                if self.directory is not None:
-                    path = save_checkpoint(self.directory, state, keep=self.keep)
-                    log.info("checkpoint version %d -> %s", state["version"], path)
-            except OSError as err:  # a full disk must not kill training: the next one retries
-                log.error("checkpoint version %d not written: %s", state["version"], err)
-            finally:
-                with self._cond:
-                    self._busy = False
-                    self._cond.notify_all()
 
 
 def run_aggregator(
