@@ -279,6 +279,7 @@ class LocalFleet:
             summary.transitions_stored = last.transitions
             summary.best_success = progress.best_success
             summary.train_success = last.train_success if last.train_episodes else None
-            summary.updates_per_sec = round(last.version / max(wall_sec, 1e-9), 2)
+            first = progress.first.version if progress.first is not None else 0  # a resumed run starts late
+            summary.updates_per_sec = round((last.version - first) / max(wall_sec, 1e-9), 2)
         (self.run_dir / "summary.json").write_text(json.dumps(asdict(summary), indent=2))
         return summary

@@ -89,6 +89,7 @@ class Progress:
         self.writer = ScalarWriter(run_dir / "tb" / "fleet")
         self._jsonl = open(run_dir / "progress.jsonl", "a")  # noqa: SIM115 - closed in close()
         self.last: Snapshot | None = None
+        self.first: Snapshot | None = None  # the first snapshot: a resumed run's versions start there
         self.target: Snapshot | None = None
         self.best_success = 0.0  # best curve or complete full score
         self.rates = Rates()
@@ -121,6 +122,8 @@ class Progress:
             )
             self._prev = snap
         self.last = snap
+        if self.first is None:
+            self.first = snap
         self._record_evals(snap)
         self._record_rejections(snap)
         step = snap.env_steps

@@ -232,11 +232,13 @@ class Pusher:
                 self.ledger.record(seq, transitions, env_steps, ack.duplicate)
 
 
-def allowed_env_steps(cfg: SamplerConfig, version: int) -> float:
-    """This sampler's share of the fleet's env-step budget at aggregator `version`."""
+def allowed_env_steps(cfg: SamplerConfig, version: int, first_version: int = 0) -> float:
+    """This sampler process's share of the fleet's env-step budget at aggregator `version`,
+    counted from `first_version`, the version it first saw: a sampler restarted (or a run
+    resumed) late in a run gets its warm-up, not every step since version 0 at once."""
     if cfg.max_env_steps_per_update <= 0:
         return float("inf")
-    return cfg.random_steps + cfg.max_env_steps_per_update * version / cfg.num_samplers
+    return cfg.random_steps + cfg.max_env_steps_per_update * max(version - first_version, 0) / cfg.num_samplers
 
 
 def run_sampler(config: RunConfig, sampler_id: int, endpoints: SamplerEndpoints, stop: threading.Event) -> int:
@@ -267,9 +269,12 @@ def run_sampler(config: RunConfig, sampler_id: int, endpoints: SamplerEndpoints,
         policy = Policy(seed=int(streams[2].generate_state(1)[0]), random_action_prob=cfg.random_action_prob)
         ledger = AckLedger(endpoints.ack_log_dir, sampler_id, ingest.incarnation) if endpoints.ack_log_dir else None
         pusher = Pusher(ingest, task, ledger=ledger, halt=stop)
+        first_version: int | None = None  # the rate limit counts from the first version seen
         while not stop.is_set():
             policy.refresh(watcher.latest())
-            if steps >= allowed_env_steps(cfg, max(policy.version, 0)):
+            if first_version is None and policy.version >= 0:
+                first_version = policy.version
+            if steps >= allowed_env_steps(cfg, max(policy.version, 0), first_version or 0):
                 with heartbeat.phase("rate_limited"):
                     policy.refresh(watcher.wait_newer_than(policy.version, timeout=0.5))
                 heartbeat.beat(env_steps=steps)
