@@ -32,7 +32,7 @@ from fleetrl.proto import fleetrl_pb2 as pb
 from fleetrl.proto import fleetrl_pb2_grpc as pb_grpc
 from fleetrl.tb import ScalarWriter
 from fleetrl.transport import GRPC_OPTIONS, NO_SECURITY, RefusalCounter, Security, StandardServices, parse_hostport
-from fleetrl.wire import WireError, from_tensor, to_tensor
+from fleetrl.wire import WireError, cap, from_tensor, to_tensor
 from sim.registry import get_task
 
 log = logging.getLogger("fleetrl.aggregator")
@@ -113,7 +113,7 @@ class AggregatorServicer(pb_grpc.AggregatorServicer):
                 self.counts["rejected"] += 1
                 self.rejected_by_field[err.field] += 1
                 self.rejected_by_learner[learner] += 1
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, _cap(str(err)))
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, cap(str(err), 512))
         return ack
 
     def _maybe_checkpoint(self) -> None:
@@ -281,16 +281,11 @@ def _decode_gradients(request: pb.Gradients) -> dict[str, np.ndarray]:
     tensors: dict[str, np.ndarray] = {}
     for i, t in enumerate(request.tensors):
         if t.name in tensors:
-            raise WireError(f"tensors[{i}].name", f"duplicate tensor {_cap(t.name)!r}")
+            raise WireError(f"tensors[{i}].name", f"duplicate tensor {cap(t.name)!r}")
         tensors[t.name] = from_tensor(t, "tensors")
     if "norm_stats" not in tensors:
         raise GradientError("tensors", "missing norm_stats")
     return tensors
-
-
-def _cap(text: str, limit: int = 512) -> str:
-    """Error details stay far below gRPC's metadata limit whatever a client sent."""
-    return text if len(text) <= limit else text[: limit - 20] + f"... ({len(text)} chars)"
 
 
 def run_aggregator(

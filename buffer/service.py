@@ -36,7 +36,7 @@ from fleetrl.transport import (
     StandardServices,
     parse_hostport,
 )
-from fleetrl.wire import Transitions, TransitionSchema, WireError, batch_from_proto
+from fleetrl.wire import Transitions, TransitionSchema, WireError, batch_from_proto, cap
 
 # Redis failures worth a retry: the push is answered UNAVAILABLE and the sampler retries.
 log = logging.getLogger("fleetrl.buffer")
@@ -54,7 +54,7 @@ def validate_batch(
 ) -> Transitions:
     """The batch's columns, or WireError naming the first field that breaks the contract."""
     if batch.run_id != run_id:
-        raise WireError("run_id", f"{_cap(batch.run_id)!r}, but this service stores run {run_id!r}")
+        raise WireError("run_id", f"{cap(batch.run_id, 200)!r}, but this service stores run {run_id!r}")
     if batch.incarnation == 0:
         raise WireError("incarnation", "0: every sampler process start draws a new nonzero incarnation")
     if batch.seq == 0:
@@ -80,11 +80,6 @@ def _redis_answers(client) -> bool:
         return bool(client.ping())
     except REDIS_FAILURES:
         return False
-
-
-def _cap(text: str, limit: int = 200) -> str:
-    """What an error echoes of a client's value stays far below gRPC's metadata limit."""
-    return text if len(text) <= limit else text[: limit - 20] + f"... ({len(text)} chars)"
 
 
 def rejection_reason(field_name: str) -> str:
@@ -162,7 +157,7 @@ class ReplayIngestServicer(pb_grpc.ReplayIngestServicer):
                 reasons = self._counters.rejected_by_reason
                 reason = rejection_reason(e.field)
                 reasons[reason] = reasons.get(reason, 0) + 1
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, _cap(str(e), 1000))
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, cap(str(e), 1000))
         # Exactly once: the dedup record lives in Redis, written by the script that reserves the
         # positions (see buffer/storage.py), so it holds across ingest restarts and services.
         key = PushKey(request.sampler_id, request.incarnation, request.seq)
@@ -171,7 +166,7 @@ class ReplayIngestServicer(pb_grpc.ReplayIngestServicer):
                 transitions, task_id=request.task_id, policy_version=request.policy_version, key=key
             )
         except REDIS_FAILURES as e:
-            context.abort(grpc.StatusCode.UNAVAILABLE, f"redis write failed, batch not acked: {_cap(str(e))}")
+            context.abort(grpc.StatusCode.UNAVAILABLE, f"redis write failed, batch not acked: {cap(str(e), 200)}")
         head = result.committed
         if result.duplicate:
             with self._lock:

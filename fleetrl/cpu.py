@@ -15,6 +15,8 @@ import re
 
 import psutil
 
+from fleetrl.process import locked_kib
+
 # What the issue calls the fleet's overhead: everything but acting (samplers) and learning
 # (learners). The launcher's own progress polling is counted too.
 OVERHEAD_GROUPS = ("aggregator", "buffer", "evaluator", "redis", "launcher")
@@ -23,15 +25,6 @@ OVERHEAD_GROUPS = ("aggregator", "buffer", "evaluator", "redis", "launcher")
 def role_group(name: str) -> str:
     """'sampler-3' -> 'sampler', 'redis-7001' -> 'redis', 'aggregator' -> 'aggregator'."""
     return re.sub(r"-\d+$", "", name)
-
-
-def _locked_kib(pid: int) -> int:
-    """Memory the process pinned (resident and locked), from /proc/<pid>/smaps; 0 if unreadable."""
-    try:
-        with open(f"/proc/{pid}/smaps") as f:
-            return sum(int(line.split()[1]) for line in f if line.startswith("Locked:"))
-    except OSError:
-        return 0
 
 
 class CpuMeter:
@@ -52,7 +45,7 @@ class CpuMeter:
                 continue  # gone since: its last reading stands
             self._seconds[(name, pid)] = t.user + t.system + t.children_user + t.children_system
             self.peak_rss_mib[name] = round(max(self.peak_rss_mib.get(name, 0.0), rss), 1)
-            locked = _locked_kib(pid) / 1024
+            locked = locked_kib(pid) / 1024
             self.peak_locked_mib[name] = round(max(self.peak_locked_mib.get(name, 0.0), locked), 1)
 
     def seconds(self) -> dict[str, float]:

@@ -18,15 +18,8 @@ from __future__ import annotations
 import psutil
 from prometheus_client import CollectorRegistry, Gauge, start_http_server
 
+from fleetrl.process import locked_kib
 from fleetrl.transport import parse_hostport
-
-
-def _locked_bytes() -> int:
-    try:
-        with open("/proc/self/smaps") as f:
-            return 1024 * sum(int(line.split()[1]) for line in f if line.startswith("Locked:"))
-    except OSError:
-        return 0
 
 
 class RoleMetrics:
@@ -48,7 +41,7 @@ class RoleMetrics:
         for name, value in (counters or {}).items():
             self._counter.labels(self.role, name).set(float(value))
         self._rss.labels(self.role).set(self._process.memory_info().rss)
-        self._locked.labels(self.role).set(_locked_bytes())
+        self._locked.labels(self.role).set(1024 * locked_kib())
 
     def close(self) -> None:
         self.server.shutdown()

@@ -21,6 +21,18 @@ PR_SET_PDEATHSIG = 1
 _metrics = None  # this process's RoleMetrics, when it serves Prometheus metrics (see use_metrics)
 
 
+def locked_kib(pid: int | str = "self") -> int:
+    """Memory a process has pinned (resident and locked), in KiB; 0 if it cannot be read.
+    smaps_rollup: one summary line per field, not a pass over every mapping."""
+    for name in ("smaps_rollup", "smaps"):
+        try:
+            with open(f"/proc/{pid}/{name}") as f:
+                return sum(int(line.split()[1]) for line in f if line.startswith("Locked:"))
+        except OSError:
+            continue
+    return 0
+
+
 def use_metrics(metrics) -> None:
     """Publish every heartbeat (and publish_metrics call) of this process as Prometheus metrics."""
     global _metrics

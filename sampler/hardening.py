@@ -65,15 +65,6 @@ def lock_memory() -> None:
     raise OSError(code, f"mlockall failed: {os.strerror(code)}")
 
 
-def locked_kib() -> int:
-    """Memory this process has pinned (resident and locked), from /proc/self/smaps."""
-    try:
-        with open("/proc/self/smaps") as f:
-            return sum(int(line.split()[1]) for line in f if line.startswith("Locked:"))
-    except OSError:
-        return 0
-
-
 def prefer_survival(adj: int = -500) -> int:
     """Ask the OOM killer to pick others first; returns the value written."""
     with open("/proc/self/oom_score_adj", "w") as f:

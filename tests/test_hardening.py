@@ -25,7 +25,8 @@ def run_child(worker_index: int, pin: bool, mlock: bool) -> dict:
         f"""
         import json, os
         import threading
-        from sampler.hardening import harden, locked_kib
+        from fleetrl.process import locked_kib
+        from sampler.hardening import harden
         allowed = sorted(os.sched_getaffinity(0))
         report = harden({worker_index}, pin={pin}, mlock={mlock})
         idle = [threading.Thread(target=threading.Event().wait, args=(0.2,)) for _ in range(8)]
