@@ -30,6 +30,11 @@ MAX_MESSAGE_BYTES = 256 * 1024 * 1024
 GRPC_OPTIONS = [
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    # A role started before its peer (or whose peer restarted) retries the connection within
+    # 2 s; gRPC's default backoff grows to 120 s, so a sampler could act without weights for minutes.
+    ("grpc.initial_reconnect_backoff_ms", 200),
+    ("grpc.min_reconnect_backoff_ms", 200),
+    ("grpc.max_reconnect_backoff_ms", 2000),
 ]
 HEALTH_PREFIX = "/grpc.health.v1.Health/"  # probes (grpc_health_probe, orchestrators) need no token
 TOKEN_ENV = "FLEETRL_TOKEN"

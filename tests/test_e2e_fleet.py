@@ -97,9 +97,11 @@ def test_roles_started_by_address_form_a_learning_fleet(tmp_path: pathlib.Path) 
             with AggregatorClient(aggregator) as agg:
                 _wait_until(lambda: _stats(agg) and _stats(agg).version >= 50, 150, "version >= 50", procs)
                 _wait_until(lambda: _stats(agg).last_eval.episodes > 0, 60, "an evaluator report", procs)
+                # Sampler, learner and evaluator all watch weights. A role started before the
+                # aggregator connects on its next reconnect attempt (at most 2 s apart).
+                _wait_until(lambda: _stats(agg).subscribers >= 3, 30, "3 weight subscribers", procs)
                 stats = _stats(agg)
             assert stats.gradients_applied >= 50
-            assert stats.subscribers >= 3  # sampler, learner, evaluator all watch weights
             _wait_until(
                 lambda: _heartbeat(beat["sampler"]).get("counters", {}).get("version", 0) > 0,
                 30,
