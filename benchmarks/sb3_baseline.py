@@ -105,6 +105,7 @@ class EvalPoint:
     success: float
     episodes: int
     gradient_steps: int = 0
+    kind: str = "full"  # as fleetrl's EvalReport.kind: "curve" (the first curve episodes) or "full"
 
 
 @dataclass
@@ -120,6 +121,8 @@ class Outcome:
     env_steps: int = 0
     wall_sec: float = 0.0
     gradient_steps: int = 0
+    final_success: float | None = None  # the last policy over --final-episodes, never cut short
+    final_episodes: int = 0
     train_start_wall_sec: float | None = None  # just before the first gradient step
     eval_sec_before_train: float = 0.0
     evals: list[EvalPoint] = field(default_factory=list)
@@ -134,10 +137,16 @@ def train_updates_per_sec(outcome: Outcome) -> float:
     return outcome.gradient_steps / train_sec if train_sec > 0 else 0.0
 
 
-def evaluate(model: OffPolicyAlgorithm, env: gym.Env, episodes: int, target: float) -> tuple[float, int]:
-    """(success rate, episodes run): deterministic, seeds EVAL_SEED + i, stops once `target` is out of reach."""
-    allowed_failures = episodes - int(np.ceil(target * episodes))
-    successes = 0
+def evaluate(
+    model: OffPolicyAlgorithm, env: gym.Env, episodes: int, target: float | None, curve_episodes: int = 0
+) -> list[bool]:
+    """Each episode's success: deterministic, seeds EVAL_SEED + i, as fleetrl's evaluator.
+
+    The first `curve_episodes` always run (fleetrl's curve score); the rest stop once `target`
+    is out of reach over `episodes` (fleetrl's full score). target None: never stop early.
+    """
+    allowed_failures = episodes - int(np.ceil(target * episodes)) if target is not None else episodes
+    outcomes: list[bool] = []
     for i in range(episodes):
         obs, _ = env.reset(seed=EVAL_SEED + i)
         info: dict = {}
@@ -146,10 +155,10 @@ def evaluate(model: OffPolicyAlgorithm, env: gym.Env, episodes: int, target: flo
             action, _ = model.predict(obs, deterministic=True)
             obs, _, terminated, truncated, info = env.step(action)
             done = terminated or truncated
-        successes += bool(info.get("is_success", 0.0))
-        if (i + 1) - successes > allowed_failures:
-            return successes / (i + 1), i + 1
-    return successes / episodes, episodes
+        outcomes.append(bool(info.get("is_success", 0.0)))
+        if i + 1 >= curve_episodes and outcomes.count(False) > allowed_failures:
+            break
+    return outcomes
 
 
 class EvalUntilTarget(BaseCallback):
@@ -167,16 +176,25 @@ class EvalUntilTarget(BaseCallback):
             self.outcome.eval_sec_before_train = self.outcome.eval_sec_total
         if steps % self.args.eval_every == 0:
             start = time.monotonic()
-            success, episodes = evaluate(self.model, self.eval_env, self.args.eval_episodes, self.args.target)
+            a = self.args
+            outcomes = evaluate(self.model, self.eval_env, a.eval_episodes, a.target, a.curve_episodes)
             self.outcome.eval_sec_total += time.monotonic() - start
             # SB3's and SBX's SAC count gradient steps in `_n_updates` and offer no public accessor.
-            point = EvalPoint(steps, wall_sec(), success, episodes, self.model._n_updates)
-            self.outcome.evals.append(point)
+            curve = outcomes[: a.curve_episodes]
+            points = [EvalPoint(steps, wall_sec(), float(np.mean(curve)), len(curve), self.model._n_updates, "curve")]
+            if len(outcomes) > a.curve_episodes:  # the full score went on past the curve episodes
+                points.append(
+                    EvalPoint(steps, wall_sec(), float(np.mean(outcomes)), len(outcomes), points[0].gradient_steps)
+                )
+            self.outcome.evals += points
+            point = points[-1]
+            success = point.success
             print(
-                f"env steps {steps:6d}  wall {point.wall_sec:7.1f}s  success {success:.2f} over {episodes} episodes",
+                f"env steps {steps:6d}  wall {point.wall_sec:7.1f}s  success {success:.2f} over {point.episodes} "
+                f"episodes (curve {points[0].success:.2f})",
                 flush=True,
             )
-            if success >= self.args.target:
+            if point.kind == "full" and success >= a.target:
                 self.outcome.reached = True
                 self.outcome.env_steps_to_target, self.outcome.wall_sec_to_target = steps, point.wall_sec
                 self.outcome.stop_reason = f"evaluation success {success:.2f} >= target {self.args.target}"
@@ -249,7 +267,7 @@ def write_run_dir(run_dir: pathlib.Path, args: argparse.Namespace, outcome: Outc
             "env_steps": e.env_steps,
             "time": PROCESS_START + e.wall_sec,
             "wall_sec": e.wall_sec,
-            "kind": "full",
+            "kind": e.kind,
         }
         for e in outcome.evals
     ]
@@ -265,7 +283,9 @@ def write_run_dir(run_dir: pathlib.Path, args: argparse.Namespace, outcome: Outc
         "wall_sec": outcome.wall_sec,
         "wall_sec_to_target": outcome.wall_sec_to_target,
         "env_steps_to_target": outcome.env_steps_to_target,
-        "best_success": max((e.success for e in outcome.evals), default=0.0),
+        "best_success": max((e.success for e in outcome.evals), default=0.0),  # curve or full, as fleetrl
+        "final_success": outcome.final_success,
+        "final_success_episodes": outcome.final_episodes,
         "final_env_steps": outcome.env_steps,
         "final_version": outcome.gradient_steps,
         "updates_per_sec": outcome.gradient_steps / outcome.wall_sec if outcome.wall_sec > 0 else 0.0,
@@ -284,7 +304,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-wall-sec", type=float, default=1200.0, help="stop after this many seconds")
     p.add_argument("--target", type=float, default=0.9, help="evaluation success to reach")
     p.add_argument("--eval-every", type=int, default=500, help="evaluate every N env steps")
-    p.add_argument("--eval-episodes", type=int, default=20, help="deterministic episodes per evaluation")
+    p.add_argument("--eval-episodes", type=int, default=50, help="episodes of a full score (fleetrl: eval.episodes)")
+    p.add_argument(
+        "--curve-episodes",
+        type=int,
+        default=10,
+        help="episodes every score runs, never cut short (fleetrl: eval.curve_episodes)",
+    )
+    p.add_argument(
+        "--final-episodes",
+        type=int,
+        default=50,
+        help="episodes of a final score at the end when the target was not reached, never cut short "
+        "(fleetrl: eval.final_episodes); 0 = none",
+    )
     p.add_argument("--learning-starts", type=int, default=1000, help="random-action env steps before updates")
     p.add_argument("--net-arch", default="256,256", help="hidden layer widths of actor and critics")
     p.add_argument("--randomized", action="store_true", help="train under fleetrl's default domain randomization")
@@ -309,6 +342,11 @@ def main(argv: list[str] | None = None) -> int:
     env.close()
     outcome.stop_reason = outcome.stop_reason or f"max_steps {args.max_steps} reached"
     outcome.env_steps, outcome.wall_sec = model.num_timesteps, wall_sec()
+    if not outcome.reached and args.final_episodes:  # after wall_sec: as fleetrl, outside the run's time
+        eval_env = gym.make(args.task)
+        final = evaluate(model, eval_env, args.final_episodes, None)
+        outcome.final_success, outcome.final_episodes = float(np.mean(final)), len(final)
+        eval_env.close()
     outcome.gradient_steps = model._n_updates
     if args.json:
         pathlib.Path(args.json).write_text(json.dumps(asdict(outcome), indent=2))
@@ -335,7 +373,10 @@ def print_outcome(args: argparse.Namespace, outcome: Outcome) -> int:
             f"{outcome.wall_sec_to_target:.1f}"
         )
         return 0
-    print(f"did not reach {args.target:.0%} success (best {max((e.success for e in outcome.evals), default=0):.2f})")
+    best = max((e.success for e in outcome.evals), default=0)
+    if outcome.final_success is not None:
+        print(f"final policy: success {outcome.final_success:.2f} over {outcome.final_episodes} episodes")
+    print(f"did not reach {args.target:.0%} success (best {best:.2f})")
     return 1
 
 
