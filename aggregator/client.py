@@ -128,6 +128,14 @@ class PendingPush:
     def __init__(self, client: AggregatorClient, message: pb.Gradients, future: grpc.Future) -> None:
         self._client, self._message, self._future = client, message, future
 
+    @property
+    def seq(self) -> int:
+        return self._message.seq
+
+    @property
+    def base_version(self) -> int:
+        return self._message.base_version
+
     def result(self, retry: bool = True, should_stop: Callable[[], bool] = lambda: False) -> pb.GradientAck:
         """The ack. With `retry`, a push the aggregator never took (it was unreachable, or
         stopping and cancelled the call) is sent again until acked; without, the error is raised."""

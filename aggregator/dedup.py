@@ -10,6 +10,10 @@ it is answered; so the memory keeps, per (learner_id, incarnation), the answers 
 `per_sender` seqs, and any seq at or below the newest one counts as handled. At most
 `max_senders` incarnations are remembered (least recently used forgotten first): a learner
 restarted with the same id is a new incarnation and starts fresh.
+
+`newest()` gives each sender's newest seq and its answer: the aggregator checkpoints them
+with the weights they led to, so a push that a restored checkpoint already holds is answered
+as a duplicate after an aggregator restart, never applied twice.
 """
 
 from __future__ import annotations
@@ -55,6 +59,14 @@ class PushDedup(Generic[Ack]):
         while len(self._senders) > self.max_senders:
             gone, _ = self._senders.popitem(last=False)
             del self._newest[gone]
+
+    def newest(self) -> dict[tuple[int, int], tuple[int, Ack]]:
+        """(learner_id, incarnation) -> (newest seq handled, its answer)."""
+        out = {}
+        for sender, acks in self._senders.items():
+            seq = self._newest[sender]
+            out[sender] = (seq, acks.get(seq, next(reversed(acks.values()))))
+        return out
 
     def __len__(self) -> int:
         return len(self._senders)

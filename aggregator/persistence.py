@@ -1,6 +1,6 @@
 """The aggregator's persistence: restoring at start, and a thread that writes checkpoints.
 
-restore(core, run_dir / "checkpoints", config)    # newest sound checkpoint, past the lease
+state = restore(core, run_dir / "checkpoints", config)  # newest sound checkpoint, past the lease
 writer = Checkpointer(run_dir, keep=3)
 writer.submit(core.state())                       # returns at once; the newest state wins
 writer.flush(); writer.close()
@@ -20,19 +20,21 @@ from fleetrl.config import AggregatorConfig
 log = logging.getLogger("fleetrl.aggregator")
 
 
-def restore(core: AggregatorCore, directory: pathlib.Path, config: AggregatorConfig) -> None:
+def restore(core: AggregatorCore, directory: pathlib.Path, config: AggregatorConfig) -> dict[str, Any] | None:
     """Load the newest sound checkpoint; after a crash, resume past every version that may
-    have been broadcast (the lease), so no version number ever names two sets of weights."""
+    have been broadcast (the lease), so no version number ever names two sets of weights.
+    Returns the checkpoint's state (None when there is none) for the service's own records."""
     try:
         state = load_checkpoint(directory)
     except FileNotFoundError:
-        return
+        return None
     except CheckpointError as err:
         raise CheckpointError(f"cannot resume from {directory}: {err}") from err
     core.load_state(state)
     lease = VersionLease(directory.parent / "version_lease", ahead=config.checkpoint_every_versions)
     core.version = lease.restart_version(core.version, bool(state.get("clean_shutdown", False)))
     log.info("restored checkpoint version %d; resuming at version %d", int(state["version"]), core.version)
+    return state
 
 
 class Checkpointer:

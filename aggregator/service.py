@@ -62,7 +62,13 @@ class _WeightsCache:
 
 
 class AggregatorServicer(pb_grpc.AggregatorServicer):
-    def __init__(self, core: AggregatorCore, config: AggregatorConfig, run_dir: pathlib.Path | None) -> None:
+    def __init__(
+        self,
+        core: AggregatorCore,
+        config: AggregatorConfig,
+        run_dir: pathlib.Path | None,
+        restored: dict | None = None,
+    ) -> None:
         self.core = core
         self.config = config
         self.run_dir = run_dir
@@ -77,6 +83,10 @@ class AggregatorServicer(pb_grpc.AggregatorServicer):
         self.metrics: dict[str, float] = {}
         self.rejected_by_learner: Counter[str] = Counter()
         self.dedup: PushDedup[pb.GradientAck] = PushDedup()
+        # Gradients applied per (learner_id, incarnation) in the history of the current weights:
+        # checkpointed with them ("pushes"), so an audit can count sent against applied.
+        self.applied_by_sender: Counter[tuple[int, int]] = Counter()
+        self._restore_pushes((restored or {}).get("pushes", {}))
         self.lease: VersionLease | None = None
         if run_dir is not None:
             self.lease = VersionLease(run_dir / "version_lease", ahead=config.checkpoint_every_versions)
@@ -101,6 +111,7 @@ class AggregatorServicer(pb_grpc.AggregatorServicer):
                 result = self.core.submit(request.base_version, tensors, norm, learner, request.batch_size)
                 self.counts["applied" if result.applied else "stale" if result.stale else "refused"] += 1
                 if result.applied:
+                    self.applied_by_sender[key[:2]] += 1
                     self.metrics = dict(request.metrics)
                     if self.lease is not None:
                         self.lease.ensure(self.core.version)  # persisted before anyone can see it
@@ -122,14 +133,34 @@ class AggregatorServicer(pb_grpc.AggregatorServicer):
         due = self.core.version - self._last_checkpoint_version >= self.config.checkpoint_every_versions
         if self.run_dir is not None and due:
             self._last_checkpoint_version = self.core.version
-            self._checkpointer.submit(self.core.state())
+            self._checkpointer.submit(self._state())
+
+    def _state(self) -> dict:
+        """The core's state and the pushes that led to it, taken together (with the lock held)."""
+        state = self.core.state()
+        state["pushes"] = {
+            f"{learner_id}:{incarnation}": {
+                "seq": seq,
+                "applied": self.applied_by_sender[(learner_id, incarnation)],
+                "ack": {"applied": ack.applied, "version": ack.version, "reason": ack.reason},
+            }
+            for (learner_id, incarnation), (seq, ack) in self.dedup.newest().items()
+        }
+        return state
+
+    def _restore_pushes(self, pushes: dict) -> None:
+        for sender, record in pushes.items():
+            learner_id, incarnation = (int(x) for x in sender.split(":"))
+            ack = pb.GradientAck(**record["ack"])
+            self.dedup.record((learner_id, incarnation, int(record["seq"])), ack)
+            self.applied_by_sender[(learner_id, incarnation)] = int(record["applied"])
 
     def checkpoint_now(self, clean_shutdown: bool = False) -> pathlib.Path | None:
         """Write a checkpoint of the current state now (after any queued one)."""
         if self.run_dir is None:
             return None
         with self._lock:
-            state = self.core.state()
+            state = self._state()
             state["clean_shutdown"] = clean_shutdown
             self._last_checkpoint_version = self.core.version
         self._checkpointer.flush()
@@ -240,9 +271,8 @@ class AggregatorServer:
     ) -> None:
         self.run_dir = pathlib.Path(run_dir) if run_dir is not None else None
         self.refused = RefusalCounter()  # calls without the fleet token, ReportEval included
-        if self.run_dir is not None:
-            restore(core, self.run_dir / "checkpoints", config)
-        self.servicer = AggregatorServicer(core, config, self.run_dir)
+        restored = restore(core, self.run_dir / "checkpoints", config) if self.run_dir is not None else None
+        self.servicer = AggregatorServicer(core, config, self.run_dir, restored)
         self._server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=32),
             options=GRPC_OPTIONS,

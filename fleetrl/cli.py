@@ -9,6 +9,7 @@
     fleetrl sampler    --config C --buffer B --aggregator A [--id N]
     fleetrl evaluator  --config C --buffer B --aggregator A
     fleetrl export     --checkpoint CKPT --out policy.onnx
+    fleetrl evaluate   RUN_DIR [--episodes 50]                  # score the run's last checkpoint
     fleetrl report     RUN_DIR [RUN_DIR ...] --out report.html   # curves, updates/s, CPU per role
     fleetrl certs      --out DIR [--hosts H1,H2]                 # a self-signed TLS set for a fleet
 
@@ -92,12 +93,17 @@ def _parser(export_args: bool = True) -> argparse.ArgumentParser:
         p.add_argument("--run-dir", help="checkpoints and TensorBoard go here (aggregator)")
         p.add_argument("--heartbeat", help="heartbeat JSON file the watchdog reads")
         p.add_argument("--metrics", metavar="HOST:PORT", help="serve Prometheus metrics here (default: none)")
-        if role == "sampler":
-            p.add_argument("--ack-log", help="folder for the ack ledger: one JSON line per acked batch")
+        if role in ("sampler", "learner"):
+            p.add_argument("--ack-log", help="folder for the ack ledger: one JSON line per acked push")
     certs = sub.add_parser("certs", help="make a self-signed TLS certificate set for a fleet")
     certs.add_argument("--out", required=True, help="folder for ca.pem, ca.key, fleet.pem, fleet.key")
     certs.add_argument("--hosts", default="", help="comma-separated host names and IPs the services listen on")
     certs.add_argument("--days", type=int, default=365, help="validity in days")
+    evaluate = sub.add_parser("evaluate", help="score a run's last checkpoint on held-out episodes")
+    evaluate.add_argument("run_dir", help="a run directory (its config.json and newest checkpoint)")
+    evaluate.add_argument("--checkpoint", help="a ckpt_<version>.pt file instead of the run's newest")
+    evaluate.add_argument("--episodes", type=int, default=50, help="deterministic episodes, never cut short")
+    evaluate.add_argument("--json", action="store_true", help="print the result as JSON")
     report = sub.add_parser("report", help="one HTML page (PNG plots beside it) comparing run directories")
     from fleetrl.report import add_arguments as add_report_arguments  # matplotlib loads only when writing
 
@@ -199,12 +205,11 @@ def _role(args: argparse.Namespace) -> int:
     elif args.command == "learner":
         from learner.worker import LearnerEndpoints, run_learner
 
-        run_learner(config, args.id, LearnerEndpoints(args.aggregator, args.redis, args.heartbeat), stop)
+        run_learner(config, args.id, LearnerEndpoints(args.aggregator, args.redis, args.heartbeat, args.ack_log), stop)
     elif args.command == "sampler":
         from sampler.worker import SamplerEndpoints, run_sampler
 
-        endpoints = SamplerEndpoints(args.buffer, args.aggregator, args.heartbeat, args.ack_log)
-        run_sampler(config, args.id, endpoints, stop)
+        run_sampler(config, args.id, SamplerEndpoints(args.buffer, args.aggregator, args.heartbeat, args.ack_log), stop)
     elif args.command == "evaluator":
         from sampler.evaluator import run_evaluator
 
@@ -233,6 +238,32 @@ def _redis_cluster(args: argparse.Namespace) -> int:
     return 0
 
 
+def _evaluate(args: argparse.Namespace) -> int:
+    from fleetrl.config import ConfigError, RunConfig
+    from sampler.evaluator import score_checkpoint
+
+    run_dir = pathlib.Path(args.run_dir)
+    if not (run_dir / "config.json").exists():
+        raise ConfigError(f"{run_dir}: no config.json there (not a run directory)")
+    if args.episodes < 1:
+        raise ConfigError(f"--episodes: {args.episodes} < 1")
+    config = RunConfig.load(str(run_dir / "config.json"))
+    source = args.checkpoint or run_dir / "checkpoints"
+    version, result = score_checkpoint(source, config, args.episodes)
+    outcome = {
+        "run_dir": str(run_dir),
+        "version": version,
+        "episodes": result.episodes,
+        "success_rate": result.success_rate,
+        "mean_return": result.mean_return,
+    }
+    if args.json:
+        print(json.dumps(outcome))
+    else:
+        print(f"version {version}: success {result.success_rate:.2f} over {result.episodes} episodes")
+    return 0
+
+
 def _listen(args: argparse.Namespace) -> tuple[str, str | None]:
     """(listen, advertise) of a service from --listen/--advertise, or --port on loopback."""
     listen = args.listen or f"127.0.0.1:{args.port}"
@@ -242,6 +273,7 @@ def _listen(args: argparse.Namespace) -> tuple[str, str | None]:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = _parser(export_args=bool(argv) and argv[0] == "export").parse_args(argv)
+    from fleetrl.checkpoint import CheckpointError
     from fleetrl.config import ConfigError, help_lines
     from fleetrl.local_cluster import LocalClusterError
     from fleetrl.report import ReportError
@@ -269,6 +301,8 @@ def main(argv: list[str] | None = None) -> int:
             from deploy_npu.cli import run
 
             return run(args)
+        if args.command == "evaluate":
+            return _evaluate(args)
         return _role(args)
     except ConfigError as err:
         print(f"fleetrl: config error: {err}", file=sys.stderr)
@@ -276,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
     except SecurityError as err:
         print(f"fleetrl: security error: {err}", file=sys.stderr)
         return 2
-    except ReportError as err:
+    except (ReportError, CheckpointError) as err:
         print(f"fleetrl: {err}", file=sys.stderr)
         return 2
     except (LocalClusterError, RoleFailed, TimeoutError) as err:

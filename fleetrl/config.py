@@ -136,6 +136,11 @@ class EvalConfig:
     curve_episodes: int = config_field(
         10, "episodes of every curve score: a fixed budget, never cut short; a full score continues it"
     )
+    final_episodes: int = config_field(
+        50,
+        "episodes of the final score: when a run ends short of its target, the launcher scores its last "
+        "checkpoint on this many episodes, never cut short (summary.json final_success); 0 = none",
+    )
     seed: int = config_field(1_000_000, "held-out seeds start here, far from every sampler's seeds")
     randomize: bool = config_field(False, "evaluate under domain randomization instead of the nominal task")
     min_interval_sec: float = config_field(
@@ -221,10 +226,12 @@ class RunConfig:
             (self.aggregator.max_input_abs > 0, "aggregator.max_input_abs", "> 0"),
             (self.aggregator.checkpoint_every_versions >= 1, "aggregator.checkpoint_every_versions", ">= 1"),
             (self.eval.episodes >= 1, "eval.episodes", ">= 1"),
+            (self.eval.final_episodes >= 0, "eval.final_episodes", ">= 0"),
             (
-                0 <= self.eval.seed and self.eval.seed + self.eval.episodes <= 2**21,
+                0 <= self.eval.seed and self.eval.seed + max(self.eval.episodes, self.eval.final_episodes) <= 2**21,
                 "eval.seed",
-                "in [0, 2**21 - eval.episodes]: training episodes draw their seeds from 2**21 up",
+                "in [0, 2**21 - eval.episodes (or eval.final_episodes)]: training episodes draw their seeds "
+                "from 2**21 up",
             ),
             (
                 1 <= self.eval.curve_episodes <= self.eval.episodes,

@@ -29,9 +29,11 @@ import threading
 import time
 from contextlib import closing
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
 
 from aggregator.client import AggregatorClient
 from buffer.client import IngestClient
+from fleetrl.checkpoint import CheckpointError
 from fleetrl.config import RunConfig
 from fleetrl.cpu import CpuMeter
 from fleetrl.local_cluster import LocalRedisCluster
@@ -39,6 +41,9 @@ from fleetrl.process import heartbeat_file, stop_event
 from fleetrl.progress import Progress, Snapshot
 from fleetrl.transport import REDIS_PASSWORD_ENV, TOKEN_ENV, Security
 from fleetrl.watchdog import RoleSpec, Watchdog
+
+if TYPE_CHECKING:
+    from sampler.evaluator import EvalResult
 
 log = logging.getLogger("fleetrl.launch")
 READY_TIMEOUT_SEC = 120.0
@@ -79,6 +84,9 @@ class Summary:
     final_env_steps: int = 0
     transitions_stored: int = 0
     best_success: float = 0.0
+    final_success: float | None = None  # the last checkpoint over eval.final_episodes (a run short of its target)
+    final_success_episodes: int = 0
+    final_success_version: int | None = None
     train_success: float | None = None  # last 100 training episodes at the end
     updates_per_sec: float = 0.0  # final_version / wall_sec
     restarts: int = 0
@@ -210,9 +218,27 @@ class LocalFleet:
                 self._sample_cpu(dog, cluster, force=True)  # the roles' last readings before they stop
                 self.stop_roles(dog)
                 restarts = dog.restarts
+            final = self._final_score(progress)
         finally:
             progress.close()
-        return self._summarize(progress, reason, restarts)
+        return self._summarize(progress, reason, restarts, final)
+
+    def _final_score(self, progress: Progress) -> tuple[int, EvalResult] | None:
+        """(version, result) of the last checkpoint over eval.final_episodes, after the fleet
+        stopped (outside the run's wall-clock): what the run reached when the target was not."""
+        from sampler.evaluator import score_checkpoint  # the simulator loads only for this
+
+        episodes = self.config.eval.final_episodes
+        if progress.reached_target or episodes == 0 or self._stop.is_set():
+            return None
+        progress.note(f"final score: the last checkpoint over {episodes} episodes")
+        try:
+            final = score_checkpoint(self.run_dir / "checkpoints", self.config, episodes)
+        except (CheckpointError, OSError) as err:  # no checkpoint yet (a very short run)
+            progress.note(f"no final score: {err}")
+            return None
+        progress.note(f"final score: version {final[0]}, success {final[1].success_rate:.2f} over {episodes} episodes")
+        return final
 
     def _sample_cpu(self, dog: Watchdog, cluster: LocalRedisCluster, force: bool = False) -> None:
         if not force and time.monotonic() - self._cpu_sampled < CPU_SAMPLE_SEC:
@@ -250,7 +276,9 @@ class LocalFleet:
                 self._stop.wait(0.25)
         return "interrupted (Ctrl-C or SIGTERM)"
 
-    def _summarize(self, progress: Progress, reason: str, restarts: int) -> Summary:
+    def _summarize(
+        self, progress: Progress, reason: str, restarts: int, final: tuple[int, EvalResult] | None = None
+    ) -> Summary:
         last = progress.last
         wall_sec = time.monotonic() - self.started_at
         cores = len(os.sched_getaffinity(0))
@@ -268,6 +296,9 @@ class LocalFleet:
             fleet_overhead_share=cpu["overhead_share"],
             checkpoints=sorted(str(p) for p in (self.run_dir / "checkpoints").glob("ckpt_*.pt")),
         )
+        if final is not None:
+            summary.final_success_version, result = final
+            summary.final_success, summary.final_success_episodes = result.success_rate, result.episodes
         target = progress.target
         if target is not None and target.full is not None:
             summary.wall_sec_to_target = target.wall_sec

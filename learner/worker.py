@@ -21,9 +21,11 @@ import torch
 from aggregator.client import AggregatorClient, GradientPush, PendingPush, WeightsSnapshot, WeightsWatcher
 from buffer.client import ReplaySampler
 from fleetrl.config import RunConfig
+from fleetrl.ledger import AckLedger
 from fleetrl.local_cluster import connect
 from fleetrl.policy import LEARNER_GROUPS
 from fleetrl.process import Heartbeat
+from fleetrl.proto import fleetrl_pb2 as pb
 from fleetrl.transport import Security
 from learner.models import GROUPS, SACModel
 from learner.sac import Batch, SACHyperparams, compute_gradients
@@ -37,6 +39,7 @@ class LearnerEndpoints:
     aggregator: str  # host:port of the aggregator
     redis: str  # host:port[,host:port...] of Redis Cluster nodes
     heartbeat_path: str | None = None
+    ack_log_dir: str | None = None  # AckLedger files: every acked gradient push, for audits and fault tests
 
 
 def _load(model: SACModel, snapshot: WeightsSnapshot, tau: float, versions: int) -> None:
@@ -156,9 +159,13 @@ def run_learner(config: RunConfig, learner_id: int, endpoints: LearnerEndpoints,
             batches = Batches(replay, config.learner.batch_size, device, config.learner.prefetch)
             try:
                 loop = _GradientLoop(config, learner_id, task.act_dim, agg, weights, batches, heartbeat)
+                if endpoints.ack_log_dir:
+                    loop.ledger = AckLedger(endpoints.ack_log_dir, f"learner-{learner_id}", agg.incarnation)
                 pushed = loop.run(snapshot, stop)
             finally:
                 batches.close()
+                if loop.ledger is not None:
+                    loop.ledger.close()
     finally:
         redis_client.close()
     log.info("learner %d: stopped after %d gradients", learner_id, pushed)
@@ -185,6 +192,7 @@ class _GradientLoop:
         )
         self.config, self.learner_id = config, learner_id
         self.agg, self.weights, self.batches, self.heartbeat = agg, weights, batches, heartbeat
+        self.ledger: AckLedger | None = None
 
     def run(self, snapshot: WeightsSnapshot, stop: threading.Event) -> int:
         model = SACModel(snapshot.spec).to(self.batches.device)
@@ -213,6 +221,7 @@ class _GradientLoop:
                             pending = None
                             break
                         raise
+                self._record(pending, ack)
                 # The next gradient may be computed on weights at most max_grad_staleness behind.
                 need = max(need, int(ack.version) - self.config.learner.max_grad_staleness)
                 self.heartbeat.beat(pushed=pushed, version=ack.version, replay=self.batches.replay.size())
@@ -220,10 +229,21 @@ class _GradientLoop:
             pushed += 1
         if pending is not None:
             try:
-                pending.result(retry=False)
+                self._record(pending, pending.result(retry=False))
             except grpc.RpcError as err:  # the aggregator may be stopping too; one gradient is lost
                 log.info("learner %d: last push not acked on shutdown (%s)", self.learner_id, err.code().name)
         return pushed
+
+    def _record(self, pending: PendingPush, ack: pb.GradientAck) -> None:
+        if self.ledger is not None:
+            self.ledger.record(
+                seq=pending.seq,
+                base_version=pending.base_version,
+                applied=ack.applied,
+                duplicate=ack.duplicate,
+                version=ack.version,
+                reason=ack.reason,
+            )
 
     def _gradient(self, model: SACModel, version: int, stop: threading.Event) -> GradientPush | None:
         with self.heartbeat.phase("sample"):  # with prefetch: only the wait for the next batch

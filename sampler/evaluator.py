@@ -8,6 +8,8 @@
         aggregator.ReportEval(version, full, kind="full")     # only a complete full score reaches it
 
 Every version is scored on the same held-out seeds, so two versions' rates are comparable.
+`score_checkpoint` scores a saved policy the same way (`fleetrl evaluate`, and the final
+score the launcher runs when a run ends short of its target).
 Far from the target the evaluator scores rarely (a fraction of the run's age between scores,
 see `next_interval_sec`); near it, every `min_interval_sec`.
 """
@@ -24,10 +26,11 @@ from dataclasses import dataclass, field
 import grpc
 import numpy as np
 
-from aggregator.client import AggregatorClient
+from aggregator.client import AggregatorClient, WeightsSnapshot
 from buffer.client import IngestClient
+from fleetrl.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint
 from fleetrl.config import EvalConfig, RunConfig
-from fleetrl.policy import ACTOR_GROUPS
+from fleetrl.policy import ACTOR_GROUPS, ModelSpec
 from fleetrl.process import Heartbeat
 from fleetrl.proto import fleetrl_pb2 as pb
 from fleetrl.transport import Security
@@ -87,6 +90,29 @@ def evaluate(
         done.successes.append(success)
         done.returns.append(float(goal_reward(env, episode.achieved_goal, episode.desired_goal).sum()))
     return done.result()
+
+
+def score_checkpoint(path: str | os.PathLike, config: RunConfig, episodes: int) -> tuple[int, EvalResult]:
+    """(version, result) of a checkpoint's deterministic policy over `episodes` held-out
+    episodes (seeds eval.seed + i, nominal task unless eval.randomize), never cut short.
+    `path` is a ckpt_<version>.pt file or a folder of them (the newest)."""
+    found = latest_checkpoint(path) if os.path.isdir(path) else path
+    if found is None:
+        raise CheckpointError(f"{path}: no checkpoint in this folder")
+    state = load_checkpoint(found)
+    weights = state.get("weights", {})
+    missing = [g for g in ACTOR_GROUPS if g not in weights] + (["spec"] if "spec" not in state else [])
+    if missing:
+        raise CheckpointError(f"{found}: lacks {missing}; not a policy checkpoint")
+    tensors = {g: np.asarray(weights[g], np.float32) for g in ACTOR_GROUPS}
+    policy = Policy()
+    policy.refresh(WeightsSnapshot(int(state["version"]), tensors, ModelSpec.from_json(state["spec"])))
+    task = get_task(state.get("task") or config.sim.task)
+    env = make_env(task, config.sim.randomization if config.eval.randomize else None)
+    try:
+        return policy.version, evaluate(env, policy, config.eval, until=episodes)
+    finally:
+        env.close()
 
 
 def _best_possible(done: EpisodeLog, budget: int) -> float:

@@ -14,10 +14,7 @@ at most `max_env_steps_per_update` env steps per aggregator version (after a war
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
-import os
-import pathlib
 import queue
 import threading
 import time
@@ -28,10 +25,10 @@ import numpy as np
 from aggregator.client import AggregatorClient, WeightsSnapshot
 from buffer.client import IngestClient, IngestUnavailable
 from fleetrl.config import RunConfig, SamplerConfig
+from fleetrl.ledger import AckLedger
 from fleetrl.policy import ACTOR_GROUPS, NumpyActor
 from fleetrl.process import Heartbeat
 from fleetrl.transport import Security
-from fleetrl.wire import Transitions
 from sampler.hardening import harden
 from sampler.her import Episode, relabel_future
 from sim.registry import TaskSpec, get_task, goal_reward, make_env
@@ -46,38 +43,6 @@ class SamplerEndpoints:
     aggregator: str  # host:port of the aggregator
     heartbeat_path: str | None = None
     ack_log_dir: str | None = None  # AckLedger files: every acked batch, for audits and fault tests
-
-
-class AckLedger:
-    """One JSON line per acked batch of this sampler incarnation, written right after the ack.
-
-    {"incarnation", "seq", "transitions", "env_steps", "duplicate", "fingerprint"}: the
-    fingerprint is a hash of the batch's first packed row, so an auditor can check that every
-    acked batch is stored, and stored once (tests/test_e2e_faults.py does).
-    """
-
-    def __init__(self, directory: str | os.PathLike, sampler_id: int, incarnation: int) -> None:
-        path = pathlib.Path(directory)
-        path.mkdir(parents=True, exist_ok=True)
-        self.incarnation = incarnation
-        self._file = open(path / f"sampler-{sampler_id}-{incarnation}.jsonl", "a")  # noqa: SIM115 - close()
-
-    def record(self, seq: int, transitions: Transitions, env_steps: int, duplicate: bool) -> None:
-        if self._file.closed:  # an ack that lands after shutdown began: the ledger is already closed
-            return
-        row = {
-            "incarnation": self.incarnation,
-            "seq": seq,
-            "transitions": len(transitions),
-            "env_steps": env_steps,
-            "duplicate": duplicate,
-            "fingerprint": row_fingerprint(transitions.pack()[0]),
-        }
-        self._file.write(json.dumps(row) + "\n")
-        self._file.flush()  # in the page cache: survives this process being killed
-
-    def close(self) -> None:
-        self._file.close()
 
 
 def row_fingerprint(row: np.ndarray) -> str:
@@ -229,7 +194,14 @@ class Pusher:
             self.acked_env_steps += env_steps
             self.acked_transitions += len(transitions)
             if self.ledger is not None:
-                self.ledger.record(seq, transitions, env_steps, ack.duplicate)
+                self.ledger.record(
+                    seq=seq,
+                    transitions=len(transitions),
+                    env_steps=env_steps,
+                    duplicate=ack.duplicate,
+                    # a hash of the batch's first packed row: an auditor finds the batch in Redis by it
+                    fingerprint=row_fingerprint(transitions.pack()[0]),
+                )
 
 
 def allowed_env_steps(cfg: SamplerConfig, version: int, first_version: int = 0) -> float:
@@ -267,7 +239,9 @@ def run_sampler(config: RunConfig, sampler_id: int, endpoints: SamplerEndpoints,
         streams = np.random.SeedSequence([cfg.seed, sampler_id, ingest.incarnation]).spawn(3)
         rng, seeds = np.random.default_rng(streams[0]), np.random.default_rng(streams[1])
         policy = Policy(seed=int(streams[2].generate_state(1)[0]), random_action_prob=cfg.random_action_prob)
-        ledger = AckLedger(endpoints.ack_log_dir, sampler_id, ingest.incarnation) if endpoints.ack_log_dir else None
+        ledger = None
+        if endpoints.ack_log_dir:
+            ledger = AckLedger(endpoints.ack_log_dir, f"sampler-{sampler_id}", ingest.incarnation)
         pusher = Pusher(ingest, task, ledger=ledger, halt=stop)
         first_version: int | None = None  # the rate limit counts from the first version seen
         while not stop.is_set():

@@ -402,6 +402,30 @@ def test_versions_and_weights_survive_a_restart_on_the_same_run_dir(tmp_path):
             assert agg.stats().version == 4
 
 
+def test_a_push_the_restored_checkpoint_holds_is_not_applied_again_after_a_restart(tmp_path):
+    """The dedup record travels with the weights: an aggregator killed before its ack got out
+    answers the learner's retry as a duplicate once it is back, from the checkpoint."""
+    with AggregatorServer(make_core(), CONFIG, run_dir=tmp_path) as first:
+        core = first.servicer.core
+        channel = grpc.insecure_channel(first.address, options=GRPC_OPTIONS)
+        stub = pb_grpc.AggregatorStub(channel)
+        messages = [push(core, v, seed=v).to_proto(incarnation=7, seq=v + 1) for v in range(3)]
+        assert [stub.PushGradients(m, timeout=5).version for m in messages] == [1, 2, 3]
+        channel.close()
+    saved = load_checkpoint(tmp_path / "checkpoints")
+    assert saved["pushes"]["0:7"]["applied"] == 3 and saved["pushes"]["0:7"]["seq"] == 3
+    with AggregatorServer(make_core(), CONFIG, run_dir=tmp_path) as second:
+        channel = grpc.insecure_channel(second.address, options=GRPC_OPTIONS)
+        stub = pb_grpc.AggregatorStub(channel)
+        retry = stub.PushGradients(messages[2], timeout=5)  # its first ack was lost with the old process
+        assert (retry.duplicate, retry.applied, retry.version) == (True, True, 3)
+        assert second.servicer.core.version == 3
+        following = push(second.servicer.core, 3).to_proto(incarnation=7, seq=4)
+        assert stub.PushGradients(following, timeout=5).version == 4
+        channel.close()
+    assert load_checkpoint(tmp_path / "checkpoints")["pushes"]["0:7"]["applied"] == 4
+
+
 def test_checkpoints_are_written_every_n_versions_and_pruned(tmp_path):
     config = AggregatorConfig(lr=1e-2, checkpoint_every_versions=2, keep_checkpoints=2)
     core = AggregatorCore(SPEC, config, grads_per_step=1, max_staleness=1)

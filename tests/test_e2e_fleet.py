@@ -235,6 +235,31 @@ def test_watchdog_restarts_killed_roles_and_training_continues(tmp_path: pathlib
     assert json.loads((run_dir / "summary.json").read_text())["final_version"] > final
 
 
+def test_a_run_short_of_its_target_scores_its_last_checkpoint(tmp_path: pathlib.Path) -> None:
+    """The evaluator scores once (the first version) and then waits longer than the run, so the
+    run ends on max_wall_sec; the launcher then scores its last checkpoint on 50 episodes, and
+    `fleetrl evaluate` scores the same checkpoint on the same held-out seeds alike."""
+    run_dir = tmp_path / "run"
+    once = ("--set", "eval.min_interval_sec=1000", "--set", "eval.max_interval_sec=1000")
+    proc = _train(run_dir, "--max-wall-sec", "20", *once)
+    out, _ = proc.communicate(timeout=180)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert not summary["reached_target"] and summary["stop_reason"].startswith("max_wall_sec"), out[-3000:]
+    newest = max(int(p.stem.split("_")[1]) for p in (run_dir / "checkpoints").glob("ckpt_*.pt"))
+    assert summary["final_success_episodes"] == 50 and summary["final_success_version"] == newest, summary
+    assert "final score: version" in out
+    scored = subprocess.run(
+        [sys.executable, "-m", "fleetrl.cli", "evaluate", str(run_dir), "--episodes", "50", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert scored.returncode == 0, scored.stderr
+    result = json.loads(scored.stdout)
+    assert (result["version"], result["episodes"]) == (newest, 50)
+    assert result["success_rate"] == summary["final_success"]
+
+
 def _scrape(address: str) -> str:
     import urllib.request
 

@@ -6,9 +6,10 @@ import numpy as np
 import pytest
 
 from aggregator.client import WeightsSnapshot
+from fleetrl.checkpoint import CheckpointError
 from fleetrl.config import EvalConfig
 from fleetrl.policy import ModelSpec
-from sampler.evaluator import EpisodeLog, evaluate, next_interval_sec
+from sampler.evaluator import EpisodeLog, evaluate, next_interval_sec, score_checkpoint
 from sampler.worker import Policy, rollout
 from sim.registry import get_task, make_env
 
@@ -143,3 +144,27 @@ def test_a_full_score_is_not_continued_once_the_target_is_out_of_reach(env):
 def test_evaluation_is_rare_far_from_the_target_and_frequent_near_it(curve_success, age_sec, expected):
     config = EvalConfig(min_interval_sec=2.0, max_interval_sec=60.0, interval_run_fraction=0.1)
     assert next_interval_sec(config, 0.9, curve_success, age_sec) == pytest.approx(expected)
+
+
+def test_a_checkpoint_is_scored_on_the_same_held_out_episodes_every_time(tmp_path):
+    from aggregator.core import AggregatorCore
+    from fleetrl.checkpoint import save_checkpoint
+    from fleetrl.config import AggregatorConfig, RunConfig
+
+    core = AggregatorCore(ModelSpec(10, 3, 4, (32, 32)), AggregatorConfig(), grads_per_step=1, max_staleness=1)
+    save_checkpoint(tmp_path, core.state(), keep=1)
+    config = RunConfig()
+    version, result = score_checkpoint(tmp_path, config, episodes=4)
+    assert version == core.version and result.episodes == 4  # never cut short
+    assert score_checkpoint(tmp_path, config, episodes=4)[1] == result
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(CheckpointError, match="no checkpoint"):
+        score_checkpoint(empty, config, episodes=4)
+
+
+def test_fleetrl_evaluate_names_what_is_missing(tmp_path, capsys):
+    from fleetrl.cli import main
+
+    assert main(["evaluate", str(tmp_path)]) == 2
+    assert "no config.json" in capsys.readouterr().err

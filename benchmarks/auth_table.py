@@ -1,0 +1,147 @@
+"""Who gets in: every service called without the fleet's credentials, and what it left behind.
+
+    python3 benchmarks/auth_table.py [--out benchmarks/results/auth_table.json]
+
+Starts the real parts with security on, as `fleetrl train` does: a 3-node Redis Cluster
+whose nodes require the run's ACL user and password, an ingest service and an aggregator
+that require the fleet token. Then calls each of them without the token, with a wrong one,
+and Redis without the password and with a wrong one, and reads back what changed: the
+buffer's committed head, the aggregator's version and last evaluation, a Redis key.
+A caller with the right credentials is served right after each refusal.
+
+Prints LAST one row per case: the call, the status it got, what it changed (must be nothing),
+and whether the service went on serving the fleet.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+
+import grpc
+import numpy as np
+import redis
+from common import result_record, write_result  # benchmarks/common.py (this script's folder)
+
+from aggregator.client import AggregatorClient, GradientPush
+from aggregator.core import AggregatorCore
+from aggregator.service import AggregatorServer
+from buffer.client import IngestClient
+from buffer.service import IngestServer
+from buffer.storage import TemporalStorage
+from fleetrl.config import AggregatorConfig, BufferConfig
+from fleetrl.local_cluster import LocalRedisCluster
+from fleetrl.policy import GRADIENT_GROUPS, ModelSpec
+from fleetrl.proto import fleetrl_pb2 as pb
+from fleetrl.transport import Security
+from fleetrl.wire import Transitions, TransitionSchema
+from learner.models import norm_stats
+
+RUN = "auth"
+SCHEMA = TransitionSchema(obs_dim=10, goal_dim=3, act_dim=4)  # FetchReach-v4's sizes
+SPEC = ModelSpec(10, 3, 4, (32, 32))
+BUFFER = BufferConfig(window_size_transitions=64, capacity_transitions=4096)
+CALLERS = {"no token": Security(), "wrong token": Security(token="guessed")}
+
+
+def transitions(n: int) -> Transitions:
+    rng = np.random.default_rng(0)
+    f = lambda d: rng.normal(size=(n, d)).astype(np.float32)  # noqa: E731
+    action = np.tanh(f(SCHEMA.act_dim)).astype(np.float32)
+    return Transitions(f(SCHEMA.obs_dim), f(SCHEMA.goal_dim), action, -np.ones(n, np.float32), f(SCHEMA.obs_dim),
+                       np.zeros(n, np.float32))  # fmt: skip
+
+
+def gradient(core: AggregatorCore) -> GradientPush:
+    rng = np.random.default_rng(1)
+    grads = {g: rng.normal(size=core.sizes[g]).astype(np.float32) * 1e-3 for g in GRADIENT_GROUPS}
+    return GradientPush(0, core.version, grads, norm_stats(rng.normal(size=(8, SPEC.input_dim))), batch_size=8)
+
+
+def refused(call) -> str:
+    try:
+        call()
+    except grpc.RpcError as err:
+        return err.code().name
+    except redis.RedisError as err:
+        return type(err).__name__
+    return "OK"  # served: a refusal case that gets this is a hole
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", help="write the raw result (JSON) here")
+    args = p.parse_args(argv)
+    fleet = Security(token="the-fleet-token", redis_user="fleetrl", redis_password="the-redis-password-" + "x" * 12)
+    rows = []
+    with (
+        LocalRedisCluster(auth=fleet) as cluster,
+        tempfile.TemporaryDirectory() as run_dir,
+    ):
+        client = cluster.client()
+        storage = TemporalStorage(client, RUN, SCHEMA, BUFFER)
+        config = AggregatorConfig(checkpoint_every_versions=1000)
+        core = AggregatorCore(SPEC, config, grads_per_step=1, max_staleness=1)
+        with (
+            IngestServer(storage, task_id=0, schema=SCHEMA, run_id=RUN, config=BUFFER, security=fleet) as ingest,
+            AggregatorServer(core, config, run_dir=run_dir, security=fleet) as aggregator,
+        ):
+            seq = iter(range(1, 1000))
+
+            def push(security: Security) -> None:
+                with IngestClient(ingest.address, sampler_id=1, run_id=RUN, security=security) as c:
+                    c.push(transitions(50), seq=next(seq), policy_version=0, task_id=0, env_steps=50, max_retry_sec=2)
+
+            def agg_call(security: Security, what: str) -> None:
+                with AggregatorClient(aggregator.address, timeout_sec=3.0, security=security) as c:
+                    if what == "PushGradients":
+                        c.push_gradients(gradient(core))
+                    elif what == "Stats":
+                        c.stats()
+                    elif what == "ReportEval":  # a forged "target reached"
+                        c._stub.ReportEval(pb.EvalReport(episodes=50, success_rate=1.0, kind="full"), timeout=3)
+                    else:
+                        next(iter(c._stub.WatchWeights(pb.WatchRequest(subscriber="x"), timeout=3)))
+
+            def state() -> dict:
+                return {"buffer_head": storage.head(), "version": core.version,
+                        "last_eval_episodes": aggregator.servicer.last_eval.episodes}  # fmt: skip
+
+            for who, caller in CALLERS.items():
+                for service, call in (
+                    ("ingest Push", lambda c=caller: push(c)),
+                    ("aggregator PushGradients", lambda c=caller: agg_call(c, "PushGradients")),
+                    ("aggregator ReportEval", lambda c=caller: agg_call(c, "ReportEval")),
+                    ("aggregator WatchWeights", lambda c=caller: agg_call(c, "WatchWeights")),
+                ):
+                    before = state()
+                    status = refused(call)
+                    after = state()
+                    changed = {k: (before[k], after[k]) for k in before if before[k] != after[k]}
+                    serving = refused(lambda s=service: push(fleet) if "ingest" in s else agg_call(fleet, "Stats"))
+                    rows.append({"call": f"{service}, {who}", "status": status, "changed": changed or "nothing",
+                                 "still_serving": serving == "OK"})  # fmt: skip
+            host, port = cluster.nodes[0]
+            client.set("{auth}:probe", b"kept")
+            for who, password in (("no password", None), ("wrong password", "guess")):
+                intruder = redis.Redis(host=host, port=port, password=password)
+                status = refused(intruder.flushall)
+                intruder.close()
+                kept = client.get("{auth}:probe") == b"kept"
+                rows.append({"call": f"Redis FLUSHALL, {who}", "status": status,
+                             "changed": "nothing" if kept else "DATA LOST", "still_serving": kept})  # fmt: skip
+            client.close()
+    ok = all(r["status"] != "OK" and r["changed"] == "nothing" and r["still_serving"] for r in rows)
+    if args.out:
+        write_result(result_record("auth_table", {"rows": rows, "all_refused_nothing_changed": ok}), args.out)
+    width = max(len(r["call"]) for r in rows)
+    print(f"\n{'call':<{width}}  {'status':<22} {'changed':<8} still serving")
+    for r in rows:
+        print(f"{r['call']:<{width}}  {r['status']:<22} {str(r['changed']):<8} {r['still_serving']}")
+    print(f"\nall refused, nothing changed, still serving: {ok}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
