@@ -10,6 +10,7 @@
     fleetrl evaluator  --config C --buffer B --aggregator A
     fleetrl export     --checkpoint CKPT --out policy.onnx
     fleetrl evaluate   RUN_DIR [--episodes 50]                  # score the run's last checkpoint
+    fleetrl fleet up   fleet.yaml --host NAME                   # this host's share of a multi-host fleet
     fleetrl report     RUN_DIR [RUN_DIR ...] --out report.html   # curves, updates/s, CPU per role
     fleetrl certs      --out DIR [--hosts H1,H2]                 # a self-signed TLS set for a fleet
 
@@ -99,6 +100,12 @@ def _parser(export_args: bool = True) -> argparse.ArgumentParser:
     certs.add_argument("--out", required=True, help="folder for ca.pem, ca.key, fleet.pem, fleet.key")
     certs.add_argument("--hosts", default="", help="comma-separated host names and IPs the services listen on")
     certs.add_argument("--days", type=int, default=365, help="validity in days")
+    fleet = sub.add_parser("fleet", help="run this host's share of a fleet over several hosts (fleetrl/fleet.py)")
+    fleet_sub = fleet.add_subparsers(dest="fleet_command", required=True)
+    up = fleet_sub.add_parser("up", help="start and supervise this host's roles from a fleet spec until Ctrl-C")
+    up.add_argument("spec", help="fleet spec YAML: hosts, their addresses and roles (see fleetrl/fleet.py)")
+    up.add_argument("--host", required=True, help="which host of the spec this is")
+    _common(up)
     evaluate = sub.add_parser("evaluate", help="score a run's last checkpoint on held-out episodes")
     evaluate.add_argument("run_dir", help="a run directory (its config.json and newest checkpoint)")
     evaluate.add_argument("--checkpoint", help="a ckpt_<version>.pt file instead of the run's newest")
@@ -238,6 +245,20 @@ def _redis_cluster(args: argparse.Namespace) -> int:
     return 0
 
 
+def _fleet(args: argparse.Namespace) -> int:
+    from fleetrl.fleet import FleetHost, FleetSpec
+    from fleetrl.process import setup_logging, stop_event
+
+    setup_logging(f"fleet-{args.host}")
+    spec = FleetSpec.load(args.spec)
+    args.set = [*spec.overrides, *args.set]  # the spec's config, then this host's own --set
+    config = spec.config(_config(args))  # the preset of the spec's task underneath
+    if not config.security.enabled:
+        logging.getLogger("fleetrl").warning("security.enabled is false: whoever reaches these ports is in the fleet")
+    FleetHost(spec, args.host, config, stop_event()).run()
+    return 0
+
+
 def _evaluate(args: argparse.Namespace) -> int:
     from fleetrl.config import ConfigError, RunConfig
     from sampler.evaluator import score_checkpoint
@@ -303,6 +324,8 @@ def main(argv: list[str] | None = None) -> int:
             return run(args)
         if args.command == "evaluate":
             return _evaluate(args)
+        if args.command == "fleet":
+            return _fleet(args)
         return _role(args)
     except ConfigError as err:
         print(f"fleetrl: config error: {err}", file=sys.stderr)

@@ -196,11 +196,7 @@ class LocalFleet:
 
     @staticmethod
     def stop_roles(dog: Watchdog) -> None:
-        """Producers first, so nothing is pushed into a stopped service; the aggregator then
-        writes its final checkpoint; the buffer last."""
-        dog.stop([n for n in dog.roles if n not in ("buffer", "aggregator")])
-        dog.stop(["aggregator"])
-        dog.stop(["buffer"])
+        dog.stop_in_order()
 
     def run(self) -> Summary:
         # Ctrl-C (SIGINT to the whole foreground group) or SIGTERM: roles stop themselves, the

@@ -5,7 +5,9 @@
         client.set("{run}:head", 0)
         other_process_arg = cluster.addresses  # "127.0.0.1:p1,127.0.0.1:p2,127.0.0.1:p3"
 
-Elsewhere, `connect(addresses)` turns that string back into a client.
+Elsewhere, `connect(addresses)` turns that string back into a client. Over several hosts
+(`fleetrl fleet up`), each host starts its own nodes with `form=False` and one of them joins
+every node into one cluster with `form_cluster`.
 
 The cluster is formed from Python (CLUSTER ADDSLOTSRANGE, SET-CONFIG-EPOCH, MEET) rather than
 with `redis-cli --cluster create`: it needs only redis-server, it skips redis-cli's fixed
@@ -120,6 +122,66 @@ def _log_tail(path: Path) -> str:
     return "\n".join(lines[-_LOG_TAIL_LINES:])
 
 
+def _node_client(host: str, port: int, auth: Security) -> redis.Redis:
+    user: str | None = auth.redis_user if auth.redis_password else None
+    password: str | None = auth.redis_password or None
+    return redis.Redis(host=host, port=port, socket_timeout=5.0, username=user, password=password)
+
+
+def _cluster_info(conn: redis.Redis) -> dict[str, str]:
+    info = conn.execute_command("CLUSTER", "INFO")
+    if isinstance(info, bytes):
+        info = info.decode()
+    return dict(line.split(":", 1) for line in str(info).split() if ":" in line)
+
+
+def cluster_ok(nodes: list[tuple[str, int]], auth: Security) -> bool:
+    """True when every node answers and reports one formed cluster of exactly these nodes."""
+    for host, port in nodes:
+        conn = _node_client(host, port, auth)
+        try:
+            fields = _cluster_info(conn)
+        except redis.RedisError:
+            return False
+        finally:
+            conn.close()
+        ok = fields.get("cluster_state") == "ok" and fields.get("cluster_slots_ok") == str(NUM_SLOTS)
+        if not ok or fields.get("cluster_known_nodes") != str(len(nodes)):
+            return False
+    return True
+
+
+def _assign_and_meet(conns: list[redis.Redis], nodes: list[tuple[str, int]]) -> None:
+    """Split the slots evenly, give each node its own config epoch, then MEET them all."""
+    bounds = [NUM_SLOTS * i // len(nodes) for i in range(len(nodes) + 1)]
+    for i, conn in enumerate(conns):
+        conn.execute_command("CLUSTER", "ADDSLOTSRANGE", bounds[i], bounds[i + 1] - 1)
+        # Distinct epochs up front spare the epoch-collision resolution round (what
+        # redis-cli --cluster create does too).
+        conn.execute_command("CLUSTER", "SET-CONFIG-EPOCH", i + 1)
+    for host, port in nodes[1:]:
+        conns[0].execute_command("CLUSTER", "MEET", host, port)
+
+
+def form_cluster(nodes: list[tuple[str, int]], auth: Security, timeout_sec: float = 60.0) -> None:
+    """Join running, empty cluster-enabled nodes (on any hosts) into one cluster: split the
+    slots evenly, give each node its own config epoch, MEET them all, wait until every node
+    says ok. A cluster already formed from exactly these nodes is left as it is."""
+    if cluster_ok(nodes, auth):
+        return
+    conns = [_node_client(h, p, auth) for h, p in nodes]
+    try:
+        _assign_and_meet(conns, nodes)
+    finally:
+        for conn in conns:
+            conn.close()
+    deadline = time.monotonic() + timeout_sec
+    while not cluster_ok(nodes, auth):
+        if time.monotonic() > deadline:
+            raise LocalClusterError(f"cluster of {len(nodes)} nodes ({nodes}) not ok after {timeout_sec}s")
+        time.sleep(0.05)
+
+
 class _Node:
     """One redis-server child process with its own directory and log."""
 
@@ -155,9 +217,7 @@ class _Node:
                 preexec_fn=_parent_death_signal(),
                 cwd=self.dir,
             )
-        user: str | None = auth.redis_user if auth.redis_password else None
-        password: str | None = auth.redis_password or None
-        self.conn = redis.Redis(host=host, port=port, socket_timeout=5.0, username=user, password=password)
+        self.conn = _node_client(host, port, auth)
 
     def wait_ping(self, deadline: float) -> bool:
         """True once our server answers; False if it exited (e.g. the port was taken) or timed out."""
@@ -201,12 +261,15 @@ class LocalRedisCluster:
         host: str = "127.0.0.1",
         ports: list[int] | None = None,
         appendonly: bool = False,
+        form: bool = True,
     ) -> None:
         """`host`: the address the nodes bind and announce (others must reach it); `ports`:
-        fixed ports, one per primary (default: free ones); `appendonly`: persist to disk."""
+        fixed ports, one per primary (default: free ones); `appendonly`: persist to disk;
+        `form` False: start the nodes only (this host's share of a cluster over several hosts)."""
         if ports is not None and len(ports) != num_primaries:
             raise ValueError(f"ports ({ports}) must name one port per primary ({num_primaries})")
-        if num_primaries < 3:
+        self.form = form
+        if num_primaries < 1 or (form and num_primaries < 3):
             raise ValueError(f"num_primaries ({num_primaries}) must be >= 3: Redis Cluster needs 3 primaries")
         self.num_primaries = num_primaries
         self.startup_timeout_sec = startup_timeout_sec
@@ -260,8 +323,9 @@ class LocalRedisCluster:
             deadline = time.monotonic() + self.startup_timeout_sec
             for index in range(self.num_primaries):
                 self._nodes.append(self._start_node(binary, index, deadline))
-            self._form_cluster()
-            self._wait_cluster_ok(deadline)
+            if self.form:
+                self._form_cluster()
+                self._wait_cluster_ok(deadline)
         except BaseException:
             self.close()
             raise
@@ -297,16 +361,7 @@ class LocalRedisCluster:
         raise LocalClusterError(f"redis-server node {index} did not start:\n" + "\n".join(logs[-3:]))
 
     def _form_cluster(self) -> None:
-        """Split the slots evenly, give each node its own config epoch, then MEET them all."""
-        bounds = [NUM_SLOTS * i // self.num_primaries for i in range(self.num_primaries + 1)]
-        for i, node in enumerate(self._nodes):
-            node.conn.execute_command("CLUSTER", "ADDSLOTSRANGE", bounds[i], bounds[i + 1] - 1)
-            # Distinct epochs up front spare the epoch-collision resolution round (what
-            # redis-cli --cluster create does too).
-            node.conn.execute_command("CLUSTER", "SET-CONFIG-EPOCH", i + 1)
-        first = self._nodes[0]
-        for node in self._nodes[1:]:
-            first.conn.execute_command("CLUSTER", "MEET", node.host, node.port)
+        _assign_and_meet([n.conn for n in self._nodes], self.nodes)
 
     def _wait_cluster_ok(self, deadline: float) -> None:
         last: dict[int, str] = {}
@@ -322,10 +377,7 @@ class LocalRedisCluster:
         )
 
     def _node_ready(self, node: _Node, last: dict[int, str]) -> bool:
-        info = node.conn.execute_command("CLUSTER", "INFO")
-        if isinstance(info, bytes):
-            info = info.decode()
-        fields = dict(line.split(":", 1) for line in str(info).split() if ":" in line)
+        fields = _cluster_info(node.conn)
         last[node.port] = (
             f"state={fields.get('cluster_state')} slots_ok={fields.get('cluster_slots_ok')} "
             f"known_nodes={fields.get('cluster_known_nodes')}"

@@ -188,6 +188,13 @@ class Watchdog:
     def stop_all(self) -> None:
         self.stop(list(self.roles))
 
+    def stop_in_order(self) -> None:
+        """Producers first, so nothing is pushed into a stopped service; the aggregator then
+        writes its final checkpoint; the buffer last."""
+        self.stop([n for n in self.roles if n not in ("buffer", "aggregator")])
+        self.stop(["aggregator"])
+        self.stop(["buffer"])
+
     def _terminate(self, proc: subprocess.Popen) -> None:
         proc.terminate()
         try:

@@ -1,0 +1,277 @@
+"""A fleet over several hosts from one spec: `fleetrl fleet up fleet.yaml --host NAME`.
+
+    run_id: big
+    config: {sim.task: FetchPush-v4}        # config overrides, as --set section.field=value
+    hosts:
+      redis-a:  {address: 10.0.0.5, redis: [7000, 7001]}
+      redis-b:  {address: 10.0.0.6, redis: [7002]}
+      services: {address: 10.0.0.7, buffer: 50051, aggregator: 50052, evaluator: 1}
+      gpu-box:  {address: 10.0.0.8, learner: 1}
+      sim-1:    {address: 10.0.0.9, sampler: {count: 8, cpus: [0, 1, 2, 3, 4, 5, 6, 7]}}
+
+Every host runs the same command with its own name; it starts and supervises (the watchdog:
+restarts with backoff, events.jsonl) that host's share: its Redis nodes, services and
+workers. The first host with Redis nodes joins every node into one cluster once all answer.
+Services listen on their host's address; workers get the addresses from the spec. Worker ids
+are unique over the fleet (hosts in spec order), and the run's config counts every sampler
+and learner of the spec. Secrets never go in the spec: every host exports the same
+FLEETRL_TOKEN and FLEETRL_REDIS_PASSWORD (or sets security.token_file and
+security.redis_password_file). Each host keeps its logs, heartbeats and events under
+`<run_dir>/<host>/`; the aggregator's host also keeps the checkpoints and evaluations in
+`<run_dir>/`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import pathlib
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+from fleetrl.config import ConfigError, RunConfig, with_overrides
+from fleetrl.local_cluster import LocalRedisCluster, cluster_ok, form_cluster
+from fleetrl.process import heartbeat_file
+from fleetrl.transport import REDIS_PASSWORD_ENV, TOKEN_ENV, Security
+from fleetrl.watchdog import RoleSpec, Watchdog
+
+log = logging.getLogger("fleetrl.fleet")
+
+SERVICES = ("buffer", "aggregator")
+WORKERS = ("sampler", "learner", "evaluator")
+KEYS = {"address", "redis", *SERVICES, *WORKERS}
+CLUSTER_WAIT_SEC = 300.0  # how long a host waits for the other hosts' Redis nodes
+
+
+@dataclass(frozen=True)
+class Workers:
+    count: int
+    cpus: tuple[int, ...] = ()  # the workers run on these CPUs (taskset); () = any
+
+
+@dataclass(frozen=True)
+class HostSpec:
+    name: str
+    address: str
+    redis: tuple[int, ...] = ()
+    services: dict[str, int] = field(default_factory=dict)  # role -> port
+    workers: dict[str, Workers] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class FleetSpec:
+    run_id: str
+    run_dir: str
+    overrides: tuple[str, ...]
+    hosts: tuple[HostSpec, ...]
+
+    @staticmethod
+    def load(path: str | pathlib.Path) -> FleetSpec:
+        try:
+            raw = yaml.safe_load(pathlib.Path(path).read_text())
+        except (OSError, yaml.YAMLError) as err:
+            raise ConfigError(f"fleet spec {path}: {err}") from err
+        return FleetSpec.parse(raw, str(path))
+
+    @staticmethod
+    def parse(raw: Any, source: str = "fleet spec") -> FleetSpec:
+        if not isinstance(raw, dict) or not isinstance(raw.get("hosts"), dict) or not raw["hosts"]:
+            raise ConfigError(f"{source}: expected a mapping with a non-empty 'hosts' mapping")
+        unknown = set(raw) - {"run_id", "run_dir", "config", "hosts"}
+        if unknown:
+            raise ConfigError(f"{source}: unknown keys {sorted(unknown)}; known: run_id, run_dir, config, hosts")
+        run_id = str(raw.get("run_id", "fleet"))
+        config = raw.get("config") or {}
+        if not isinstance(config, dict):
+            raise ConfigError(f"{source}: config must map section.field to a value")
+        overrides = tuple(f"{k}={json.dumps(v)}" for k, v in config.items())
+        hosts = tuple(_host(name, body, source) for name, body in raw["hosts"].items())
+        spec = FleetSpec(run_id, str(raw.get("run_dir", f"runs/{run_id}")), overrides, hosts)
+        spec._check(source)
+        return spec
+
+    def _check(self, source: str) -> None:
+        for role in SERVICES:
+            owners = [h.name for h in self.hosts if role in h.services]
+            if len(owners) != 1:
+                raise ConfigError(f"{source}: exactly one host must run the {role} (found {owners or 'none'})")
+        if len(self.redis_nodes) < 3:
+            found = self.redis_nodes
+            raise ConfigError(f"{source}: Redis Cluster needs at least 3 nodes over the hosts (found {found})")
+        if not any("sampler" in h.workers for h in self.hosts) or not any("learner" in h.workers for h in self.hosts):
+            raise ConfigError(f"{source}: the fleet needs at least one sampler and one learner")
+
+    def host(self, name: str) -> HostSpec:
+        for h in self.hosts:
+            if h.name == name:
+                return h
+        raise ConfigError(f"--host {name!r} is not in the spec; hosts: {[h.name for h in self.hosts]}")
+
+    def service(self, role: str) -> str:
+        owner = next(h for h in self.hosts if role in h.services)
+        return f"{owner.address}:{owner.services[role]}"
+
+    @property
+    def redis_nodes(self) -> list[tuple[str, int]]:
+        return [(h.address, port) for h in self.hosts for port in h.redis]
+
+    @property
+    def redis(self) -> str:
+        return ",".join(f"{h}:{p}" for h, p in self.redis_nodes)
+
+    def count(self, role: str) -> int:
+        return sum(h.workers[role].count for h in self.hosts if role in h.workers)
+
+    def first_id(self, host: HostSpec, role: str) -> int:
+        """Worker ids run over the hosts in spec order, so every id is unique in the fleet."""
+        before = self.hosts[: self.hosts.index(host)]
+        return sum(h.workers[role].count for h in before if role in h.workers)
+
+    def config(self, base: RunConfig | None = None) -> RunConfig:
+        """The run's config: `base` (default: built-in plus the spec's `config`), the run id,
+        and the fleet's worker counts."""
+        counts = [f"sampler.num_samplers={self.count('sampler')}", f"learner.num_learners={self.count('learner')}"]
+        if base is None:
+            base = with_overrides(RunConfig(), list(self.overrides))
+        return with_overrides(base, [f"run_id={json.dumps(self.run_id)}", *counts]).validate()
+
+
+def _host(name: str, body: Any, source: str) -> HostSpec:
+    where = f"{source}: hosts.{name}"
+    if not isinstance(body, dict) or "address" not in body:
+        raise ConfigError(f"{where}: expected a mapping with an 'address'")
+    unknown = set(body) - KEYS
+    if unknown:
+        raise ConfigError(f"{where}: unknown keys {sorted(unknown)}; known: {sorted(KEYS)}")
+    redis = body.get("redis") or []
+    if not isinstance(redis, list) or not all(isinstance(p, int) and 0 < p < 55536 for p in redis):
+        raise ConfigError(f"{where}.redis: a list of ports below 55536 (the cluster bus takes port + 10000)")
+    services = {}
+    for role in SERVICES:
+        if role in body:
+            port = body[role]
+            if not isinstance(port, int) or not 0 < port < 65536:
+                raise ConfigError(f"{where}.{role}: a port in 1..65535 (got {port!r})")
+            services[role] = port
+    workers = {}
+    for role in WORKERS:
+        if role in body:
+            value = body[role]
+            value = {"count": value} if isinstance(value, int) else value
+            if not isinstance(value, dict) or not isinstance(value.get("count"), int) or value["count"] < 1:
+                raise ConfigError(f"{where}.{role}: a count >= 1, or {{count: N, cpus: [..]}} (got {body[role]!r})")
+            cpus = value.get("cpus") or []
+            if not isinstance(cpus, list) or not all(isinstance(c, int) and c >= 0 for c in cpus):
+                raise ConfigError(f"{where}.{role}.cpus: a list of CPU numbers (got {cpus!r})")
+            workers[role] = Workers(value["count"], tuple(cpus))
+    return HostSpec(name, str(body["address"]), tuple(redis), services, workers)
+
+
+class FleetHost:
+    """One host's share of a fleet: its Redis nodes and roles, supervised until `stop`."""
+
+    def __init__(self, spec: FleetSpec, host: str, config: RunConfig, stop: threading.Event) -> None:
+        self.spec, self.host, self.config, self.stop = spec, spec.host(host), config, stop
+        self.run_dir = pathlib.Path(spec.run_dir)
+        self.host_dir = self.run_dir / self.host.name
+        self.security = Security.from_config(config.security)
+        if config.security.enabled and not (self.security.token and self.security.redis_password):
+            raise ConfigError(
+                f"a fleet over hosts needs the same secrets on every host: export {TOKEN_ENV} and "
+                f"{REDIS_PASSWORD_ENV} (or set security.token_file and security.redis_password_file), "
+                "or set security.enabled=false on a trusted network"
+            )
+        self.env = {TOKEN_ENV: self.security.token, REDIS_PASSWORD_ENV: self.security.redis_password}
+
+    def run(self) -> None:
+        self.host_dir.mkdir(parents=True, exist_ok=True)
+        config_path = self.host_dir / "config.json"
+        config_path.write_text(self.config.to_json())
+        nodes = None
+        if self.host.redis:
+            ports = list(self.host.redis)
+            nodes = LocalRedisCluster(len(ports), host=self.host.address, ports=ports, auth=self.security, form=False)
+            nodes.start()
+            log.info("%s: Redis nodes %s", self.host.name, nodes.addresses)
+        try:
+            if self._first_redis_host():
+                self._wait_for(lambda: self._all_nodes_answer(), "every Redis node of the fleet to answer")
+                form_cluster(self.spec.redis_nodes, self.security)
+                log.info("%s: formed the Redis Cluster of %d nodes", self.host.name, len(self.spec.redis_nodes))
+            if "buffer" in self.host.services or "learner" in self.host.workers:
+                self._wait_for(lambda: cluster_ok(self.spec.redis_nodes, self.security), "the Redis Cluster")
+            if self.stop.is_set():
+                return
+            with Watchdog(self.host_dir / "logs", events_path=self.host_dir / "events.jsonl") as dog:
+                for spec in self.roles(str(config_path)):
+                    dog.start(spec)
+                log.info("%s: started %s", self.host.name, ", ".join(dog.roles))
+                while not self.stop.is_set():
+                    for event in dog.poll():
+                        log.info("%s: %s", self.host.name, event)
+                    self.stop.wait(0.25)
+                dog.stop_in_order()
+        finally:
+            if nodes is not None:
+                nodes.close()
+
+    def roles(self, config_path: str) -> list[RoleSpec]:
+        """This host's role processes, services first."""
+        buffer, aggregator, redis = self.spec.service("buffer"), self.spec.service("aggregator"), self.spec.redis
+        needs = {
+            "buffer": ("--redis", redis),
+            "aggregator": ("--run-dir", str(self.run_dir)),
+            "sampler": ("--buffer", buffer, "--aggregator", aggregator, "--ack-log", str(self.host_dir / "acks")),
+            "learner": ("--redis", redis, "--aggregator", aggregator),
+            "evaluator": ("--buffer", buffer, "--aggregator", aggregator),
+        }
+        base = (sys.executable, "-m", "fleetrl.cli")
+        specs = []
+        for role, port in self.host.services.items():
+            listen = f"{self.host.address}:{port}"
+            argv = (*base, role, "--config", config_path, "--listen", listen, *needs[role])
+            specs.append(RoleSpec(role, argv, env=self.env))
+        for role, workers in self.host.workers.items():
+            pin = ("taskset", "-c", ",".join(map(str, workers.cpus))) if workers.cpus else ()
+            first = self.spec.first_id(self.host, role)
+            for index in range(first, first + workers.count):
+                name, beat = f"{role}-{index}", heartbeat_file(self.host_dir, f"{role}-{index}")
+                argv = (*pin, *base, role, "--config", config_path, "--id", str(index), "--heartbeat", beat)
+                specs.append(RoleSpec(name, (*argv, *needs[role]), heartbeat_path=beat, env=self.env))
+        return specs
+
+    def _first_redis_host(self) -> bool:
+        return next(h for h in self.spec.hosts if h.redis).name == self.host.name
+
+    def _all_nodes_answer(self) -> bool:
+        import redis
+
+        for host, port in self.spec.redis_nodes:
+            user = self.security.redis_user if self.security.redis_password else None
+            conn = redis.Redis(host=host, port=port, socket_timeout=2.0, username=user,
+                               password=self.security.redis_password or None)  # fmt: skip
+            try:
+                conn.ping()
+            except redis.RedisError:
+                return False
+            finally:
+                conn.close()
+        return True
+
+    def _wait_for(self, ready, what: str) -> None:
+        """Wait for another host's part, saying so every 10 s; ConfigError after CLUSTER_WAIT_SEC."""
+        started = time.monotonic()
+        said = started
+        while not self.stop.is_set() and not ready():
+            now = time.monotonic()
+            if now - started > CLUSTER_WAIT_SEC:
+                raise ConfigError(f"{self.host.name}: no {what} after {CLUSTER_WAIT_SEC:.0f}s: {self.spec.redis}")
+            if now - said >= 10.0:
+                log.info("%s: waiting for %s (%.0fs)", self.host.name, what, now - started)
+                said = now
+            self.stop.wait(0.5)
