@@ -32,6 +32,14 @@ log = logging.getLogger("fleetrl.aggregator.client")
 RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 
 
+def _never() -> bool:
+    return False
+
+
+def _nothing() -> None:
+    return None
+
+
 @dataclass(frozen=True)
 class WeightsSnapshot:
     version: int
@@ -90,8 +98,11 @@ class AggregatorClient:
         restarting); the aggregator applies it at most once (acks say `duplicate` on a retry)."""
         return self.resend(self._numbered(push))
 
-    def resend(self, message: pb.Gradients, should_stop: Callable[[], bool] = lambda: False) -> pb.GradientAck:
-        return self._retry(lambda: self._stub.PushGradients(message, timeout=self.timeout_sec), should_stop=should_stop)
+    def resend(
+        self, message: pb.Gradients, should_stop: Callable[[], bool] = _never, on_wait: Callable[[], object] = _nothing
+    ) -> pb.GradientAck:
+        call = lambda: self._stub.PushGradients(message, timeout=self.timeout_sec)  # noqa: E731
+        return self._retry(call, should_stop=should_stop, on_wait=on_wait)
 
     def push_gradients_async(self, push: GradientPush) -> PendingPush:
         """Send without waiting: the learner computes the next gradient while this one is applied."""
@@ -101,14 +112,24 @@ class AggregatorClient:
     def stats(self, timeout_sec: float = 5.0) -> pb.AggregatorStats:
         return self._stub.Stats(pb.AggregatorStatsRequest(), timeout=timeout_sec)
 
-    def report_eval(self, report: pb.EvalReport, should_stop: Callable[[], bool] = lambda: False) -> None:
-        """Report a score, retrying while the aggregator is away, until acked or `should_stop()`."""
-        self._retry(lambda: self._stub.ReportEval(report, timeout=self.timeout_sec), should_stop=should_stop)
+    def report_eval(
+        self, report: pb.EvalReport, should_stop: Callable[[], bool] = _never, on_wait: Callable[[], object] = _nothing
+    ) -> None:
+        """Report a score, retrying while the aggregator is away, until acked or `should_stop()`;
+        `on_wait()` runs between attempts (a heartbeat: waiting on a peer is not hanging)."""
+        call = lambda: self._stub.ReportEval(report, timeout=self.timeout_sec)  # noqa: E731
+        self._retry(call, should_stop=should_stop, on_wait=on_wait)
 
     def watch(self, subscriber: str, groups: tuple[str, ...] = (), min_interval_sec: float = 0.0) -> WeightsWatcher:
         return WeightsWatcher(self._stub, subscriber, groups, min_interval_sec)
 
-    def _retry(self, call, deadline_sec: float = 120.0, should_stop: Callable[[], bool] = lambda: False):
+    def _retry(
+        self,
+        call,
+        deadline_sec: float = 120.0,
+        should_stop: Callable[[], bool] = _never,
+        on_wait: Callable[[], object] = _nothing,
+    ):
         deadline = time.monotonic() + deadline_sec
         delay = 0.05
         while True:
@@ -118,6 +139,7 @@ class AggregatorClient:
                 if err.code() not in RETRYABLE or time.monotonic() + delay > deadline or should_stop():
                     raise
                 log.warning("aggregator %s: %s; retrying in %.2fs", self.address, err.code().name, delay)
+                on_wait()
                 time.sleep(delay)
                 delay = min(delay * 2, 2.0)
 
@@ -136,15 +158,23 @@ class PendingPush:
     def base_version(self) -> int:
         return self._message.base_version
 
-    def result(self, retry: bool = True, should_stop: Callable[[], bool] = lambda: False) -> pb.GradientAck:
+    def result(
+        self, retry: bool = True, should_stop: Callable[[], bool] = _never, on_wait: Callable[[], object] = _nothing
+    ) -> pb.GradientAck:
         """The ack. With `retry`, a push the aggregator never took (it was unreachable, or
-        stopping and cancelled the call) is sent again until acked; without, the error is raised."""
+        stopping and cancelled the call) is sent again until acked; without, the error is raised.
+        `on_wait()` runs every second of waiting (a heartbeat: a hung aggregator must not make
+        its learners look hung)."""
         try:
-            return self._future.result()
+            while True:
+                try:
+                    return self._future.result(timeout=1.0)
+                except grpc.FutureTimeoutError:
+                    on_wait()
         except grpc.RpcError as err:
             if not retry or err.code() not in (*RETRYABLE, grpc.StatusCode.CANCELLED):
                 raise
-            return self._client.resend(self._message, should_stop)
+            return self._client.resend(self._message, should_stop, on_wait)
 
 
 class WeightsWatcher:

@@ -27,7 +27,7 @@ from aggregator.persistence import Checkpointer, restore
 from fleetrl.checkpoint import VersionLease, save_checkpoint
 from fleetrl.config import AggregatorConfig, RunConfig
 from fleetrl.policy import GROUPS, ModelSpec
-from fleetrl.process import publish_metrics, write_ready_file
+from fleetrl.process import Heartbeat, write_ready_file
 from fleetrl.proto import fleetrl_pb2 as pb
 from fleetrl.proto import fleetrl_pb2_grpc as pb_grpc
 from fleetrl.tb import ScalarWriter
@@ -126,6 +126,13 @@ class AggregatorServicer(pb_grpc.AggregatorServicer):
                 self.rejected_by_learner[learner] += 1
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, cap(str(err), 512))
         return ack
+
+    def responsive(self, timeout_sec: float) -> bool:
+        """True if the step lock can be taken within `timeout_sec` (no step is wedged)."""
+        if not self._lock.acquire(timeout=timeout_sec):
+            return False
+        self._lock.release()
+        return True
 
     def _maybe_checkpoint(self) -> None:
         """Hand a due checkpoint to the writer thread (call with the lock held): acks never
@@ -326,8 +333,12 @@ def run_aggregator(
     stop: threading.Event,
     security: Security = NO_SECURITY,
     advertise: str | None = None,
+    heartbeat_path: str | None = None,
 ) -> int:
-    """The aggregator role process: serve until `stop`, checkpoint on the way out. Returns the version."""
+    """The aggregator role process: serve until `stop`, checkpoint on the way out. Returns the version.
+
+    It beats every second while its step lock can be taken: a stopped (SIGSTOP) or wedged
+    aggregator goes silent, and the watchdog replaces it."""
     torch.set_num_threads(1)  # small vectors: one thread; spare cores belong to learners and samplers
     task = get_task(config.sim.task)
     spec = ModelSpec(task.obs_dim, task.goal_dim, task.act_dim, config.learner.hidden_sizes)
@@ -340,9 +351,13 @@ def run_aggregator(
         write_ready_file(ready_file, advertise or server.address)
         log.info("aggregator at %s, version %d, %d gradients per step", server.address, core.version, grads_per_step)
         logged = -1
-        while not stop.wait(2.0):
+        heartbeat = Heartbeat(heartbeat_path, interval_sec=1.0)
+        while not stop.wait(1.0):
             counts = server.servicer.counts
-            publish_metrics(
+            if not server.servicer.responsive(timeout_sec=5.0):
+                log.warning("aggregator: the step lock was held for 5 s; no heartbeat")
+                continue
+            heartbeat.beat(
                 version=core.version,
                 gradients_applied=counts["applied"],
                 gradients_stale=counts["stale"],

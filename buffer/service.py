@@ -25,7 +25,7 @@ from buffer.layout import MAX_UINT32
 from buffer.storage import PushKey, TemporalStorage
 from fleetrl.config import BufferConfig
 from fleetrl.local_cluster import connect
-from fleetrl.process import publish_metrics, write_ready_file
+from fleetrl.process import Heartbeat, write_ready_file
 from fleetrl.proto import fleetrl_pb2 as pb
 from fleetrl.proto import fleetrl_pb2_grpc as pb_grpc
 from fleetrl.transport import (
@@ -294,7 +294,11 @@ class IngestService:
 
 
 def run_ingest_service(
-    service: IngestService, redis_addresses: str, ready_file: str | None = None, security: Security = NO_SECURITY
+    service: IngestService,
+    redis_addresses: str,
+    ready_file: str | None = None,
+    security: Security = NO_SECURITY,
+    heartbeat_path: str | None = None,
 ) -> None:
     """Serve until SIGTERM or SIGINT, then stop gracefully (the CLI's ingest role process).
 
@@ -321,11 +325,12 @@ def run_ingest_service(
             address = s.advertise or server.address
             log.info("ingest service listening on %s, reachable at %s", server.address, address)
             write_ready_file(ready_file, address)
-            while not stop.wait(2.0):  # health: SERVING only while its Redis answers
+            heartbeat = Heartbeat(heartbeat_path, interval_sec=1.0)  # silent when stopped: the watchdog replaces it
+            while not stop.wait(1.0):  # health: SERVING only while its Redis answers
                 server.standard.set_serving(_redis_answers(client))
                 c = server.servicer.counters() if server.servicer is not None else None
                 if c is not None:
-                    publish_metrics(
+                    heartbeat.beat(
                         env_steps=c.env_steps,
                         batches=c.batches,
                         duplicates=c.duplicates,

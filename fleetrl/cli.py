@@ -203,12 +203,12 @@ def _role(args: argparse.Namespace) -> int:
         task = get_task(config.sim.task)
         listen, advertise = _listen(args)
         service = IngestService(config.buffer, config.run_id, task.task_id, task.schema(), listen, advertise)
-        run_ingest_service(service, args.redis, args.ready_file, security)
+        run_ingest_service(service, args.redis, args.ready_file, security, args.heartbeat)
     elif args.command == "aggregator":
         from aggregator.service import run_aggregator
 
         listen, advertise = _listen(args)
-        run_aggregator(config, listen, args.run_dir, args.ready_file, stop, security, advertise)
+        run_aggregator(config, listen, args.run_dir, args.ready_file, stop, security, advertise, args.heartbeat)
     elif args.command == "learner":
         from learner.worker import LearnerEndpoints, run_learner
 

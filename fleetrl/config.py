@@ -159,6 +159,19 @@ class EvalConfig:
 
 
 @dataclass(frozen=True)
+class WatchdogConfig:
+    """How the watchdog (fleetrl train, fleetrl fleet up) supervises every role process."""
+
+    heartbeat_timeout_sec: float = config_field(
+        60.0, "a role whose heartbeat is this old is taken as hung (SIGSTOP, deadlock) and restarted"
+    )
+    max_restarts: int = config_field(3, "restart budget: this many restarts of one role in a burst ...")
+    restart_refill_sec: float = config_field(600.0, "... and one more every this many seconds, up to max_restarts")
+    backoff_first_sec: float = config_field(1.0, "the 2nd restart in a row waits this long, each next twice as long")
+    backoff_max_sec: float = config_field(30.0, "longest wait before a restart")
+
+
+@dataclass(frozen=True)
 class SecurityConfig:
     """Who may talk to the fleet. Secrets themselves never go into a config file: only paths."""
 
@@ -193,6 +206,7 @@ class RunConfig:
     aggregator: AggregatorConfig = field(default_factory=AggregatorConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     security: SecurityConfig = field(default_factory=SecurityConfig)
+    watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)
 
     def validate(self) -> RunConfig:
         """Cross-field checks, run once at launch. Returns self so calls can chain."""
@@ -226,6 +240,13 @@ class RunConfig:
             (self.aggregator.max_input_abs > 0, "aggregator.max_input_abs", "> 0"),
             (self.aggregator.checkpoint_every_versions >= 1, "aggregator.checkpoint_every_versions", ">= 1"),
             (self.eval.episodes >= 1, "eval.episodes", ">= 1"),
+            (self.watchdog.heartbeat_timeout_sec >= 3, "watchdog.heartbeat_timeout_sec", ">= 3 (beats: 1-2 s)"),
+            (self.watchdog.max_restarts >= 0, "watchdog.max_restarts", ">= 0"),
+            (
+                0 <= self.watchdog.backoff_first_sec <= self.watchdog.backoff_max_sec,
+                "watchdog.backoff_first_sec",
+                "in [0, watchdog.backoff_max_sec]",
+            ),
             (self.eval.final_episodes >= 0, "eval.final_episodes", ">= 0"),
             (
                 0 <= self.eval.seed and self.eval.seed + max(self.eval.episodes, self.eval.final_episodes) <= 2**21,

@@ -38,7 +38,7 @@ from fleetrl.config import ConfigError, RunConfig, with_overrides
 from fleetrl.local_cluster import LocalRedisCluster, cluster_ok, form_cluster
 from fleetrl.process import heartbeat_file
 from fleetrl.transport import REDIS_PASSWORD_ENV, TOKEN_ENV, Security
-from fleetrl.watchdog import RoleSpec, Watchdog
+from fleetrl.watchdog import RoleSpec, Watchdog, role_spec
 
 log = logging.getLogger("fleetrl.fleet")
 
@@ -232,17 +232,18 @@ class FleetHost:
         }
         base = (sys.executable, "-m", "fleetrl.cli")
         specs = []
+        watchdog = self.config.watchdog
         for role, port in self.host.services.items():
-            listen = f"{self.host.address}:{port}"
-            argv = (*base, role, "--config", config_path, "--listen", listen, *needs[role])
-            specs.append(RoleSpec(role, argv, env=self.env))
+            listen, beat = f"{self.host.address}:{port}", heartbeat_file(self.host_dir, role)
+            argv = (*base, role, "--config", config_path, "--listen", listen, "--heartbeat", beat, *needs[role])
+            specs.append(role_spec(role, argv, watchdog, beat, self.env))
         for role, workers in self.host.workers.items():
             pin = ("taskset", "-c", ",".join(map(str, workers.cpus))) if workers.cpus else ()
             first = self.spec.first_id(self.host, role)
             for index in range(first, first + workers.count):
                 name, beat = f"{role}-{index}", heartbeat_file(self.host_dir, f"{role}-{index}")
                 argv = (*pin, *base, role, "--config", config_path, "--id", str(index), "--heartbeat", beat)
-                specs.append(RoleSpec(name, (*argv, *needs[role]), heartbeat_path=beat, env=self.env))
+                specs.append(role_spec(name, (*argv, *needs[role]), watchdog, beat, self.env))
         return specs
 
     def _first_redis_host(self) -> bool:

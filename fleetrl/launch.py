@@ -40,7 +40,7 @@ from fleetrl.local_cluster import LocalRedisCluster
 from fleetrl.process import heartbeat_file, stop_event
 from fleetrl.progress import Progress, Snapshot
 from fleetrl.transport import REDIS_PASSWORD_ENV, TOKEN_ENV, Security
-from fleetrl.watchdog import RoleSpec, Watchdog
+from fleetrl.watchdog import RoleSpec, Watchdog, role_spec
 
 if TYPE_CHECKING:
     from sampler.evaluator import EvalResult
@@ -102,7 +102,7 @@ class LocalFleet:
         self.started_at = started_at
         self.run_dir = pathlib.Path(config.run_dir)
         self.num_redis_primaries = num_redis_primaries
-        self._max_restarts = 3
+        self._max_restarts: int | None = None  # None: the config's watchdog.max_restarts
         self._stop = threading.Event()
         self.cpu = CpuMeter()
         self._metrics: dict[str, str] = {}  # role -> the address of its Prometheus metrics
@@ -136,8 +136,12 @@ class LocalFleet:
         ready = self.run_dir / "ready" / role
         ready.unlink(missing_ok=True)
         port = address.rsplit(":", 1)[1]
-        argv = self._role_argv(role, role, "--port", port, "--ready-file", str(ready), *extra)
-        dog.start(RoleSpec(role, argv, max_restarts=self._max_restarts, env=self._child_env))
+        beat = heartbeat_file(self.run_dir, role)  # services beat too: a hung (SIGSTOPped) one is replaced
+        argv = self._role_argv(role, role, "--port", port, "--ready-file", str(ready), "--heartbeat", beat, *extra)
+        dog.start(self._spec(role, argv, beat))
+
+    def _spec(self, name: str, argv: tuple[str, ...], beat: str) -> RoleSpec:
+        return role_spec(name, argv, self.config.watchdog, beat, self._child_env, self._max_restarts)
 
     def _wait_ready(self, dog: Watchdog, role: str) -> None:
         ready = self.run_dir / "ready" / role
@@ -153,7 +157,7 @@ class LocalFleet:
             name = f"{role}-{index}"
             beat = heartbeat_file(self.run_dir, name)
             argv = self._role_argv(role, name, "--id", str(index), "--heartbeat", beat, *extra)
-            dog.start(RoleSpec(name, argv, heartbeat_path=beat, max_restarts=self._max_restarts, env=self._child_env))
+            dog.start(self._spec(name, argv, beat))
 
     def prepare(self) -> None:
         """Create the run directory and write the resolved config every role process reads."""
@@ -167,7 +171,7 @@ class LocalFleet:
         *,
         learners: bool = True,
         evaluator: bool = True,
-        max_restarts: int = 3,
+        max_restarts: int | None = None,
     ) -> tuple[str, str]:
         """Start the fleet's roles; returns (buffer, aggregator) addresses once both serve.
 

@@ -34,15 +34,9 @@ def locked_kib(pid: int | str = "self") -> int:
 
 
 def use_metrics(metrics) -> None:
-    """Publish every heartbeat (and publish_metrics call) of this process as Prometheus metrics."""
+    """Publish every heartbeat of this process as Prometheus metrics."""
     global _metrics
     _metrics = metrics
-
-
-def publish_metrics(**counters: float) -> None:
-    """For roles without a heartbeat file (the services): export counters now."""
-    if _metrics is not None:
-        _metrics.update(counters=counters)
 
 
 def setup_logging(role: str) -> logging.Logger:

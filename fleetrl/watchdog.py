@@ -21,9 +21,12 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 
+from fleetrl.config import WatchdogConfig
 from fleetrl.process import die_with_parent
 
 log = logging.getLogger("fleetrl.watchdog")
+
+STARTUP_GRACE_SEC = 30.0  # a role's first heartbeat may take this long, whatever the heartbeat timeout
 
 
 @dataclass(frozen=True)
@@ -37,6 +40,28 @@ class RoleSpec:
     backoff_first_sec: float = 1.0  # the 2nd restart in a row waits this long, each next one twice as long
     backoff_max_sec: float = 30.0
     env: dict[str, str] = field(default_factory=dict)
+
+
+def role_spec(
+    name: str,
+    argv: tuple[str, ...],
+    config: WatchdogConfig,
+    heartbeat_path: str | None = None,
+    env: dict[str, str] | None = None,
+    max_restarts: int | None = None,
+) -> RoleSpec:
+    """A RoleSpec with the run's watchdog settings (`max_restarts` overrides the config's)."""
+    return RoleSpec(
+        name,
+        argv,
+        heartbeat_path=heartbeat_path,
+        heartbeat_timeout_sec=config.heartbeat_timeout_sec,
+        max_restarts=config.max_restarts if max_restarts is None else max_restarts,
+        restart_refill_sec=config.restart_refill_sec,
+        backoff_first_sec=config.backoff_first_sec,
+        backoff_max_sec=config.backoff_max_sec,
+        env=env or {},
+    )
 
 
 @dataclass
@@ -163,8 +188,8 @@ class Watchdog:
         if not path:
             return False
         now = time.monotonic()
-        if now - running.started < running.spec.heartbeat_timeout_sec:
-            return False  # still starting up
+        if now - running.started < max(running.spec.heartbeat_timeout_sec, STARTUP_GRACE_SEC):
+            return False  # still starting up (imports, a checkpoint to restore)
         try:
             beat = json.loads(pathlib.Path(path).read_text())["time"]
         except (OSError, ValueError, KeyError):
@@ -177,6 +202,7 @@ class Watchdog:
         for proc in procs:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
+                proc.send_signal(signal.SIGCONT)  # a stopped (SIGSTOP) process handles its SIGTERM too
         deadline = time.monotonic() + self.stop_grace_sec
         for proc in procs:
             try:
@@ -197,6 +223,7 @@ class Watchdog:
 
     def _terminate(self, proc: subprocess.Popen) -> None:
         proc.terminate()
+        proc.send_signal(signal.SIGCONT)  # a hung-by-SIGSTOP role wakes to its SIGTERM and stops cleanly
         try:
             proc.wait(self.stop_grace_sec)
         except subprocess.TimeoutExpired:

@@ -215,7 +215,7 @@ class _GradientLoop:
             if pending is not None:
                 with self.heartbeat.phase("push"):
                     try:
-                        ack = pending.result(should_stop=stop.is_set)
+                        ack = pending.result(should_stop=stop.is_set, on_wait=self.heartbeat.beat)
                     except grpc.RpcError:
                         if stop.is_set():  # stopping while the aggregator is away: this gradient is lost
                             pending = None

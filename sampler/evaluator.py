@@ -164,7 +164,8 @@ def run_evaluator(
     name = f"evaluator-{evaluator_id}"
     security = Security.from_config(config.security)
     with (
-        AggregatorClient(aggregator, security=security) as agg,
+        # Short calls, retried: a hung aggregator must not keep the evaluator from its heartbeat.
+        AggregatorClient(aggregator, timeout_sec=5.0, security=security) as agg,
         # At most one version a second: the evaluator only needs the newest when it scores, and
         # every version streamed costs the aggregator a serialization (measured: 7% of a core).
         agg.watch(name, ACTOR_GROUPS, min_interval_sec=1.0) as watcher,
@@ -186,7 +187,7 @@ def run_evaluator(
                 break
             policy.refresh(snapshot)
             with heartbeat.phase("evaluate"):
-                curve = _score(agg, env, policy, config, name, env_steps, stop)
+                curve = _score(agg, env, policy, config, name, env_steps, stop, heartbeat)
             if curve is None:
                 break
             scored += 1
@@ -197,16 +198,23 @@ def run_evaluator(
     return scored
 
 
-def _score(agg, env, policy: Policy, config: RunConfig, name: str, env_steps: int, stop) -> float | None:
+def _score(
+    agg, env, policy: Policy, config: RunConfig, name: str, env_steps: int, stop, heartbeat: Heartbeat
+) -> float | None:
     """Curve score, then (while the target is within reach) the full score, each reported.
     Returns the curve success rate; None if asked to stop midway."""
+
+    def should_stop() -> bool:  # asked between episodes: a long score keeps the heartbeat alive
+        heartbeat.beat()
+        return stop.is_set()
+
     episodes = EpisodeLog()
     stop_below = config.target_success if config.eval.stop_early else None
     curve: float | None = None
     for kind, until in (("curve", config.eval.curve_episodes), ("full", config.eval.episodes)):
         start = time.monotonic()
         bound = stop_below if kind == "full" else None  # a curve score is never cut short
-        result = evaluate(env, policy, config.eval, bound, stop.is_set, until, episodes)
+        result = evaluate(env, policy, config.eval, bound, should_stop, until, episodes)
         if stop.is_set():
             return None
         if kind == "full" and result.episodes <= config.eval.curve_episodes:
@@ -222,7 +230,7 @@ def _score(agg, env, policy: Policy, config: RunConfig, name: str, env_steps: in
             kind=kind,
         )
         try:
-            agg.report_eval(report, should_stop=stop.is_set)
+            agg.report_eval(report, should_stop=stop.is_set, on_wait=heartbeat.beat)
         except grpc.RpcError:
             if stop.is_set():
                 return None  # stopping while the aggregator is away: the score is dropped

@@ -204,7 +204,7 @@ def test_ctrl_c_stops_the_fleet_cleanly(tmp_path: pathlib.Path) -> None:
 
 
 def test_watchdog_restarts_killed_roles_and_training_continues(tmp_path: pathlib.Path) -> None:
-    """SIGKILL a sampler and the aggregator mid-run: both come back, versions keep growing."""
+    """SIGKILL a sampler, the learner and the aggregator mid-run: all come back, versions keep growing."""
     run_dir = tmp_path / "run"
     extra = ("--max-wall-sec", "300", "--target-success", "1.0", "--set", "aggregator.checkpoint_every_versions=50")
     proc = _train(run_dir, *extra)
@@ -212,7 +212,7 @@ def test_watchdog_restarts_killed_roles_and_training_continues(tmp_path: pathlib
         evals = run_dir / "evals.jsonl"
         _wait_until(lambda: evals.exists() and _last_version(evals) >= 100, 150, "version 100", [("train", proc)])
         before = _last_version(evals)
-        for role in ("sampler-0", "aggregator"):
+        for role in ("sampler-0", "learner-0", "aggregator"):
             os.kill(_role_pid(proc, role), signal.SIGKILL)
         _wait_until(lambda: _last_version(evals) > before + 50, 120, "versions past the kill", [("train", proc)])
         os.killpg(proc.pid, signal.SIGINT)
@@ -221,8 +221,8 @@ def test_watchdog_restarts_killed_roles_and_training_continues(tmp_path: pathlib
         if proc.poll() is None:
             proc.kill()
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["restarts"] >= 2, out[-3000:]
-    assert "sampler-0 exited" in out and "aggregator exited" in out
+    assert summary["restarts"] >= 3, out[-3000:]
+    assert "sampler-0 exited" in out and "learner-0 exited" in out and "aggregator exited" in out
     events = [json.loads(line)["event"] for line in (run_dir / "events.jsonl").read_text().splitlines()]
     assert any(e.startswith("aggregator exited") for e in events)
     resumed_at = _resumed_versions(run_dir)
@@ -233,6 +233,44 @@ def test_watchdog_restarts_killed_roles_and_training_continues(tmp_path: pathlib
     out, _ = again.communicate(timeout=120)
     assert _resumed_versions(run_dir)[-1] >= final, out[-3000:]  # a clean stop resumes where it ended
     assert json.loads((run_dir / "summary.json").read_text())["final_version"] > final
+
+
+def test_sigstopped_roles_go_silent_and_are_replaced(tmp_path: pathlib.Path) -> None:
+    """SIGSTOP a sampler, then the aggregator: each stops beating, the watchdog replaces it
+    (SIGTERM and SIGCONT, so it stops cleanly), and training goes on; no version is reused."""
+    run_dir = tmp_path / "run"
+    extra = ("--set", "watchdog.heartbeat_timeout_sec=5", "--set", "aggregator.checkpoint_every_versions=50")
+    proc = _train(run_dir, "--max-wall-sec", "300", "--target-success", "1.0", *extra)
+    events_path = run_dir / "events.jsonl"
+
+    def events() -> list[str]:
+        text = events_path.read_text() if events_path.exists() else ""
+        return [json.loads(line)["event"] for line in text.splitlines()]
+
+    try:
+        evals = run_dir / "evals.jsonl"
+        _wait_until(lambda: evals.exists() and _last_version(evals) >= 100, 150, "version 100", [("train", proc)])
+        for role in ("sampler-0", "aggregator"):
+            before = _last_version(evals)
+            stopped = _role_pid(proc, role)
+            os.kill(stopped, signal.SIGSTOP)
+            silent = f"{role} stopped sending heartbeats"
+            _wait_until(lambda r=silent: any(e.startswith(r) for e in events()), 60, silent, [("train", proc)])
+            assert not psutil.pid_exists(stopped) or psutil.Process(stopped).status() == psutil.STATUS_ZOMBIE
+            if role == "aggregator":  # versions from its replacement, past the one it resumed at
+                _wait_until(lambda: _resumed_versions(run_dir), 60, "the aggregator's replacement", [("train", proc)])
+                before = _resumed_versions(run_dir)[0]
+            _wait_until(lambda b=before: _last_version(evals) > b + 20, 120, f"versions past {role}", [("train", proc)])
+        os.killpg(proc.pid, signal.SIGINT)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out[-3000:]
+    resumed = _resumed_versions(run_dir)
+    assert len(resumed) == 1, resumed
+    restarted = [e for e in events() if "restarted" in e]
+    assert any(e.startswith("sampler-0") for e in restarted) and any(e.startswith("aggregator") for e in restarted)
 
 
 def test_a_run_short_of_its_target_scores_its_last_checkpoint(tmp_path: pathlib.Path) -> None:

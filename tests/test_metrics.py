@@ -16,7 +16,7 @@ def test_a_role_serves_its_heartbeat_phases_counters_and_memory(tmp_path):
         with beat.phase("rollout"):
             pass
         beat.beat(env_steps=1234, version=7)
-        process.publish_metrics(queue_depth=3)
+        process.Heartbeat(None, interval_sec=0.0).beat(queue_depth=3)  # a heartbeat without a file
         text = urllib.request.urlopen(f"http://127.0.0.1:{metrics.port}/metrics", timeout=5).read().decode()
     finally:
         process.use_metrics(None)
