@@ -26,15 +26,19 @@ back into the set.
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import NamedTuple, cast
 
 import numpy as np
 from redis.cluster import RedisCluster
+from redis.exceptions import TryAgainError
 
 from buffer.layout import RecordLayout
 from fleetrl.config import BufferConfig
 from fleetrl.wire import Transitions, TransitionSchema
+
+log = logging.getLogger("fleetrl.buffer")
 
 NEW, RETRY, DUPLICATE = 0, 1, 2
 
@@ -175,6 +179,9 @@ class TemporalStorage:
         self.capacity = config.capacity_transitions
         self.stalled_ms = int(1000 * config.stalled_write_timeout_sec)
         self.dedup_ttl_sec = config.dedup_ttl_sec
+        self.replicas_to_ack, self.replica_wait_ms = config.replicas_to_ack, config.replica_wait_ms
+        self.under_replicated = 0  # writes acked with fewer replicas than replicas_to_ack (none attached)
+        self._warned_at = -60.0
         self._reserve = client.register_script(_RESERVE_LUA)
         self._commit = client.register_script(_COMMIT_LUA)
         self._snapshot = client.register_script(_SNAPSHOT_LUA)
@@ -198,12 +205,42 @@ class TemporalStorage:
                 self._unlink(evict)
                 return WriteResult(self.snapshot().committed, 0, True)
             self._write_records(records, start, oldest, evict)
+            self._replicate([self.layout.window_key(s.window) for s in self.layout.segments(start, n)])
             state, committed = self._commit_positions(start, n, key)
+            self._replicate([self.layout.committed_key])  # the commit and the dedup record, on one node
             if state == 1:
                 return WriteResult(committed, n, False)
             if state == 2:  # a concurrent attempt of the same push committed it first
                 return WriteResult(committed, 0, True)
         raise RuntimeError(f"write of {n} rows was skipped as stalled three times: writes take too long")
+
+    def _replicate(self, keys: list[str]) -> None:
+        """WAIT until `replicas_to_ack` replicas of every node holding `keys` have the writes so
+        far; raises redis.RedisError (the push is not acked, and its retry rewrites) if they do
+        not. A node with fewer replicas attached (its primary failed and it took over) is waited
+        on for those it has: the fleet keeps its data flowing, counted in `under_replicated`
+        and logged, until a replica rejoins."""
+        if not self.replicas_to_ack:
+            return
+        nodes = {node.name: node for node in map(self.client.get_node_from_key, keys)}
+        for node in nodes.values():
+            held = self.client.execute_command("WAIT", self.replicas_to_ack, self.replica_wait_ms, target_nodes=node)
+            if int(held) >= self.replicas_to_ack:
+                continue
+            info = self.client.execute_command("INFO", "replication", target_nodes=node)
+            attached = int(info.get("connected_slaves", 0)) if isinstance(info, dict) else 0
+            if int(held) < min(attached, self.replicas_to_ack):
+                raise TryAgainError(
+                    f"{node.name}: {held} of {attached} replicas hold the write after {self.replica_wait_ms} ms"
+                )
+            self.under_replicated += 1
+            if time.monotonic() - self._warned_at >= 60.0:
+                self._warned_at = time.monotonic()
+                log.warning(
+                    "redis %s has %d replica(s) attached, buffer.replicas_to_ack is %d: acking with %d "
+                    "(%d such writes so far); restart or add a replica",
+                    node.name, attached, self.replicas_to_ack, int(held), self.under_replicated,
+                )  # fmt: skip
 
     def _reserve_positions(self, n: int, key: PushKey | None) -> tuple[int, int, int, list[int]]:
         layout = self.layout

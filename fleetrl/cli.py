@@ -70,7 +70,16 @@ def _parser(export_args: bool = True) -> argparse.ArgumentParser:
     cluster.add_argument(
         "--host", default="127.0.0.1", help="address the nodes bind and announce (reachable by others)"
     )
-    cluster.add_argument("--ports", help="comma-separated fixed ports, one per primary (default: free ones)")
+    cluster.add_argument(
+        "--ports", help="comma-separated fixed ports, one per node, primaries then replicas (default: free ones)"
+    )
+    cluster.add_argument(
+        "--replicas",
+        type=int,
+        default=0,
+        help="replicas per primary: one takes over when its primary fails (with buffer.replicas_to_ack=1, "
+        "no acked transition is lost)",
+    )
     cluster.add_argument("--appendonly", action="store_true", help="persist every write (AOF) to the nodes' folders")
     cluster.add_argument(
         "--no-password", action="store_true", help="nodes without a password (default: a fresh one, printed once)"
@@ -235,9 +244,15 @@ def _redis_cluster(args: argparse.Namespace) -> int:
     ports = [int(p) for p in args.ports.split(",")] if args.ports else None
     password = "" if args.no_password else secrets.token_urlsafe(32)
     auth = Security(redis_user="fleetrl", redis_password=password)
-    with LocalRedisCluster(
-        args.primaries, host=args.host, ports=ports, appendonly=args.appendonly, auth=auth
-    ) as cluster:
+    try:
+        cluster = LocalRedisCluster(
+            args.primaries, host=args.host, ports=ports, appendonly=args.appendonly, auth=auth, replicas=args.replicas
+        )
+    except ValueError as err:
+        from fleetrl.config import ConfigError
+
+        raise ConfigError(str(err)) from err
+    with cluster:
         print(cluster.addresses, flush=True)
         if password:
             print(f"export FLEETRL_REDIS_PASSWORD={password}   # every role that reaches these nodes", flush=True)

@@ -64,6 +64,12 @@ class BufferConfig:
     dedup_ttl_sec: int = config_field(
         3600, "a sampler incarnation's dedup record expires this long after its last push"
     )
+    replicas_to_ack: int = config_field(
+        0,
+        "Redis replicas that must hold a batch (WAIT) before it is acked: with replicas in the cluster, set "
+        "it to 1 so a primary's crash loses no acked transition; 0 = ack once the primaries hold it",
+    )
+    replica_wait_ms: int = config_field(2000, "how long one WAIT for replicas may take before the push fails")
 
 
 @dataclass(frozen=True)
@@ -239,6 +245,8 @@ class RunConfig:
             (self.aggregator.max_grad_norm >= 0, "aggregator.max_grad_norm", ">= 0 (0 = no clipping)"),
             (self.aggregator.max_input_abs > 0, "aggregator.max_input_abs", "> 0"),
             (self.aggregator.checkpoint_every_versions >= 1, "aggregator.checkpoint_every_versions", ">= 1"),
+            (self.buffer.replicas_to_ack >= 0, "buffer.replicas_to_ack", ">= 0"),
+            (self.buffer.replica_wait_ms >= 1, "buffer.replica_wait_ms", ">= 1"),
             (self.eval.episodes >= 1, "eval.episodes", ">= 1"),
             (self.watchdog.heartbeat_timeout_sec >= 3, "watchdog.heartbeat_timeout_sec", ">= 3 (beats: 1-2 s)"),
             (self.watchdog.max_restarts >= 0, "watchdog.max_restarts", ">= 0"),

@@ -186,7 +186,15 @@ class _Node:
     """One redis-server child process with its own directory and log."""
 
     def __init__(
-        self, binary: str, root: Path, index: int, port: int, auth: Security, host: str, appendonly: bool
+        self,
+        binary: str,
+        root: Path,
+        index: int,
+        port: int,
+        auth: Security,
+        host: str,
+        appendonly: bool,
+        node_timeout_ms: int = 5000,
     ) -> None:
         self.host = host
         self.port = port
@@ -196,7 +204,7 @@ class _Node:
         conf = self.dir / "redis.conf"
         text = (
             f"port {port}\nbind {host}\ncluster-announce-ip {host}\ndir {self.dir}\n"
-            "cluster-enabled yes\ncluster-config-file nodes.conf\ncluster-node-timeout 5000\n"
+            f"cluster-enabled yes\ncluster-config-file nodes.conf\ncluster-node-timeout {node_timeout_ms}\n"
             f'save ""\nappendonly {"yes" if appendonly else "no"}\ndaemonize no\n'
         )
         if auth.redis_password:
@@ -262,13 +270,20 @@ class LocalRedisCluster:
         ports: list[int] | None = None,
         appendonly: bool = False,
         form: bool = True,
+        replicas: int = 0,
+        node_timeout_ms: int = 5000,
     ) -> None:
         """`host`: the address the nodes bind and announce (others must reach it); `ports`:
-        fixed ports, one per primary (default: free ones); `appendonly`: persist to disk;
-        `form` False: start the nodes only (this host's share of a cluster over several hosts)."""
-        if ports is not None and len(ports) != num_primaries:
-            raise ValueError(f"ports ({ports}) must name one port per primary ({num_primaries})")
-        self.form = form
+        fixed ports, one per node, primaries first (default: free ones); `appendonly`: persist
+        to disk; `form` False: start the nodes only (this host's share of a cluster over several
+        hosts); `replicas`: replicas per primary (a replica takes over when its primary fails,
+        after `node_timeout_ms`)."""
+        total = num_primaries * (1 + replicas)
+        if replicas < 0 or (replicas and not form):
+            raise ValueError(f"replicas ({replicas}) must be >= 0, and only for a cluster formed here")
+        if ports is not None and len(ports) != total:
+            raise ValueError(f"ports ({ports}) must name one port per node ({total}: primaries, then replicas)")
+        self.form, self.replicas, self.node_timeout_ms = form, replicas, node_timeout_ms
         if num_primaries < 1 or (form and num_primaries < 3):
             raise ValueError(f"num_primaries ({num_primaries}) must be >= 3: Redis Cluster needs 3 primaries")
         self.num_primaries = num_primaries
@@ -287,9 +302,14 @@ class LocalRedisCluster:
 
     @property
     def nodes(self) -> list[tuple[str, int]]:
-        """(host, port) of every primary."""
+        """(host, port) of every node: the primaries first, then their replicas."""
         self._check_started()
         return [(n.host, n.port) for n in self._nodes]
+
+    @property
+    def primaries(self) -> list[tuple[str, int]]:
+        """(host, port) of the nodes started as primaries (a failover may since have moved one)."""
+        return self.nodes[: self.num_primaries]
 
     @property
     def addresses(self) -> str:
@@ -308,7 +328,7 @@ class LocalRedisCluster:
     def flush(self) -> None:
         """FLUSHALL on every node (tests call this between cases)."""
         self._check_started()
-        for node in self._nodes:
+        for node in self._nodes[: self.num_primaries]:
             node.conn.flushall()
 
     def start(self) -> LocalRedisCluster:
@@ -321,11 +341,12 @@ class LocalRedisCluster:
         self._tmp = tempfile.TemporaryDirectory(prefix="fleetrl-redis-")
         try:
             deadline = time.monotonic() + self.startup_timeout_sec
-            for index in range(self.num_primaries):
+            for index in range(self.num_primaries * (1 + self.replicas)):
                 self._nodes.append(self._start_node(binary, index, deadline))
             if self.form:
                 self._form_cluster()
                 self._wait_cluster_ok(deadline)
+                self._attach_replicas(deadline)
         except BaseException:
             self.close()
             raise
@@ -350,7 +371,9 @@ class LocalRedisCluster:
         attempts = 1 if self.ports else _PORT_ATTEMPTS
         for _ in range(attempts):
             port = self.ports[index] if self.ports else _free_port_pair(taken, self.host)
-            node = _Node(binary, Path(self._tmp.name), index, port, self.auth, self.host, self.appendonly)
+            node = _Node(
+                binary, Path(self._tmp.name), index, port, self.auth, self.host, self.appendonly, self.node_timeout_ms
+            )
             if node.wait_ping(deadline):
                 return node
             node.stop(1.0)
@@ -361,7 +384,25 @@ class LocalRedisCluster:
         raise LocalClusterError(f"redis-server node {index} did not start:\n" + "\n".join(logs[-3:]))
 
     def _form_cluster(self) -> None:
-        _assign_and_meet([n.conn for n in self._nodes], self.nodes)
+        primaries = self._nodes[: self.num_primaries]
+        _assign_and_meet([n.conn for n in primaries], [(n.host, n.port) for n in primaries])
+        for node in self._nodes[self.num_primaries :]:  # replicas join empty, then follow a primary
+            primaries[0].conn.execute_command("CLUSTER", "MEET", node.host, node.port)
+
+    def _attach_replicas(self, deadline: float) -> None:
+        """Replica i follows primary i mod num_primaries; returns once every link is up."""
+        replicas = self._nodes[self.num_primaries :]
+        for i, node in enumerate(replicas):
+            primary = self._nodes[i % self.num_primaries]
+            node_id = primary.conn.execute_command("CLUSTER", "MYID")
+            node.conn.execute_command(
+                "CLUSTER", "REPLICATE", node_id.decode() if isinstance(node_id, bytes) else node_id
+            )
+        while time.monotonic() < deadline:
+            if all(node.conn.info("replication").get("master_link_status") == "up" for node in replicas):
+                return
+            time.sleep(0.05)
+        raise LocalClusterError(f"replicas not linked to their primaries after {self.startup_timeout_sec}s")
 
     def _wait_cluster_ok(self, deadline: float) -> None:
         last: dict[int, str] = {}
@@ -385,5 +426,5 @@ class LocalRedisCluster:
         return (
             fields.get("cluster_state") == "ok"
             and fields.get("cluster_slots_ok") == str(NUM_SLOTS)
-            and fields.get("cluster_known_nodes") == str(self.num_primaries)
+            and fields.get("cluster_known_nodes") == str(len(self._nodes))
         )

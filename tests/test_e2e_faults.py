@@ -10,6 +10,7 @@ weights of a crash, never lost otherwise and never applied twice.
 
 from __future__ import annotations
 
+import os
 import pathlib
 import re
 import signal
@@ -21,6 +22,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
+from buffer.layout import RecordLayout
 from buffer.storage import TemporalStorage
 from fleetrl.checkpoint import load_checkpoint
 from fleetrl.config import RunConfig, with_overrides
@@ -262,3 +264,80 @@ def _wait_for(condition, timeout_sec: float, what: str, procs: dict) -> None:
             assert proc.poll() is None, f"{name} exited with {proc.returncode}"
         assert time.monotonic() < deadline, f"no {what} after {timeout_sec}s"
         time.sleep(0.25)
+
+
+def test_sigkill_of_a_redis_primary_with_a_replica_loses_no_acked_transition(tmp_path: pathlib.Path) -> None:
+    """A 3-primary cluster with one replica each; the ingest acks a batch only once a replica
+    holds it (buffer.replicas_to_ack=1). A primary is SIGKILLed mid-run: its replica takes over,
+    samplers and learners go on, and every acked batch is still stored, once."""
+    overrides = [f'sim.task="{TASK}"', 'run_id="redis-faults"', "learner.min_replay_transitions=500"]
+    # Small windows: the batches' windows spread over every primary, the killed one included.
+    overrides += [
+        "buffer.replicas_to_ack=1",
+        "buffer.capacity_transitions=10000000",
+        "buffer.window_size_transitions=256",
+    ]
+    config = with_overrides(RunConfig(), overrides)
+    config_path = tmp_path / "config.json"
+    config_path.write_text(config.to_json())
+    logs, acks = tmp_path / "logs", tmp_path / "acks"
+    logs.mkdir()
+    buffer, aggregator = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
+    with LocalRedisCluster(num_primaries=3, replicas=1, node_timeout_ms=2000) as cluster:
+        procs = {
+            "aggregator": _start("aggregator", config_path, logs, "--port", aggregator.split(":")[1]),
+            "buffer": _start("buffer", config_path, logs, "--port", buffer.split(":")[1], "--redis", cluster.addresses),
+            "sampler": _start(
+                "sampler", config_path, logs, "--buffer", buffer, "--aggregator", aggregator, "--ack-log", str(acks)
+            ),
+            "learner": _start(
+                "learner",
+                config_path,
+                logs,
+                "--redis",
+                cluster.addresses,
+                "--aggregator",
+                aggregator,
+                "--ack-log",
+                str(acks),
+            ),
+        }
+        try:
+            _wait_for(lambda: len(read_ledgers(acks, "sampler-")) >= 10 and _applied(acks) >= 20, 180, "a warm fleet",
+                      procs)  # fmt: skip
+            batches, applied = len(read_ledgers(acks, "sampler-")), _applied(acks)
+            os.kill(_primary_of(cluster, config), signal.SIGKILL)  # its replica is promoted
+            _wait_for(lambda: len(read_ledgers(acks, "sampler-")) >= batches + 10, 180, "acks after the failover",
+                      procs)  # fmt: skip
+            _wait_for(lambda: _applied(acks) >= applied + 50, 180, "training after the failover", procs)
+            procs["sampler"].send_signal(signal.SIGTERM)
+            assert procs["sampler"].wait(30) == 0
+            stored = _stored_rows(cluster, config)
+        finally:
+            for proc in procs.values():
+                if proc.poll() is None:
+                    proc.send_signal(signal.SIGTERM)
+                    proc.wait(30)
+    ledger = read_ledgers(acks, "sampler-")
+    copies = Counter(row_fingerprint(row) for row in stored)
+    lost = [r["seq"] for r in ledger if copies[r["fingerprint"]] == 0]
+    doubled = [r["seq"] for r in ledger if copies[r["fingerprint"]] > 1]
+    acked_rows = sum(r["transitions"] for r in ledger)
+    print(  # the figures of the fault table (pytest -s)
+        f"\nredis primary SIGKILL: acked batches {len(ledger)}, acked transitions {acked_rows}, "
+        f"stored transitions {len(stored)}, lost {len(lost)}, doubled {len(doubled)}"
+    )
+    assert not lost and not doubled, (lost, doubled)
+    # Beyond the acked: at most the batches in flight at the sampler's stop (stored, their ack
+    # not awaited); its log says how many it dropped unacked.
+    dropped = int(re.search(r"(\d+) batches dropped unacked", (logs / "sampler.log").read_text()).group(1))
+    assert acked_rows <= len(stored) <= acked_rows + dropped * 50 * (1 + config.sampler.her_k)
+
+
+def _primary_of(cluster: LocalRedisCluster, config: RunConfig) -> int:
+    """The pid of the primary holding the run's committed head: every push writes there."""
+    client = cluster.client()
+    layout = RecordLayout(config.run_id, get_task(config.sim.task).schema(), config.buffer)
+    node = client.get_node_from_key(layout.committed_key)
+    client.close()
+    return dict(zip(cluster.nodes, cluster.pids, strict=True))[(node.host, node.port)]

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import redis
+import redis.cluster
 
 from fleetrl import local_cluster
 from fleetrl.local_cluster import LocalClusterError, LocalRedisCluster, connect, parse_addresses
@@ -139,3 +140,28 @@ def test_nodes_bind_and_announce_the_given_host_on_fixed_ports():
         assert announced == {"127.0.0.2"}
         with socket.socket() as s:  # bound to 127.0.0.2 only: 127.0.0.1 on the same port refuses
             assert s.connect_ex(("127.0.0.1", ports[0])) != 0
+
+
+def test_replicas_follow_the_primaries_and_one_takes_over_a_killed_primary():
+    with LocalRedisCluster(num_primaries=3, replicas=1, node_timeout_ms=1000) as cluster:
+        assert len(cluster.nodes) == 6 and cluster.primaries == cluster.nodes[:3]
+        client = cluster.client()
+        client.set("{r}:k", b"v")
+        node = client.get_node_from_key("{r}:k")
+        assert client.execute_command("WAIT", 1, 2000, target_nodes=node) == 1  # a replica holds it
+        primary_pid = dict(zip(cluster.nodes, cluster.pids, strict=True))[(node.host, node.port)]
+        os.kill(primary_pid, signal.SIGKILL)
+        deadline = time.monotonic() + 60  # a bound against hanging, not a timing check
+        while True:
+            try:
+                assert client.get("{r}:k") == b"v"  # from the promoted replica
+                break
+            except (redis.RedisError, redis.cluster.RedisClusterException):
+                assert time.monotonic() < deadline, "no replica took over"
+                time.sleep(0.2)
+        client.close()
+
+
+def test_replica_ports_are_counted_with_the_primaries():
+    with pytest.raises(ValueError, match="one port per node \\(6: primaries, then replicas\\)"):
+        LocalRedisCluster(num_primaries=3, replicas=1, ports=[7000, 7001, 7002])
