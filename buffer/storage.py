@@ -324,6 +324,20 @@ class TemporalStorage:
         data = cast("bytes | None", self.client.get(self.layout.window_key(window)))
         return self.layout.decode(data or b"")
 
+    def committed_rows(self) -> np.ndarray:
+        """Every valid committed record's packed row, oldest first: what readers can see (an
+        auditor's view, for fault tests and tools; reads every live window)."""
+        committed, oldest, skipped = self.snapshot()
+        rows = [np.zeros((0, self.layout.schema.row_floats), np.float32)]
+        for window in range(oldest, self.layout.windows_below(committed)):
+            records = self.read_window(window)
+            positions = window * self.layout.window_size + np.arange(len(records))
+            keep = (records["valid"] == 1) & (positions < committed)
+            for start, count in skipped:
+                keep &= ~((positions >= start) & (positions < start + count))
+            rows.append(records["row"][keep])
+        return np.concatenate(rows)
+
     def dedup_bytes(self, key: PushKey) -> int:
         """Memory Redis uses for one incarnation's dedup record (MEMORY USAGE), 0 if none."""
         return int(self.client.memory_usage(self.layout.dedup_key(key.sampler_id, key.incarnation)) or 0)

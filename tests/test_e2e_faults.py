@@ -60,22 +60,12 @@ def _wait_for_acks(acks: pathlib.Path, more_than: int, timeout_sec: float, procs
 
 def _stored_rows(cluster: LocalRedisCluster, config: RunConfig) -> np.ndarray:
     """Every valid committed record's packed row, read straight from Redis."""
-    task = get_task(config.sim.task)
     client = cluster.client()
-    storage = TemporalStorage(client, config.run_id, task.schema(), config.buffer)
-    committed, oldest, skipped = storage.snapshot()
-    assert oldest == 0, "the test's buffer must not evict"
-    rows = []
-    for window in storage.live_windows():
-        records = storage.read_window(window)
-        first = window * storage.layout.window_size
-        positions = first + np.arange(len(records))
-        keep = (records["valid"] == 1) & (positions < committed)
-        for start, count in skipped:
-            keep &= ~((positions >= start) & (positions < start + count))
-        rows.append(records["row"][keep])
+    storage = TemporalStorage(client, config.run_id, get_task(config.sim.task).schema(), config.buffer)
+    assert storage.snapshot().oldest == 0, "the test's buffer must not evict"
+    rows = storage.committed_rows()
     client.close()
-    return np.concatenate(rows) if rows else np.zeros((0, task.schema().row_floats), np.float32)
+    return rows
 
 
 def test_sigkill_of_a_sampler_and_of_the_ingest_service_loses_and_doubles_nothing(tmp_path: pathlib.Path) -> None:
