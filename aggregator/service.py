@@ -2,22 +2,28 @@
 
     with AggregatorServer(core, run_dir=..., config=...) as server:   # binds, restores checkpoint
         print(server.address)                                         # learners push here
-        server.wait_for_termination()
 
 The servicer only decodes, validates, locks and notifies; the math lives in core.py.
+
+The server is grpc's asyncio server: weight streams are coroutines on one event loop, so a
+fleet's hundreds of subscribers hold no thread each; the unary calls (PushGradients, Stats,
+ReportEval) run as plain functions in a small thread pool, under the servicer's lock.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import pathlib
 import threading
 import time
+import traceback
 from collections import Counter
 from concurrent import futures
 
 import grpc
+import grpc.aio
 import numpy as np
 import torch
 
@@ -73,7 +79,8 @@ class AggregatorServicer(pb_grpc.AggregatorServicer):
         self.config = config
         self.run_dir = run_dir
         self._lock = threading.Lock()
-        self._changed = threading.Condition(self._lock)
+        self._loop: asyncio.AbstractEventLoop | None = None  # the server's event loop (attach())
+        self._version_event: asyncio.Event | None = None  # set (and replaced) on every new version
         self._cache = _WeightsCache()
         self.counts: Counter[str] = Counter()
         self.rejected_by_field: Counter[str] = Counter()
@@ -101,7 +108,7 @@ class AggregatorServicer(pb_grpc.AggregatorServicer):
         try:
             tensors = _decode_gradients(request)
             norm = tensors.pop("norm_stats")
-            with self._changed:
+            with self._lock:
                 earlier = self.dedup.answer(key)
                 if earlier is not None:  # a retry of a push already handled: the same answer, nothing applied
                     self.counts["duplicate"] += 1
@@ -115,7 +122,7 @@ class AggregatorServicer(pb_grpc.AggregatorServicer):
                     self.metrics = dict(request.metrics)
                     if self.lease is not None:
                         self.lease.ensure(self.core.version)  # persisted before anyone can see it
-                    self._changed.notify_all()
+                    self._announce()
                 ack = pb.GradientAck(applied=result.applied, version=result.version, reason=result.reason)
                 self.dedup.record(key, ack)
                 self._maybe_checkpoint()
@@ -181,37 +188,53 @@ class AggregatorServicer(pb_grpc.AggregatorServicer):
         self._checkpointer.close()
 
     # --- weights -----------------------------------------------------------------------
-    def WatchWeights(self, request: pb.WatchRequest, context: grpc.ServicerContext):
+    def attach(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Serve weight streams on `loop` (the asyncio server's)."""
+        self._loop = loop
+        self._version_event = asyncio.Event()
+
+    def _announce(self) -> None:
+        """A new version (called from any thread): wake the streams on the event loop."""
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._wake)
+
+    def _wake(self) -> None:
+        event, self._version_event = self._version_event, asyncio.Event()
+        if event is not None:
+            event.set()
+
+    async def WatchWeights(self, request: pb.WatchRequest, context: grpc.aio.ServicerContext):
         groups = tuple(request.groups) or GROUPS
         unknown = [g for g in groups if g not in GROUPS]
         if unknown:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"groups: unknown {unknown}; known {list(GROUPS)}")
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"groups: unknown {unknown}; known {list(GROUPS)}")
         if request.min_interval_sec < 0:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"min_interval_sec: {request.min_interval_sec} < 0")
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"min_interval_sec: {request.min_interval_sec} < 0")
         with self._lock:
             self.subscribers += 1
         try:
-            yield from self._stream(request, groups, context)
+            sent = request.after_version if request.HasField("after_version") else -1
+            next_send = 0.0
+            while True:  # until the client goes (the stream is cancelled) or the server stops
+                delay = next_send - time.monotonic()
+                if delay > 0:  # min_interval_sec: newer versions wait (conflated) until then
+                    await asyncio.sleep(delay)
+                    continue
+                event = self._version_event
+                if self.core.version <= sent and event is not None:
+                    try:
+                        await asyncio.wait_for(event.wait(), WATCH_HEARTBEAT_SEC)
+                    except asyncio.TimeoutError:
+                        pass
+                    continue
+                with self._lock:  # a step is at most ~1 ms: the loop waits that long at worst
+                    msg = self._cache.get(self.core, groups)
+                sent = msg.version
+                next_send = time.monotonic() + request.min_interval_sec
+                yield msg
         finally:
             with self._lock:
                 self.subscribers -= 1
-
-    def _stream(self, request: pb.WatchRequest, groups: tuple[str, ...], context: grpc.ServicerContext):
-        sent = request.after_version if request.HasField("after_version") else -1
-        next_send = 0.0
-        while context.is_active():
-            delay = next_send - time.monotonic()
-            if delay > 0:
-                time.sleep(min(delay, WATCH_HEARTBEAT_SEC))
-                continue
-            with self._changed:
-                if self.core.version <= sent:
-                    self._changed.wait(WATCH_HEARTBEAT_SEC)
-                    continue
-                msg = self._cache.get(self.core, groups)
-            sent = msg.version
-            next_send = time.monotonic() + request.min_interval_sec
-            yield msg
 
     # --- stats and evaluation ------------------------------------------------------------
     def Stats(self, request: pb.AggregatorStatsRequest, context: grpc.ServicerContext) -> pb.AggregatorStats:
@@ -265,7 +288,8 @@ class AggregatorServicer(pb_grpc.AggregatorServicer):
 
 
 class AggregatorServer:
-    """The aggregator gRPC server as a context manager; restores the newest checkpoint."""
+    """The aggregator gRPC server (asyncio, on a thread of its own) as a context manager;
+    restores the newest checkpoint."""
 
     def __init__(
         self,
@@ -275,23 +299,45 @@ class AggregatorServer:
         host: str = "127.0.0.1",
         port: int = 0,
         security: Security = NO_SECURITY,
+        rpc_threads: int = 8,
     ) -> None:
         self.run_dir = pathlib.Path(run_dir) if run_dir is not None else None
         self.refused = RefusalCounter()  # calls without the fleet token, ReportEval included
         restored = restore(core, self.run_dir / "checkpoints", config) if self.run_dir is not None else None
         self.servicer = AggregatorServicer(core, config, self.run_dir, restored)
-        self._server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=32),
-            options=GRPC_OPTIONS,
-            interceptors=security.server_interceptors(self.refused),
-        )
-        pb_grpc.add_AggregatorServicer_to_server(self.servicer, self._server)
-        self.standard = StandardServices(self._server, [pb.DESCRIPTOR.services_by_name["Aggregator"].full_name])
-        self.port = security.add_port(self._server, f"{host}:{port}")
-        if self.port == 0:
-            raise OSError(f"aggregator could not bind {host}:{port}")
+        self._loop = asyncio.new_event_loop()
+        _quiet_poller_errors()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="aggregator-grpc", daemon=True)
+        self._thread.start()
+        self._pool = futures.ThreadPoolExecutor(max_workers=rpc_threads, thread_name_prefix="aggregator-rpc")
+        self._server: grpc.aio.Server | None = None
+        try:
+            self.port = self._run(self._start(f"{host}:{port}", security))
+        except BaseException:
+            self._stop_loop()
+            raise
         self.address = f"{host}:{self.port}"
-        self._server.start()
+
+    def _run(self, coroutine, timeout: float | None = 30.0):
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout)
+
+    async def _start(self, address: str, security: Security) -> int:
+        self.servicer.attach(self._loop)
+        server = grpc.aio.server(
+            migration_thread_pool=self._pool,  # the unary calls: plain functions, run in this pool
+            options=GRPC_OPTIONS,
+            interceptors=security.aio_server_interceptors(self.refused),
+        )
+        pb_grpc.add_AggregatorServicer_to_server(self.servicer, server)
+        names = [pb.DESCRIPTOR.services_by_name["Aggregator"].full_name]
+        self.standard = StandardServices(server, names, loop=self._loop)
+        await self.standard.set_serving_async(True)
+        port = security.add_port(server, address)
+        if port == 0:
+            raise OSError(f"aggregator could not bind {address}")
+        await server.start()
+        self._server = server
+        return port
 
     def __enter__(self) -> AggregatorServer:
         return self
@@ -299,13 +345,47 @@ class AggregatorServer:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def wait_for_termination(self, timeout: float | None = None) -> bool:
-        return self._server.wait_for_termination(timeout)
-
     def close(self, grace: float = 1.0) -> None:
-        self._server.stop(grace).wait()  # no step can land after the final checkpoint
+        if self._server is not None:
+            self._run(self._server.stop(grace), timeout=grace + 10)  # no step can land after the final checkpoint
+            self._server = None
+        self._pool.shutdown(wait=True)
+        self._stop_loop()
         self.servicer.checkpoint_now(clean_shutdown=True)
         self.servicer.close()
+
+    def abandon(self) -> None:
+        """Stop serving at once without the exit checkpoint: what a SIGKILL leaves (fault drills)."""
+        if self._server is not None:
+            self._run(self._server.stop(0))
+            self._server = None
+        self._pool.shutdown(wait=True)
+        self._stop_loop()
+        self.servicer.close()
+
+    def _stop_loop(self) -> None:
+        # Stopped, never closed: grpc's asyncio poller keeps a reader on the loop for the life
+        # of the process, and a closed loop turns its next wake-up into a logged EBADF.
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=10)
+
+
+class _PollerNoise(logging.Filter):
+    """Drops grpc's known-spurious poller wake-up errors (EBADF/EAGAIN raised in
+    PollerCompletionQueue._handle_events as grpc's asyncio stack shuts down, grpc/grpc#25364)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        if isinstance(error, OSError) and error.__traceback__ is not None:
+            frames = traceback.extract_tb(error.__traceback__)
+            return not (frames and frames[-1].name.endswith("_handle_events"))
+        return True
+
+
+def _quiet_poller_errors() -> None:
+    logger = logging.getLogger("asyncio")  # where every event loop reports a callback's exception
+    if not any(isinstance(f, _PollerNoise) for f in logger.filters):
+        logger.addFilter(_PollerNoise())
 
 
 def _decode_gradients(request: pb.Gradients) -> dict[str, np.ndarray]:

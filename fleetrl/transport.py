@@ -14,6 +14,7 @@ Redis password) per run, so a local run needs no set-up.
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import os
 import pathlib
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import grpc
+import grpc.aio
 
 from fleetrl.config import SecurityConfig
 
@@ -102,7 +104,11 @@ class Security:
     def server_interceptors(self, refused: RefusalCounter | None = None) -> list[grpc.ServerInterceptor]:
         return [TokenCheck(self.token, refused)] if self.token else []
 
-    def add_port(self, server: grpc.Server, address: str) -> int:
+    def aio_server_interceptors(self, refused: RefusalCounter | None = None) -> list[grpc.aio.ServerInterceptor]:
+        """The same check for a grpc.aio server."""
+        return [AioTokenCheck(self.token, refused)] if self.token else []
+
+    def add_port(self, server: grpc.Server | grpc.aio.Server, address: str) -> int:
         """Bind `address` (TLS when configured); returns the port, 0 if it could not bind."""
         if not self.tls:
             return server.add_insecure_port(address)
@@ -159,27 +165,56 @@ class TokenCheck(grpc.ServerInterceptor):
 
     def intercept_service(self, continuation: Callable[[Any], Any], details: Any) -> Any:
         handler = continuation(details)
-        if details.method.startswith(HEALTH_PREFIX):
+        why = self.refusal(handler, details)
+        if why is None:
             return handler
-        given = dict(details.invocation_metadata or ()).get(_HEADER, "")
-        given_bytes = given.encode() if isinstance(given, str) else bytes(given)
-        if handler is None or hmac.compare_digest(given_bytes, self._expected):
-            return handler
-        self.refused.add(details.method)
-        why = "missing fleet token" if not given else "wrong fleet token"
 
         def refuse(request: Any, context: grpc.ServicerContext) -> Any:
-            context.abort(grpc.StatusCode.UNAUTHENTICATED, f"authorization: {why} (see security.token_file)")
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, why)
 
-        make = {
-            (False, False): grpc.unary_unary_rpc_method_handler,
-            (False, True): grpc.unary_stream_rpc_method_handler,
-            (True, False): grpc.stream_unary_rpc_method_handler,
-            (True, True): grpc.stream_stream_rpc_method_handler,
-        }[(handler.request_streaming, handler.response_streaming)]
-        return make(
-            refuse, request_deserializer=handler.request_deserializer, response_serializer=handler.response_serializer
-        )
+        return _same_kind(handler, refuse)
+
+    def refusal(self, handler: Any, details: Any) -> str | None:
+        """Why this call is refused (counted), or None to let it through."""
+        if handler is None or details.method.startswith(HEALTH_PREFIX):
+            return None
+        given = dict(details.invocation_metadata or ()).get(_HEADER, "")
+        given_bytes = given.encode() if isinstance(given, str) else bytes(given)
+        if hmac.compare_digest(given_bytes, self._expected):
+            return None
+        self.refused.add(details.method)
+        return f"authorization: {'missing' if not given else 'wrong'} fleet token (see security.token_file)"
+
+
+class AioTokenCheck(grpc.aio.ServerInterceptor):
+    """TokenCheck for a grpc.aio server."""
+
+    def __init__(self, token: str, refused: RefusalCounter | None = None) -> None:
+        self._check = TokenCheck(token, refused)
+
+    async def intercept_service(self, continuation: Callable[[Any], Any], details: Any) -> Any:
+        handler = await continuation(details)
+        why = self._check.refusal(handler, details)
+        if why is None:
+            return handler
+
+        async def refuse(request: Any, context: Any) -> Any:
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, why)
+
+        return _same_kind(handler, refuse)
+
+
+def _same_kind(handler: Any, behavior: Callable[..., Any]) -> Any:
+    """A method handler of `handler`'s kind (unary/stream in and out) running `behavior`."""
+    make = {
+        (False, False): grpc.unary_unary_rpc_method_handler,
+        (False, True): grpc.unary_stream_rpc_method_handler,
+        (True, False): grpc.stream_unary_rpc_method_handler,
+        (True, True): grpc.stream_stream_rpc_method_handler,
+    }[(handler.request_streaming, handler.response_streaming)]
+    return make(
+        behavior, request_deserializer=handler.request_deserializer, response_serializer=handler.response_serializer
+    )
 
 
 class _TokenSender(
@@ -227,15 +262,18 @@ class StandardServices:
         services.set_serving(ok)      # e.g. False while the service's own Redis does not answer
 
     `grpc_health_probe -addr HOST:PORT` and `grpcurl -plaintext HOST:PORT list` then work, and
-    orchestrators can probe readiness. Health calls need no token; reflection does.
+    orchestrators can probe readiness. Health calls need no token; reflection does. For a
+    grpc.aio server pass its event loop (`loop`); set_serving may then be called from any
+    other thread, and `await set_serving_async(ok)` from the loop itself.
     """
 
-    def __init__(self, server: grpc.Server, service_names: list[str]) -> None:
+    def __init__(self, server: Any, service_names: list[str], loop: asyncio.AbstractEventLoop | None = None) -> None:
         from grpc_health.v1 import health, health_pb2, health_pb2_grpc
         from grpc_reflection.v1alpha import reflection
 
         self._pb = health_pb2
-        self._health = health.HealthServicer()
+        self._loop = loop
+        self._health: Any = health.aio.HealthServicer() if loop is not None else health.HealthServicer()
         self.names = list(service_names)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         reflection.enable_server_reflection(
@@ -243,12 +281,25 @@ class StandardServices:
             server,
         )
         self.serving: bool | None = None
-        self.set_serving(True)
+        if loop is None:
+            self.set_serving(True)
 
     def set_serving(self, ok: bool) -> None:
+        if self._loop is not None:
+            asyncio.run_coroutine_threadsafe(self.set_serving_async(ok), self._loop).result(10)
+            return
         if ok == self.serving:
             return
         self.serving = ok
-        status = self._pb.HealthCheckResponse.SERVING if ok else self._pb.HealthCheckResponse.NOT_SERVING
         for name in ["", *self.names]:
-            self._health.set(name, status)
+            self._health.set(name, self._status(ok))
+
+    async def set_serving_async(self, ok: bool) -> None:
+        if ok == self.serving:
+            return
+        self.serving = ok
+        for name in ["", *self.names]:
+            await self._health.set(name, self._status(ok))
+
+    def _status(self, ok: bool) -> int:
+        return self._pb.HealthCheckResponse.SERVING if ok else self._pb.HealthCheckResponse.NOT_SERVING

@@ -466,8 +466,7 @@ def test_rejections_are_counted_per_learner(server, client, stub):
 
 def _crash(server: AggregatorServer) -> None:
     """Stop serving without the exit checkpoint, as after SIGKILL."""
-    server._server.stop(0).wait()
-    server.servicer.close()
+    server.abandon()
 
 
 def test_after_a_crash_no_version_number_is_reused(tmp_path):

@@ -62,7 +62,7 @@ def _stored_rows(cluster: LocalRedisCluster, config: RunConfig) -> np.ndarray:
     """Every valid committed record's packed row, read straight from Redis."""
     client = cluster.client()
     storage = TemporalStorage(client, config.run_id, get_task(config.sim.task).schema(), config.buffer)
-    assert storage.snapshot().oldest == 0, "the test's buffer must not evict"
+    assert storage.snapshot().oldest_window == 0, "the test's buffer must not evict"
     rows = storage.committed_rows()
     client.close()
     return rows
