@@ -499,3 +499,20 @@ def test_a_corrupt_newest_checkpoint_is_skipped_for_the_one_before(tmp_path):
         restored = again.servicer.core
         for group in GROUPS:
             np.testing.assert_array_equal(restored.weights()[group], at_two[group])
+
+
+def test_many_weight_streams_do_not_starve_gradient_pushes(server, client):
+    """Streams hold no thread: with more of them than the old pool's 32 threads, pushes and
+    stats are still answered and every stream gets the new version."""
+    core = server.servicer.core
+    watchers = [client.watch(f"sampler-{i}", ("actor", "obs_norm")) for i in range(48)]
+    try:
+        deadline = time.monotonic() + 60  # a bound against hanging, not a timing check
+        while client.stats().subscribers < 48:
+            assert time.monotonic() < deadline, f"{client.stats().subscribers} of 48 streams open"
+            time.sleep(0.1)
+        assert client.push_gradients(push(core, 0)).version == 1
+        assert all(w.wait_newer_than(0, timeout=30) is not None for w in watchers)
+    finally:
+        for w in watchers:
+            w.close()
