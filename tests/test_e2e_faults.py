@@ -175,34 +175,16 @@ def test_sigkill_of_the_aggregator_applies_every_acked_gradient_once_or_rolls_it
     config_path.write_text(config.to_json())
     logs, acks, run_dir = tmp_path / "logs", tmp_path / "acks", tmp_path / "run"
     logs.mkdir()
-    buffer, aggregator = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
-    aggregator_args = ("--port", aggregator.split(":")[1], "--run-dir", str(run_dir))
     with LocalRedisCluster(num_primaries=3) as cluster:
-        procs = {
-            "aggregator": _start("aggregator", config_path, logs, *aggregator_args),
-            "buffer": _start("buffer", config_path, logs, "--port", buffer.split(":")[1], "--redis", cluster.addresses),
-            "sampler": _start(
-                "sampler", config_path, logs, "--buffer", buffer, "--aggregator", aggregator, "--ack-log", str(acks)
-            ),
-            "learner": _start(
-                "learner",
-                config_path,
-                logs,
-                "--redis",
-                cluster.addresses,
-                "--aggregator",
-                aggregator,
-                "--ack-log",
-                str(acks),
-            ),
-        }
+        args = _role_args(cluster, acks, run_dir)
+        procs = {role: _start(role, config_path, logs, *a) for role, a in args.items()}
         try:
             _wait_for(lambda: _applied(acks) >= 60, 180, "60 applied gradients", procs)
             procs["aggregator"].send_signal(signal.SIGKILL)  # one push in flight, most likely
             procs["aggregator"].wait()
             before = _applied(acks)
             time.sleep(1.0)
-            procs["aggregator"] = _start("aggregator", config_path, logs, *aggregator_args)
+            procs["aggregator"] = _start("aggregator", config_path, logs, *args["aggregator"])
             _wait_for(lambda: _applied(acks) >= before + 60, 180, "60 more applied gradients", procs)
             for role in ("sampler", "learner", "aggregator"):  # clean stops: complete ledgers, a final checkpoint
                 procs[role].send_signal(signal.SIGTERM)
@@ -243,6 +225,18 @@ def test_sigkill_of_the_aggregator_applies_every_acked_gradient_once_or_rolls_it
     assert "Traceback" not in logs_text, logs_text[-3000:]
 
 
+def _role_args(cluster: LocalRedisCluster, acks: pathlib.Path, run_dir: pathlib.Path | None = None) -> dict:
+    """Each role's command-line arguments for a fleet on `cluster`, ack ledgers in `acks`."""
+    buffer, aggregator = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
+    ledger = ("--ack-log", str(acks))
+    return {
+        "aggregator": ("--port", aggregator.split(":")[1], *(("--run-dir", str(run_dir)) if run_dir else ())),
+        "buffer": ("--port", buffer.split(":")[1], "--redis", cluster.addresses),
+        "sampler": ("--buffer", buffer, "--aggregator", aggregator, *ledger),
+        "learner": ("--redis", cluster.addresses, "--aggregator", aggregator, *ledger),
+    }
+
+
 def _applied(acks: pathlib.Path) -> int:
     return sum(r["applied"] for r in read_ledgers(acks, "learner-"))
 
@@ -272,26 +266,8 @@ def test_sigkill_of_a_redis_primary_with_a_replica_loses_no_acked_transition(tmp
     config_path.write_text(config.to_json())
     logs, acks = tmp_path / "logs", tmp_path / "acks"
     logs.mkdir()
-    buffer, aggregator = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
     with LocalRedisCluster(num_primaries=3, replicas=1, node_timeout_ms=2000) as cluster:
-        procs = {
-            "aggregator": _start("aggregator", config_path, logs, "--port", aggregator.split(":")[1]),
-            "buffer": _start("buffer", config_path, logs, "--port", buffer.split(":")[1], "--redis", cluster.addresses),
-            "sampler": _start(
-                "sampler", config_path, logs, "--buffer", buffer, "--aggregator", aggregator, "--ack-log", str(acks)
-            ),
-            "learner": _start(
-                "learner",
-                config_path,
-                logs,
-                "--redis",
-                cluster.addresses,
-                "--aggregator",
-                aggregator,
-                "--ack-log",
-                str(acks),
-            ),
-        }
+        procs = {role: _start(role, config_path, logs, *a) for role, a in _role_args(cluster, acks).items()}
         try:
             _wait_for(lambda: len(read_ledgers(acks, "sampler-")) >= 10 and _applied(acks) >= 20, 180, "a warm fleet",
                       procs)  # fmt: skip
