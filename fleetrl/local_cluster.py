@@ -18,27 +18,22 @@ refills, not state worth an fsync.
 
 from __future__ import annotations
 
-import ctypes
-import os
 import shutil
-import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import redis
 from redis.cluster import ClusterNode, RedisCluster
 
+from fleetrl.process import parent_death_preexec, terminate
 from fleetrl.transport import Security
 
 NUM_SLOTS = 16384
 CLUSTER_BUS_OFFSET = 10000  # Redis fixes the cluster bus port at port + 10000.
 INSTALL_HINT = "install it with `sudo apt-get update && sudo apt-get install -y redis-server`"
-_PR_SET_PDEATHSIG = 1
 _PORT_ATTEMPTS = 20
 _LOG_TAIL_LINES = 20
 
@@ -68,25 +63,6 @@ def parse_addresses(addresses: str) -> list[tuple[str, int]]:
             raise ValueError(f"redis address {item!r} in {addresses!r} must look like host:port with port in 1..65535")
         out.append((host, int(port)))
     return out
-
-
-def _parent_death_signal() -> Callable[[], None] | None:
-    """A preexec_fn that makes the child get SIGTERM when this process dies (Linux only).
-
-    Linux ties PR_SET_PDEATHSIG to the thread that forked, so start the cluster from a thread
-    that lives as long as the cluster (the main thread, in practice).
-    """
-    if not sys.platform.startswith("linux"):
-        return None
-    libc = ctypes.CDLL(None, use_errno=True)
-    parent = os.getpid()
-
-    def preexec() -> None:
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-        if os.getppid() != parent:  # the parent died before prctl took effect
-            os._exit(1)
-
-    return preexec
 
 
 def _port_is_free(port: int, host: str = "127.0.0.1") -> bool:
@@ -222,7 +198,7 @@ class _Node:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-                preexec_fn=_parent_death_signal(),
+                preexec_fn=parent_death_preexec(),
                 cwd=self.dir,
             )
         self.conn = _node_client(host, port, auth)
@@ -243,13 +219,7 @@ class _Node:
 
     def stop(self, timeout_sec: float) -> None:
         self.conn.close()
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout_sec)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        terminate([self.process], timeout_sec)
 
 
 class LocalRedisCluster:

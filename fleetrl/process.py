@@ -1,4 +1,5 @@
-"""Process glue shared by every role process: stop signals, ready files, heartbeats, timers.
+"""Process glue shared by every role process: stop signals, ready files, heartbeats, timers,
+and how a parent starts and stops its children (parent-death signal, terminate-then-kill).
 
 Kept apart from the math (Sample Factory's learner_worker.py vs learner.py split).
 """
@@ -11,10 +12,12 @@ import logging
 import os
 import pathlib
 import signal
+import subprocess
 import sys
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from contextlib import contextmanager
 
 PR_SET_PDEATHSIG = 1
@@ -52,8 +55,42 @@ def setup_logging(role: str) -> logging.Logger:
 def die_with_parent() -> None:
     """Ask Linux to SIGTERM this process when its parent dies (no orphans after a crash)."""
     if sys.platform.startswith("linux"):
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+
+
+def parent_death_preexec() -> Callable[[], None] | None:
+    """A preexec_fn: the child gets SIGTERM when this process dies (Linux only), and exits at
+    once if this process died before the child could ask.
+
+    Linux ties PR_SET_PDEATHSIG to the thread that forked: start children from a thread that
+    lives as long as they do (the main thread, in practice)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    parent = os.getpid()
+
+    def preexec() -> None:
+        die_with_parent()
+        if os.getppid() != parent:
+            os._exit(1)
+
+    return preexec
+
+
+def terminate(procs: list[subprocess.Popen], grace_sec: float) -> None:
+    """SIGTERM (and SIGCONT: a stopped child handles it too) every child at once, wait up to
+    `grace_sec` for all, SIGKILL what is left."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            proc.send_signal(signal.SIGCONT)
+    deadline = time.monotonic() + grace_sec
+    for proc in procs:
+        try:
+            proc.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def stop_event() -> threading.Event:

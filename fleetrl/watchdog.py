@@ -16,13 +16,12 @@ import json
 import logging
 import os
 import pathlib
-import signal
 import subprocess
 import time
 from dataclasses import dataclass, field
 
 from fleetrl.config import WatchdogConfig
-from fleetrl.process import die_with_parent
+from fleetrl.process import parent_death_preexec, terminate
 
 log = logging.getLogger("fleetrl.watchdog")
 
@@ -120,7 +119,7 @@ class Watchdog:
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 env={**os.environ, **spec.env},
-                preexec_fn=die_with_parent,
+                preexec_fn=parent_death_preexec(),
             )
         finally:
             out.close()
@@ -198,18 +197,7 @@ class Watchdog:
 
     def stop(self, names: list[str]) -> None:
         """SIGTERM the named roles together, then wait (SIGKILL after the grace period)."""
-        procs = [self.roles[n].proc for n in names if n in self.roles]
-        for proc in procs:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-                proc.send_signal(signal.SIGCONT)  # a stopped (SIGSTOP) process handles its SIGTERM too
-        deadline = time.monotonic() + self.stop_grace_sec
-        for proc in procs:
-            try:
-                proc.wait(max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        terminate([self.roles[n].proc for n in names if n in self.roles], self.stop_grace_sec)
 
     def stop_all(self) -> None:
         self.stop(list(self.roles))
@@ -222,10 +210,4 @@ class Watchdog:
         self.stop(["buffer"])
 
     def _terminate(self, proc: subprocess.Popen) -> None:
-        proc.terminate()
-        proc.send_signal(signal.SIGCONT)  # a hung-by-SIGSTOP role wakes to its SIGTERM and stops cleanly
-        try:
-            proc.wait(self.stop_grace_sec)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        terminate([proc], self.stop_grace_sec)  # SIGCONT too: a SIGSTOPped role stops cleanly
