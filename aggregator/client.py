@@ -14,7 +14,6 @@ from __future__ import annotations
 import logging
 import secrets
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -24,7 +23,7 @@ import numpy as np
 from fleetrl.policy import ModelSpec
 from fleetrl.proto import fleetrl_pb2 as pb
 from fleetrl.proto import fleetrl_pb2_grpc as pb_grpc
-from fleetrl.transport import NO_SECURITY, Security
+from fleetrl.transport import NO_SECURITY, Backoff, Security
 from fleetrl.wire import from_tensor, to_tensor
 
 log = logging.getLogger("fleetrl.aggregator.client")
@@ -130,18 +129,16 @@ class AggregatorClient:
         should_stop: Callable[[], bool] = _never,
         on_wait: Callable[[], object] = _nothing,
     ):
-        deadline = time.monotonic() + deadline_sec
-        delay = 0.05
+        backoff = Backoff(f"aggregator {self.address}")
         while True:
             try:
                 return call()
             except grpc.RpcError as err:
-                if err.code() not in RETRYABLE or time.monotonic() + delay > deadline or should_stop():
+                out_of_time = backoff.elapsed_sec + backoff.delay > deadline_sec
+                if err.code() not in RETRYABLE or out_of_time or should_stop():
                     raise
-                log.warning("aggregator %s: %s; retrying in %.2fs", self.address, err.code().name, delay)
                 on_wait()
-                time.sleep(delay)
-                delay = min(delay * 2, 2.0)
+                backoff.wait(err.code().name)
 
 
 class PendingPush:
@@ -220,22 +217,23 @@ class WeightsWatcher:
             return None
 
     def _run(self) -> None:
-        delay = 0.05
+        backoff = Backoff(f"aggregator (weights for {self._request.subscriber})")
         while not self._closed:
             try:
                 call = self._stub.WatchWeights(self._request, wait_for_ready=True)
                 self._call = call
                 for msg in call:
                     self._store(msg)
-                    delay = 0.05
+                    backoff.reset()
             except grpc.RpcError as err:
                 if self._closed:  # our own cancel; a server-side CANCELLED (a stopping aggregator) reconnects
                     return
                 if err.code() == grpc.StatusCode.INVALID_ARGUMENT:
                     log.error("WatchWeights refused: %s", err.details())
                     return
-            time.sleep(delay)
-            delay = min(delay * 2, 2.0)
+                backoff.wait(err.code().name)
+                continue
+            backoff.wait("stream ended")
 
     def _store(self, msg: pb.Weights) -> None:
         snapshot = WeightsSnapshot(

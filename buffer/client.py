@@ -16,7 +16,6 @@ Sampler side (pushes over gRPC to an ingest service):
 from __future__ import annotations
 
 import logging
-import random
 import secrets
 import time
 from collections.abc import Callable
@@ -33,11 +32,10 @@ from buffer.storage import TemporalStorage
 from fleetrl.config import BufferConfig
 from fleetrl.proto import fleetrl_pb2 as pb
 from fleetrl.proto import fleetrl_pb2_grpc as pb_grpc
-from fleetrl.transport import NO_SECURITY, Security
+from fleetrl.transport import NO_SECURITY, UNREACHABLE_LOG_SEC, Backoff, Security
 from fleetrl.wire import Transitions, TransitionSchema, batch_to_proto
 
 log = logging.getLogger("fleetrl.buffer.client")
-UNREACHABLE_LOG_SEC = 60.0  # an unreachable ingest service is logged at most this often
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024  # a TransitionBatch; gRPC's own limit (transport.py) is larger
 
 
@@ -233,8 +231,7 @@ class IngestClient:
         self.push_timeout_sec = push_timeout_sec
         self._channel = security.channel(address)
         self._stub = pb_grpc.ReplayIngestStub(self._channel)
-        self._jitter = random.Random(sampler_id)
-        self._last_warning = -UNREACHABLE_LOG_SEC
+        self._backoff = Backoff(f"ingest service {address}", self.BACKOFF_FIRST_SEC, self.BACKOFF_MAX_SEC, sampler_id)
         # New for every client, i.e. every sampler process start: with seq, the idempotency key.
         self.incarnation = secrets.randbits(63) or 1
 
@@ -288,7 +285,8 @@ class IngestClient:
                 f"batch of {len(transitions)} transitions is {batch.ByteSize()} bytes, over the "
                 f"{MAX_MESSAGE_BYTES}-byte message limit: push it in smaller batches"
             )
-        start, delay = time.monotonic(), self.BACKOFF_FIRST_SEC
+        backoff = self._backoff  # one per client: the once-a-minute log spans its pushes
+        backoff.reset()
         while True:
             try:
                 return self._stub.Push(batch, timeout=self.push_timeout_sec)
@@ -299,24 +297,14 @@ class IngestClient:
                     raise PushRejected(code, call.details()) from e
                 if code not in self.RETRYABLE:
                     raise
-                out_of_time = max_retry_sec is not None and time.monotonic() - start + delay > max_retry_sec
+                out_of_time = max_retry_sec is not None and backoff.elapsed_sec + backoff.delay > max_retry_sec
                 if out_of_time or should_stop():
                     why = f"after {max_retry_sec}s" if out_of_time else "before stopping"
                     raise IngestUnavailable(
                         f"push of seq {seq} to {self.address} not acked {why}: "
                         f"last status {code.name}: {call.details()}"
                     ) from e
-                if time.monotonic() - self._last_warning >= UNREACHABLE_LOG_SEC:
-                    self._last_warning = time.monotonic()
-                    log.warning(
-                        "ingest service %s unreachable for %.0fs (%s); still retrying seq %d",
-                        self.address,
-                        time.monotonic() - start,
-                        code.name,
-                        seq,
-                    )
-            time.sleep(delay * self._jitter.uniform(0.5, 1.0))
-            delay = min(2 * delay, self.BACKOFF_MAX_SEC)
+                backoff.wait(code.name, f"; still retrying seq {seq}")
 
     def stats(self, wait_for_ready: bool = False, timeout_sec: float | None = None) -> pb.BufferStats:
         """The service's counters (one call, no retry; `wait_for_ready` waits out a (re)start,

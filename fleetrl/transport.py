@@ -16,9 +16,12 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import logging
 import os
 import pathlib
+import random
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +30,8 @@ import grpc
 import grpc.aio
 
 from fleetrl.config import SecurityConfig
+
+log = logging.getLogger("fleetrl.transport")
 
 MAX_MESSAGE_BYTES = 256 * 1024 * 1024
 GRPC_OPTIONS = [
@@ -137,6 +142,47 @@ class Security:
 
 
 NO_SECURITY = Security()
+
+UNREACHABLE_LOG_SEC = 60.0  # a peer that stays away is logged at most this often
+
+
+class Backoff:
+    """How every client retries a peer: exponential delays with jitter (first_sec doubling up
+    to max_sec), and one log line a minute naming the peer while it stays away.
+
+        backoff = Backoff(f"aggregator {address}")
+        while True:
+            try: return call()
+            except grpc.RpcError as err:
+                if not retryable(err) or backoff.elapsed_sec + backoff.delay > deadline: raise
+                backoff.wait(err.code().name)       # sleeps; says 'unreachable for 63s' once a minute
+        backoff.reset()                             # the peer answered
+    """
+
+    def __init__(self, peer: str, first_sec: float = 0.05, max_sec: float = 2.0, seed: int | None = None) -> None:
+        self.peer, self.first_sec, self.max_sec = peer, first_sec, max_sec
+        self._rng = random.Random(seed)
+        self._logged = -UNREACHABLE_LOG_SEC
+        self.reset()
+
+    def reset(self) -> None:
+        self.delay = self.first_sec
+        self._since: float | None = None
+
+    @property
+    def elapsed_sec(self) -> float:
+        """Seconds since the first failure of this streak (0 before any)."""
+        return 0.0 if self._since is None else time.monotonic() - self._since
+
+    def wait(self, why: str, detail: str = "") -> None:
+        now = time.monotonic()
+        if self._since is None:
+            self._since = now
+        if now - self._logged >= UNREACHABLE_LOG_SEC:
+            self._logged = now
+            log.warning("%s unreachable for %.0fs (%s)%s", self.peer, now - self._since, why, detail)
+        time.sleep(self.delay * self._rng.uniform(0.5, 1.0))
+        self.delay = min(2 * self.delay, self.max_sec)
 
 
 class RefusalCounter:
