@@ -39,7 +39,7 @@ from fleetrl.cpu import CpuMeter
 from fleetrl.local_cluster import LocalRedisCluster
 from fleetrl.process import heartbeat_file, stop_event
 from fleetrl.progress import Progress, Snapshot
-from fleetrl.transport import REDIS_PASSWORD_ENV, TOKEN_ENV, Security
+from fleetrl.transport import REDIS_PASSWORD_ENV, TOKEN_ENV, Security, serving
 from fleetrl.watchdog import RoleSpec, Watchdog, role_spec
 
 if TYPE_CHECKING:
@@ -133,24 +133,24 @@ class LocalFleet:
 
     def _start_service(self, dog: Watchdog, role: str, address: str, *extra: str) -> None:
         """Services listen on ports fixed up front, so a restarted one keeps its address."""
-        ready = self.run_dir / "ready" / role
-        ready.unlink(missing_ok=True)
         port = address.rsplit(":", 1)[1]
         beat = heartbeat_file(self.run_dir, role)  # services beat too: a hung (SIGSTOPped) one is replaced
-        argv = self._role_argv(role, role, "--port", port, "--ready-file", str(ready), "--heartbeat", beat, *extra)
+        argv = self._role_argv(role, role, "--port", port, "--heartbeat", beat, *extra)
         dog.start(self._spec(role, argv, beat))
 
     def _spec(self, name: str, argv: tuple[str, ...], beat: str) -> RoleSpec:
         return role_spec(name, argv, self.config.watchdog, beat, self._child_env, self._max_restarts)
 
-    def _wait_ready(self, dog: Watchdog, role: str) -> None:
-        ready = self.run_dir / "ready" / role
+    def _wait_ready(self, dog: Watchdog, role: str, address: str) -> None:
+        """Until the service answers the standard health check with SERVING (the buffer: once
+        its Redis answers too), as an orchestrator's readiness probe would."""
         deadline = time.monotonic() + READY_TIMEOUT_SEC
-        while not ready.exists() and not self._stop.is_set():
-            dog.poll()
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{role} not ready after {READY_TIMEOUT_SEC}s; see {dog.log_dir / role}.log")
-            time.sleep(0.05)
+        with self.security.channel(address) as channel:  # TLS when configured
+            while not serving(channel, timeout_sec=0.5) and not self._stop.is_set():
+                dog.poll()
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{role} not ready after {READY_TIMEOUT_SEC}s; see {dog.log_dir / role}.log")
+                time.sleep(0.05)
 
     def _start_workers(self, dog: Watchdog, role: str, count: int, *extra: str) -> None:
         for index in range(count):
@@ -161,7 +161,7 @@ class LocalFleet:
 
     def prepare(self) -> None:
         """Create the run directory and write the resolved config every role process reads."""
-        (self.run_dir / "ready").mkdir(parents=True, exist_ok=True)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "config.json").write_text(self.config.to_json())
 
     def start_roles(
@@ -194,8 +194,8 @@ class LocalFleet:
             self._start_workers(
                 dog, "learner", c.learner.num_learners, "--redis", cluster.addresses, "--aggregator", aggregator
             )
-        self._wait_ready(dog, "aggregator")
-        self._wait_ready(dog, "buffer")
+        self._wait_ready(dog, "aggregator", aggregator)
+        self._wait_ready(dog, "buffer", buffer)
         return buffer, aggregator
 
     @staticmethod

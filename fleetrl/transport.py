@@ -301,6 +301,20 @@ class _CallDetails(grpc.ClientCallDetails):
     compression: Any
 
 
+def serving(channel: grpc.Channel, service: str = "", timeout_sec: float = 1.0) -> bool:
+    """True when the server behind `channel` answers the standard health check with SERVING
+    (for `service`, or the whole server); False while it is not up or not serving."""
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    try:
+        reply = health_pb2_grpc.HealthStub(channel).Check(
+            health_pb2.HealthCheckRequest(service=service), timeout=timeout_sec
+        )
+    except grpc.RpcError:
+        return False
+    return reply.status == health_pb2.HealthCheckResponse.SERVING
+
+
 class StandardServices:
     """grpc.health.v1 health checking and server reflection on a fleetrl server.
 
