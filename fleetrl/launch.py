@@ -23,7 +23,6 @@ import logging
 import os
 import pathlib
 import secrets
-import socket
 import sys
 import threading
 import time
@@ -37,7 +36,7 @@ from fleetrl.checkpoint import CheckpointError
 from fleetrl.config import RunConfig
 from fleetrl.cpu import CpuMeter
 from fleetrl.local_cluster import LocalRedisCluster
-from fleetrl.process import heartbeat_file, stop_event
+from fleetrl.process import free_port, heartbeat_file, stop_event
 from fleetrl.progress import Progress, Snapshot
 from fleetrl.transport import REDIS_PASSWORD_ENV, TOKEN_ENV, Security, serving
 from fleetrl.watchdog import RoleSpec, Watchdog, role_spec
@@ -61,12 +60,6 @@ def local_security(config: RunConfig) -> Security:
         redis_user=config.security.redis_user,
         redis_password=given.redis_password or secrets.token_urlsafe(32),
     )
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass

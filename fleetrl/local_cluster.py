@@ -28,7 +28,7 @@ from pathlib import Path
 import redis
 from redis.cluster import ClusterNode, RedisCluster
 
-from fleetrl.process import parent_death_preexec, terminate
+from fleetrl.process import HANDED_OUT_PORTS, parent_death_preexec, terminate
 from fleetrl.transport import Security
 
 NUM_SLOTS = 16384
@@ -85,7 +85,8 @@ def _free_port_pair(taken: set[int], host: str = "127.0.0.1") -> int:
             s.bind((host, 0))
             port = s.getsockname()[1]
         bus = port + CLUSTER_BUS_OFFSET
-        if port not in taken and bus < 65536 and _port_is_free(bus, host):
+        if port not in taken | HANDED_OUT_PORTS and bus < 65536 and _port_is_free(bus, host):
+            HANDED_OUT_PORTS.add(port)  # nor will this process hand it to a role
             return port
     raise LocalClusterError("found no free loopback port p with p + 10000 also free after 200 tries")
 

@@ -12,6 +12,7 @@ import logging
 import os
 import pathlib
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -50,6 +51,21 @@ def setup_logging(role: str) -> logging.Logger:
         stream=sys.stderr,
     )
     return logging.getLogger(f"fleetrl.{role}")
+
+
+HANDED_OUT_PORTS: set[int] = set()  # ports this process chose for a child to bind later
+
+
+def free_port() -> int:
+    """A loopback port free now and never handed out before by this process: ports are chosen
+    up front and bound later (by a child), so two children must not be given the same one."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in HANDED_OUT_PORTS:
+            HANDED_OUT_PORTS.add(port)
+            return port
 
 
 def die_with_parent() -> None:

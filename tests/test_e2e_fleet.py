@@ -30,6 +30,9 @@ from sim.registry import get_task
 pytestmark = pytest.mark.e2e
 
 TASK = "FetchReach-v4"
+# The evaluator scores once (the first version) and then waits longer than the run: a run
+# with target 1.0 can then never end early by reaching it (FetchReach often scores 1.00).
+ONCE = ("--set", "eval.min_interval_sec=1000", "--set", "eval.max_interval_sec=1000")
 
 
 def _wait_until(predicate, timeout_sec: float, what: str, procs=()):
@@ -207,10 +210,11 @@ def test_watchdog_restarts_killed_roles_and_training_continues(tmp_path: pathlib
     """SIGKILL a sampler, the learner and the aggregator mid-run: all come back, versions keep growing."""
     run_dir = tmp_path / "run"
     extra = ("--max-wall-sec", "300", "--target-success", "1.0", "--set", "aggregator.checkpoint_every_versions=50")
+    extra += ONCE
     proc = _train(run_dir, *extra)
     try:
-        evals = run_dir / "evals.jsonl"
-        _wait_until(lambda: evals.exists() and _last_version(evals) >= 100, 150, "version 100", [("train", proc)])
+        evals = run_dir / "heartbeats" / "aggregator.json"  # the version, every second
+        _wait_until(lambda: _last_version(evals) >= 100, 150, "version 100", [("train", proc)])
         before = _last_version(evals)
         for role in ("sampler-0", "learner-0", "aggregator"):
             os.kill(_role_pid(proc, role), signal.SIGKILL)
@@ -240,6 +244,7 @@ def test_sigstopped_roles_go_silent_and_are_replaced(tmp_path: pathlib.Path) -> 
     (SIGTERM and SIGCONT, so it stops cleanly), and training goes on; no version is reused."""
     run_dir = tmp_path / "run"
     extra = ("--set", "watchdog.heartbeat_timeout_sec=5", "--set", "aggregator.checkpoint_every_versions=50")
+    extra += ONCE
     proc = _train(run_dir, "--max-wall-sec", "300", "--target-success", "1.0", *extra)
     events_path = run_dir / "events.jsonl"
 
@@ -248,8 +253,8 @@ def test_sigstopped_roles_go_silent_and_are_replaced(tmp_path: pathlib.Path) -> 
         return [json.loads(line)["event"] for line in text.splitlines()]
 
     try:
-        evals = run_dir / "evals.jsonl"
-        _wait_until(lambda: evals.exists() and _last_version(evals) >= 100, 150, "version 100", [("train", proc)])
+        evals = run_dir / "heartbeats" / "aggregator.json"  # the version, every second
+        _wait_until(lambda: _last_version(evals) >= 100, 150, "version 100", [("train", proc)])
         for role in ("sampler-0", "aggregator"):
             before = _last_version(evals)
             stopped = _role_pid(proc, role)
@@ -278,8 +283,7 @@ def test_a_run_short_of_its_target_scores_its_last_checkpoint(tmp_path: pathlib.
     run ends on max_wall_sec; the launcher then scores its last checkpoint on 50 episodes, and
     `fleetrl evaluate` scores the same checkpoint on the same held-out seeds alike."""
     run_dir = tmp_path / "run"
-    once = ("--set", "eval.min_interval_sec=1000", "--set", "eval.max_interval_sec=1000")
-    proc = _train(run_dir, "--max-wall-sec", "20", *once)
+    proc = _train(run_dir, "--max-wall-sec", "20", *ONCE)
     out, _ = proc.communicate(timeout=180)
     summary = json.loads((run_dir / "summary.json").read_text())
     assert not summary["reached_target"] and summary["stop_reason"].startswith("max_wall_sec"), out[-3000:]
@@ -313,9 +317,9 @@ def _resumed_versions(run_dir: pathlib.Path) -> list[int]:
     return [int(line.rsplit(" ", 1)[1]) for line in text.splitlines() if "resuming at version" in line]
 
 
-def _last_version(evals: pathlib.Path) -> int:
-    lines = evals.read_text().splitlines()
-    return json.loads(lines[-1])["version"] if lines else -1
+def _last_version(beat: pathlib.Path) -> int:
+    """The version in the aggregator's heartbeat file (-1 while there is none)."""
+    return int(_heartbeat(beat).get("counters", {}).get("version", -1))
 
 
 def _role_pid(train: subprocess.Popen, role: str) -> int:

@@ -98,7 +98,7 @@ def test_after_a_crash_the_restored_version_jumps_past_every_version_that_may_ha
         for _ in range(4):
             agg.push_gradients(push(server.servicer.core, server.servicer.core.version))
         seen = server.servicer.core.version
-    server._server.stop(0).wait()  # a crash: no final checkpoint
+    server.abandon()  # a crash: no final checkpoint
     with AggregatorServer(make_core(), CONFIG, run_dir=tmp_path) as restarted:
         assert restarted.servicer.core.version > seen
     with AggregatorServer(make_core(), CONFIG, run_dir=tmp_path) as clean:
