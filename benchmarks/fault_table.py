@@ -93,7 +93,10 @@ class Fleet:
     def pid(self, role: str) -> int:
         name, _, index = role.partition("-")
         for child in psutil.Process(self.proc.pid).children(recursive=True):
-            cmd = child.cmdline()
+            try:
+                cmd = child.cmdline()
+            except psutil.Error:  # gone, or a zombie not reaped yet
+                continue
             if len(cmd) > 3 and cmd[3] == name and (not index or cmd[cmd.index("--id") + 1] == index):
                 return child.pid
         raise RuntimeError(f"no {role} process under the launcher")

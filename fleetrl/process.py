@@ -79,14 +79,17 @@ def parent_death_preexec() -> Callable[[], None] | None:
     """A preexec_fn: the child gets SIGTERM when this process dies (Linux only), and exits at
     once if this process died before the child could ask.
 
+    libc is loaded here, in the parent: between fork and exec the child may only make the
+    prctl call (loading a library there can deadlock or abort on a lock another thread held).
     Linux ties PR_SET_PDEATHSIG to the thread that forked: start children from a thread that
     lives as long as they do (the main thread, in practice)."""
     if not sys.platform.startswith("linux"):
         return None
+    libc = ctypes.CDLL(None, use_errno=True)
     parent = os.getpid()
 
     def preexec() -> None:
-        die_with_parent()
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
         if os.getppid() != parent:
             os._exit(1)
 

@@ -326,7 +326,10 @@ def _role_pid(train: subprocess.Popen, role: str) -> int:
     """The pid of `fleetrl <role>` (sampler-0 -> `sampler --id 0`) under the train process."""
     name, _, index = role.partition("-")
     for child in psutil.Process(train.pid).children(recursive=True):
-        cmd = child.cmdline()
+        try:
+            cmd = child.cmdline()
+        except psutil.Error:  # gone, or a zombie not reaped yet (a role that just exited)
+            continue
         if name in cmd and (not index or cmd[cmd.index("--id") + 1] == index):
             return child.pid
     raise AssertionError(f"no {role} process under the launcher")
