@@ -35,7 +35,7 @@ from typing import Any
 import yaml
 
 from fleetrl.config import ConfigError, RunConfig, with_overrides
-from fleetrl.local_cluster import LocalRedisCluster, cluster_ok, form_cluster
+from fleetrl.local_cluster import LocalRedisCluster, cluster_ok, form_cluster, nodes_answer
 from fleetrl.process import heartbeat_file
 from fleetrl.transport import REDIS_PASSWORD_ENV, TOKEN_ENV, Security
 from fleetrl.watchdog import RoleSpec, Watchdog, role_spec
@@ -200,8 +200,9 @@ class FleetHost:
             log.info("%s: Redis nodes %s", self.host.name, nodes.addresses)
         try:
             if self._first_redis_host():
-                self._wait_for(lambda: self._all_nodes_answer(), "every Redis node of the fleet to answer")
-                form_cluster(self.spec.redis_nodes, self.security)
+                everyone = self.spec.redis_nodes
+                self._wait_for(lambda: nodes_answer(everyone, self.security), "every Redis node of the fleet to answer")
+                form_cluster(everyone, self.security)
                 log.info("%s: formed the Redis Cluster of %d nodes", self.host.name, len(self.spec.redis_nodes))
             if "buffer" in self.host.services or "learner" in self.host.workers:
                 self._wait_for(lambda: cluster_ok(self.spec.redis_nodes, self.security), "the Redis Cluster")
@@ -248,21 +249,6 @@ class FleetHost:
 
     def _first_redis_host(self) -> bool:
         return next(h for h in self.spec.hosts if h.redis).name == self.host.name
-
-    def _all_nodes_answer(self) -> bool:
-        import redis
-
-        for host, port in self.spec.redis_nodes:
-            user = self.security.redis_user if self.security.redis_password else None
-            conn = redis.Redis(host=host, port=port, socket_timeout=2.0, username=user,
-                               password=self.security.redis_password or None)  # fmt: skip
-            try:
-                conn.ping()
-            except redis.RedisError:
-                return False
-            finally:
-                conn.close()
-        return True
 
     def _wait_for(self, ready, what: str) -> None:
         """Wait for another host's part, saying so every 10 s; ConfigError after CLUSTER_WAIT_SEC."""

@@ -112,6 +112,19 @@ def _cluster_info(conn: redis.Redis) -> dict[str, str]:
     return dict(line.split(":", 1) for line in str(info).split() if ":" in line)
 
 
+def nodes_answer(nodes: list[tuple[str, int]], auth: Security) -> bool:
+    """True when every node answers PING (logged in as the run's user when it has a password)."""
+    for host, port in nodes:
+        conn = _node_client(host, port, auth)
+        try:
+            conn.ping()
+        except redis.RedisError:
+            return False
+        finally:
+            conn.close()
+    return True
+
+
 def cluster_ok(nodes: list[tuple[str, int]], auth: Security) -> bool:
     """True when every node answers and reports one formed cluster of exactly these nodes."""
     for host, port in nodes:

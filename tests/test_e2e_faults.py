@@ -99,10 +99,7 @@ def test_sigkill_of_a_sampler_and_of_the_ingest_service_loses_and_doubles_nothin
             assert procs["sampler"].wait(30) == 0
             stored = _stored_rows(cluster, config)
         finally:
-            for proc in procs.values():
-                if proc.poll() is None:
-                    proc.send_signal(signal.SIGTERM)
-                    proc.wait(30)
+            _stop_all(procs)
     ledger = read_ledgers(acks, "sampler-")
     # A batch's first row (step 0 with the episode's own goal) is unique to it: HER's relabeled
     # copies share observations but carry other goals, so count whole batches by it.
@@ -191,10 +188,7 @@ def test_sigkill_of_the_aggregator_applies_every_acked_gradient_once_or_rolls_it
                 assert procs[role].wait(30) == 0, role
             stored = _stored_rows(cluster, config)
         finally:
-            for proc in procs.values():
-                if proc.poll() is None:
-                    proc.send_signal(signal.SIGTERM)
-                    proc.wait(30)
+            _stop_all(procs)
     restored = re.findall(
         r"restored checkpoint version (\d+); resuming at version (\d+)", (logs / "aggregator.log").read_text()
     )
@@ -235,6 +229,13 @@ def _role_args(cluster: LocalRedisCluster, acks: pathlib.Path, run_dir: pathlib.
         "sampler": ("--buffer", buffer, "--aggregator", aggregator, *ledger),
         "learner": ("--redis", cluster.addresses, "--aggregator", aggregator, *ledger),
     }
+
+
+def _stop_all(procs: dict) -> None:
+    for proc in procs.values():
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(30)
 
 
 def _applied(acks: pathlib.Path) -> int:
@@ -280,10 +281,7 @@ def test_sigkill_of_a_redis_primary_with_a_replica_loses_no_acked_transition(tmp
             assert procs["sampler"].wait(30) == 0
             stored = _stored_rows(cluster, config)
         finally:
-            for proc in procs.values():
-                if proc.poll() is None:
-                    proc.send_signal(signal.SIGTERM)
-                    proc.wait(30)
+            _stop_all(procs)
     ledger = read_ledgers(acks, "sampler-")
     copies = Counter(row_fingerprint(row) for row in stored)
     lost = [r["seq"] for r in ledger if copies[r["fingerprint"]] == 0]
