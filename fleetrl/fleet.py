@@ -209,6 +209,8 @@ class FleetHost:
             if self.stop.is_set():
                 return
             with Watchdog(self.host_dir / "logs", events_path=self.host_dir / "events.jsonl") as dog:
+                if nodes is not None:
+                    nodes.supervise(dog, self.config.watchdog)  # restarted nodes rejoin the cluster
                 for spec in self.roles(str(config_path)):
                     dog.start(spec)
                 log.info("%s: started %s", self.host.name, ", ".join(dog.roles))

@@ -182,6 +182,7 @@ class LocalFleet:
         if evaluator:
             self._start_workers(dog, "evaluator", 1, "--buffer", buffer, "--aggregator", aggregator)
         cluster.start()
+        cluster.supervise(dog, c.watchdog)  # a node that dies or hangs is restarted and rejoins
         self._start_service(dog, "buffer", buffer, "--redis", cluster.addresses)
         if learners:
             self._start_workers(
@@ -207,8 +208,8 @@ class LocalFleet:
             with closing(cluster), Watchdog(self.run_dir / "logs", events_path=events) as dog:  # roles stop first
                 buffer, aggregator = self.start_roles(dog, cluster)
                 progress.note(f"fleet up: redis {cluster.addresses}, buffer {buffer}, aggregator {aggregator}")
-                reason = self._monitor(dog, progress, buffer, aggregator, cluster)
-                self._sample_cpu(dog, cluster, force=True)  # the roles' last readings before they stop
+                reason = self._monitor(dog, progress, buffer, aggregator)
+                self._sample_cpu(dog, force=True)  # the roles' last readings before they stop
                 self.stop_roles(dog)
                 restarts = dog.restarts
             final = self._final_score(progress)
@@ -233,17 +234,14 @@ class LocalFleet:
         progress.note(f"final score: version {final[0]}, success {final[1].success_rate:.2f} over {episodes} episodes")
         return final
 
-    def _sample_cpu(self, dog: Watchdog, cluster: LocalRedisCluster, force: bool = False) -> None:
+    def _sample_cpu(self, dog: Watchdog, force: bool = False) -> None:
+        """Every role's CPU time, the Redis nodes (roles `redis-<port>`) and the launcher included."""
         if not force and time.monotonic() - self._cpu_sampled < CPU_SAMPLE_SEC:
             return
         self._cpu_sampled = time.monotonic()
-        pids = {**dog.pids(), "launcher": os.getpid()}
-        pids.update({f"redis-{port}": pid for (_, port), pid in zip(cluster.nodes, cluster.pids, strict=True)})
-        self.cpu.sample(pids)
+        self.cpu.sample({**dog.pids(), "launcher": os.getpid()})
 
-    def _monitor(
-        self, dog: Watchdog, progress: Progress, buffer: str, aggregator: str, cluster: LocalRedisCluster
-    ) -> str:
+    def _monitor(self, dog: Watchdog, progress: Progress, buffer: str, aggregator: str) -> str:
         c = self.config
         with (
             IngestClient(buffer, sampler_id=0, run_id=c.run_id, security=self.security) as ingest,
@@ -252,7 +250,7 @@ class LocalFleet:
             while not self._stop.is_set():
                 for event in dog.poll():
                     progress.note(event)
-                self._sample_cpu(dog, cluster)
+                self._sample_cpu(dog)
                 snap = Snapshot.take(ingest, agg, time.monotonic() - self.started_at, dog.restarts)
                 if snap is not None:
                     progress.update(snap)

@@ -12,12 +12,19 @@ every node into one cluster with `form_cluster`.
 The cluster is formed from Python (CLUSTER ADDSLOTSRANGE, SET-CONFIG-EPOCH, MEET) rather than
 with `redis-cli --cluster create`: it needs only redis-server, it skips redis-cli's fixed
 one-second settle sleeps, and every failure surfaces as a Python exception naming the node.
-Nodes are primaries only, with no persistence: the data is a replay buffer that a restart
-refills, not state worth an fsync.
+By default nodes are primaries only, with no persistence: the data is a replay buffer that a
+restart refills, not state worth an fsync. `replicas=1` gives each primary a replica that takes
+over when it fails; `appendonly` persists every node.
+
+Under a watchdog (`supervise`), a node that exits or stops answering is restarted on its port
+with its own directory and nodes.conf, so it rejoins the cluster under its node id: as the
+primary of its slots again (empty unless appendonly; the run's exactly-once record held there
+is lost with it), or, where its replica took over meanwhile, as the new primary's replica.
 """
 
 from __future__ import annotations
 
+import functools
 import shutil
 import socket
 import subprocess
@@ -28,8 +35,10 @@ from pathlib import Path
 import redis
 from redis.cluster import ClusterNode, RedisCluster
 
+from fleetrl.config import WatchdogConfig
 from fleetrl.process import HANDED_OUT_PORTS, parent_death_preexec, terminate
 from fleetrl.transport import Security
+from fleetrl.watchdog import Watchdog, role_spec
 
 NUM_SLOTS = 16384
 CLUSTER_BUS_OFFSET = 10000  # Redis fixes the cluster bus port at port + 10000.
@@ -112,6 +121,29 @@ def _cluster_info(conn: redis.Redis) -> dict[str, str]:
     return dict(line.split(":", 1) for line in str(info).split() if ":" in line)
 
 
+def answers(host: str, port: int, auth: Security, timeout_sec: float = 0.5) -> bool:
+    """True when the node answers at all within `timeout_sec` (a node still loading its
+    append-only file answers with an error: alive, not hung)."""
+    user: str | None = auth.redis_user if auth.redis_password else None
+    conn = redis.Redis(
+        host=host,
+        port=port,
+        socket_timeout=timeout_sec,
+        socket_connect_timeout=timeout_sec,
+        username=user,
+        password=auth.redis_password or None,
+    )
+    try:
+        conn.ping()
+    except (redis.ConnectionError, redis.TimeoutError):
+        return False
+    except redis.RedisError:
+        return True
+    finally:
+        conn.close()
+    return True
+
+
 def nodes_answer(nodes: list[tuple[str, int]], auth: Security) -> bool:
     """True when every node answers PING (logged in as the run's user when it has a password)."""
     for host, port in nodes:
@@ -191,7 +223,7 @@ class _Node:
         self.dir = root / f"node{index}-{port}"
         self.dir.mkdir()
         self.log = self.dir / "redis.log"
-        conf = self.dir / "redis.conf"
+        self.conf = conf = self.dir / "redis.conf"
         text = (
             f"port {port}\nbind {host}\ncluster-announce-ip {host}\ndir {self.dir}\n"
             f"cluster-enabled yes\ncluster-config-file nodes.conf\ncluster-node-timeout {node_timeout_ms}\n"
@@ -206,9 +238,10 @@ class _Node:
             text += "protected-mode no\n"
         conf.write_text(text)
         conf.chmod(0o600)  # it holds the password
+        self.argv = (binary, str(conf))
         with open(self.log, "wb") as log:
             self.process = subprocess.Popen(
-                [binary, str(conf)],
+                list(self.argv),
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
@@ -304,6 +337,14 @@ class LocalRedisCluster:
     def pids(self) -> list[int]:
         self._check_started()
         return [n.process.pid for n in self._nodes]
+
+    def supervise(self, dog: Watchdog, config: WatchdogConfig) -> None:
+        """Hand every node to `dog` as role `redis-<port>`: restarted like any role when it exits
+        or stops answering for `config.heartbeat_timeout_sec`; stopped after the buffer. Once
+        handed over, the watchdog owns the processes (`pids` may name ones since restarted)."""
+        for node in self._nodes:
+            probe = functools.partial(answers, node.host, node.port, self.auth)
+            dog.adopt(role_spec(f"redis-{node.port}", node.argv, config, probe=probe), node.process)
 
     def client(self) -> RedisCluster:
         """A new RedisCluster client (logged in when the nodes require it); the caller closes it."""

@@ -8,6 +8,10 @@
 
 Each role runs as its own OS process (`python -m fleetrl.cli <role> ...`) with its output in
 `<log_dir>/<name>.log`, and dies with the watchdog (PR_SET_PDEATHSIG) if the watchdog crashes.
+A process that writes no heartbeat file (a redis-server) is watched through a `probe` instead
+(does it answer?), and one started elsewhere joins with `adopt` (the local Redis nodes, which
+the launcher starts before it forms the cluster). Roles stop in stages: workers, aggregator,
+buffer, then Redis nodes (`RoleSpec.stage`).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import os
 import pathlib
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from fleetrl.config import WatchdogConfig
@@ -26,6 +31,10 @@ from fleetrl.process import parent_death_preexec, terminate
 log = logging.getLogger("fleetrl.watchdog")
 
 STARTUP_GRACE_SEC = 30.0  # a role's first heartbeat may take this long, whatever the heartbeat timeout
+PROBE_EVERY_SEC = 1.0  # a probed role (no heartbeat file) is asked at most this often
+# Stop stages: producers first, so nothing is pushed into a stopped service; the aggregator then
+# writes its final checkpoint; the buffer after it; the Redis nodes last.
+STAGES = {"aggregator": 1, "buffer": 2, "redis": 3}
 
 
 @dataclass(frozen=True)
@@ -39,6 +48,12 @@ class RoleSpec:
     backoff_first_sec: float = 1.0  # the 2nd restart in a row waits this long, each next one twice as long
     backoff_max_sec: float = 30.0
     env: dict[str, str] = field(default_factory=dict)
+    probe: Callable[[], bool] | None = None  # without a heartbeat file: True while the process answers
+    stage: int = 0  # stop_in_order stops lower stages first
+
+    def __post_init__(self) -> None:
+        if self.heartbeat_path and self.probe:
+            raise ValueError(f"role {self.name!r}: a heartbeat file or a probe, not both")
 
 
 def role_spec(
@@ -48,8 +63,10 @@ def role_spec(
     heartbeat_path: str | None = None,
     env: dict[str, str] | None = None,
     max_restarts: int | None = None,
+    probe: Callable[[], bool] | None = None,
 ) -> RoleSpec:
-    """A RoleSpec with the run's watchdog settings (`max_restarts` overrides the config's)."""
+    """A RoleSpec with the run's watchdog settings (`max_restarts` overrides the config's); its
+    stop stage follows its kind (the name up to the first '-')."""
     return RoleSpec(
         name,
         argv,
@@ -60,6 +77,8 @@ def role_spec(
         backoff_first_sec=config.backoff_first_sec,
         backoff_max_sec=config.backoff_max_sec,
         env=env or {},
+        probe=probe,
+        stage=STAGES.get(name.split("-", 1)[0], 0),
     )
 
 
@@ -73,6 +92,8 @@ class _Running:
     budget_at: float = 0.0
     in_a_row: int = 0  # restarts since the role last ran for backoff_max_sec
     restart_at: float | None = None  # down, waiting out its backoff until then
+    answered: float = 0.0  # a probed role: when it last answered (monotonic)
+    probed: float = 0.0
 
 
 class RoleFailed(RuntimeError):
@@ -81,11 +102,16 @@ class RoleFailed(RuntimeError):
 
 class Watchdog:
     def __init__(
-        self, log_dir: str | os.PathLike, stop_grace_sec: float = 10.0, events_path: str | os.PathLike | None = None
+        self,
+        log_dir: str | os.PathLike,
+        stop_grace_sec: float = 10.0,
+        events_path: str | os.PathLike | None = None,
+        startup_grace_sec: float = STARTUP_GRACE_SEC,
     ) -> None:
         self.log_dir = pathlib.Path(log_dir)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.stop_grace_sec = stop_grace_sec
+        self.startup_grace_sec = startup_grace_sec
         self.events_path = pathlib.Path(events_path) if events_path else None  # JSON lines: what, when, why
         self.roles: dict[str, _Running] = {}
 
@@ -106,8 +132,15 @@ class Watchdog:
     def start(self, spec: RoleSpec) -> None:
         if spec.name in self.roles:
             raise ValueError(f"role {spec.name!r} already started")
+        self.adopt(spec, self._spawn(spec))
+
+    def adopt(self, spec: RoleSpec, proc: subprocess.Popen) -> None:
+        """Supervise a process started elsewhere as if `start` had started it: a restart runs
+        `spec.argv`."""
+        if spec.name in self.roles:
+            raise ValueError(f"role {spec.name!r} already started")
         now = time.monotonic()
-        self.roles[spec.name] = _Running(spec, self._spawn(spec), now, budget=spec.max_restarts, budget_at=now)
+        self.roles[spec.name] = _Running(spec, proc, now, budget=spec.max_restarts, budget_at=now, answered=now)
 
     def _spawn(self, spec: RoleSpec) -> subprocess.Popen:
         if spec.heartbeat_path:
@@ -172,7 +205,7 @@ class Watchdog:
     def _restart(self, running: _Running, now: float) -> None:
         running.restarts += 1
         running.proc = self._spawn(running.spec)
-        running.started = now
+        running.started = running.answered = now
 
     def _record(self, running: _Running, event: str, why: str) -> str:
         if self.events_path is not None:
@@ -183,12 +216,18 @@ class Watchdog:
         return event
 
     def _silent(self, running: _Running) -> bool:
-        path = running.spec.heartbeat_path
+        spec, path = running.spec, running.spec.heartbeat_path
+        now = time.monotonic()
+        if spec.probe is not None and now - running.probed >= PROBE_EVERY_SEC:
+            running.probed = now
+            if spec.probe():
+                running.answered = now
+        if now - running.started < max(spec.heartbeat_timeout_sec, self.startup_grace_sec):
+            return False  # still starting up (imports, a checkpoint to restore)
+        if spec.probe is not None:
+            return now - running.answered > spec.heartbeat_timeout_sec
         if not path:
             return False
-        now = time.monotonic()
-        if now - running.started < max(running.spec.heartbeat_timeout_sec, STARTUP_GRACE_SEC):
-            return False  # still starting up (imports, a checkpoint to restore)
         try:
             beat = json.loads(pathlib.Path(path).read_text())["time"]
         except (OSError, ValueError, KeyError):
@@ -203,11 +242,9 @@ class Watchdog:
         self.stop(list(self.roles))
 
     def stop_in_order(self) -> None:
-        """Producers first, so nothing is pushed into a stopped service; the aggregator then
-        writes its final checkpoint; the buffer last."""
-        self.stop([n for n in self.roles if n not in ("buffer", "aggregator")])
-        self.stop(["aggregator"])
-        self.stop(["buffer"])
+        """Stage by stage (STAGES): workers, the aggregator, the buffer, the Redis nodes."""
+        for stage in sorted({r.spec.stage for r in self.roles.values()}):
+            self.stop([n for n, r in self.roles.items() if r.spec.stage == stage])
 
     def _terminate(self, proc: subprocess.Popen) -> None:
         terminate([proc], self.stop_grace_sec)  # SIGCONT too: a SIGSTOPped role stops cleanly

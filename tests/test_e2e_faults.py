@@ -21,14 +21,16 @@ from collections import Counter
 
 import numpy as np
 import pytest
+import redis
 
 from buffer.layout import RecordLayout
 from buffer.storage import TemporalStorage
 from fleetrl.checkpoint import load_checkpoint
-from fleetrl.config import RunConfig, with_overrides
+from fleetrl.config import RunConfig, WatchdogConfig, with_overrides
 from fleetrl.launch import free_port
 from fleetrl.ledger import read_ledgers
-from fleetrl.local_cluster import LocalRedisCluster
+from fleetrl.local_cluster import LocalRedisCluster, answers, cluster_ok
+from fleetrl.watchdog import Watchdog
 from sampler.worker import row_fingerprint
 from sim.registry import get_task
 
@@ -254,7 +256,8 @@ def _wait_for(condition, timeout_sec: float, what: str, procs: dict) -> None:
 def test_sigkill_of_a_redis_primary_with_a_replica_loses_no_acked_transition(tmp_path: pathlib.Path) -> None:
     """A 3-primary cluster with one replica each; the ingest acks a batch only once a replica
     holds it (buffer.replicas_to_ack=1). A primary is SIGKILLed mid-run: its replica takes over,
-    samplers and learners go on, and every acked batch is still stored, once."""
+    samplers and learners go on, and every acked batch is still stored, once. The nodes are
+    supervised as `fleetrl train` supervises them: the killed node comes back as a replica."""
     overrides = [f'sim.task="{TASK}"', 'run_id="redis-faults"', "learner.min_replay_transitions=500"]
     # Small windows: the batches' windows spread over every primary, the killed one included.
     overrides += [
@@ -267,16 +270,24 @@ def test_sigkill_of_a_redis_primary_with_a_replica_loses_no_acked_transition(tmp
     config_path.write_text(config.to_json())
     logs, acks = tmp_path / "logs", tmp_path / "acks"
     logs.mkdir()
-    with LocalRedisCluster(num_primaries=3, replicas=1, node_timeout_ms=2000) as cluster:
+    with (
+        LocalRedisCluster(num_primaries=3, replicas=1, node_timeout_ms=2000) as cluster,
+        Watchdog(tmp_path / "redis-logs") as dog,
+    ):
+        cluster.supervise(dog, WatchdogConfig())
         procs = {role: _start(role, config_path, logs, *a) for role, a in _role_args(cluster, acks).items()}
         try:
             _wait_for(lambda: len(read_ledgers(acks, "sampler-")) >= 10 and _applied(acks) >= 20, 180, "a warm fleet",
                       procs)  # fmt: skip
             batches, applied = len(read_ledgers(acks, "sampler-")), _applied(acks)
-            os.kill(_primary_of(cluster, config), signal.SIGKILL)  # its replica is promoted
+            host, port = _primary_of(cluster, config)
+            os.kill(dog.pids()[f"redis-{port}"], signal.SIGKILL)  # its replica is promoted
             _wait_for(lambda: len(read_ledgers(acks, "sampler-")) >= batches + 10, 180, "acks after the failover",
                       procs)  # fmt: skip
             _wait_for(lambda: _applied(acks) >= applied + 50, 180, "training after the failover", procs)
+            _wait_for(lambda: dog.poll() is not None and _role_of(host, port, cluster) == "slave", 120,
+                      "the killed primary back as a replica", procs)  # fmt: skip
+            assert cluster_ok(cluster.nodes, cluster.auth)
             procs["sampler"].send_signal(signal.SIGTERM)
             assert procs["sampler"].wait(30) == 0
             stored = _stored_rows(cluster, config)
@@ -298,10 +309,22 @@ def test_sigkill_of_a_redis_primary_with_a_replica_loses_no_acked_transition(tmp
     assert acked_rows <= len(stored) <= acked_rows + dropped * 50 * (1 + config.sampler.her_k)
 
 
-def _primary_of(cluster: LocalRedisCluster, config: RunConfig) -> int:
-    """The pid of the primary holding the run's committed head: every push writes there."""
+def _primary_of(cluster: LocalRedisCluster, config: RunConfig) -> tuple[str, int]:
+    """The primary holding the run's committed head: every push writes there."""
     client = cluster.client()
     layout = RecordLayout(config.run_id, get_task(config.sim.task).schema(), config.buffer)
     node = client.get_node_from_key(layout.committed_key)
     client.close()
-    return dict(zip(cluster.nodes, cluster.pids, strict=True))[(node.host, node.port)]
+    return node.host, node.port
+
+
+def _role_of(host: str, port: int, cluster: LocalRedisCluster) -> str | None:
+    """The node's replication role ("master", "slave"), or None while it does not answer."""
+    if not answers(host, port, cluster.auth):
+        return None
+    conn = redis.Redis(host=host, port=port)
+    try:
+        role = conn.execute_command("ROLE")[0]
+    finally:
+        conn.close()
+    return role.decode() if isinstance(role, bytes) else role

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -16,7 +17,10 @@ import redis
 import redis.cluster
 
 from fleetrl import local_cluster
+from fleetrl.config import WatchdogConfig
 from fleetrl.local_cluster import LocalClusterError, LocalRedisCluster, connect, parse_addresses
+from fleetrl.watchdog import Watchdog
+from tests.test_watchdog import poll_until
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -165,3 +169,50 @@ def test_replicas_follow_the_primaries_and_one_takes_over_a_killed_primary():
 def test_replica_ports_are_counted_with_the_primaries():
     with pytest.raises(ValueError, match="one port per node \\(6: primaries, then replicas\\)"):
         LocalRedisCluster(num_primaries=3, replicas=1, ports=[7000, 7001, 7002])
+
+
+def _role(conn: redis.Redis) -> str:
+    role = conn.execute_command("ROLE")[0]
+    return role.decode() if isinstance(role, bytes) else role
+
+
+def test_a_supervised_node_killed_without_a_replica_is_restarted_and_holds_its_slots_again(tmp_path):
+    config = WatchdogConfig(heartbeat_timeout_sec=60.0)
+    with LocalRedisCluster(num_primaries=3) as cluster, Watchdog(tmp_path / "logs", events_path=tmp_path / "ev") as dog:
+        cluster.supervise(dog, config)
+        host, port = cluster.nodes[1]
+        conn = redis.Redis(host=host, port=port)
+        node_id = conn.execute_command("CLUSTER", "MYID")
+        os.kill(dog.pids()[f"redis-{port}"], signal.SIGKILL)
+        events = poll_until(dog, lambda _: local_cluster.cluster_ok(cluster.nodes, cluster.auth))
+        assert any(e.startswith(f"redis-{port} exited with code -9") for e in events), events
+        assert conn.execute_command("CLUSTER", "MYID") == node_id  # rejoined as itself, from nodes.conf
+        assert _role(conn) == "master"
+        client = cluster.client()
+        for i in range(50):  # every slot is served again, the restarted node's included
+            client.set(f"{{k{i}}}", i)
+        client.close()
+        conn.close()
+    assert json.loads((tmp_path / "ev").read_text().splitlines()[0])["role"] == f"redis-{port}"
+
+
+def test_a_supervised_primary_that_hangs_is_replaced_by_its_replica_and_rejoins_as_a_replica(tmp_path):
+    """SIGSTOP: the node no longer answers. Its replica takes over after the node timeout; the
+    watchdog restarts the hung node after the heartbeat timeout; it comes back as a replica."""
+    config = WatchdogConfig(heartbeat_timeout_sec=3.0)
+    with (
+        LocalRedisCluster(num_primaries=3, replicas=1, node_timeout_ms=1000) as cluster,
+        Watchdog(tmp_path / "logs", startup_grace_sec=0.0) as dog,
+    ):
+        cluster.supervise(dog, config)
+        host, port = cluster.primaries[0]
+        pid = dog.pids()[f"redis-{port}"]
+        os.kill(pid, signal.SIGSTOP)
+        events = poll_until(dog, lambda _: dog.pids()[f"redis-{port}"] != pid)
+        assert any(e.startswith(f"redis-{port} stopped sending heartbeats") for e in events), events
+        conn = redis.Redis(host=host, port=port)
+        poll_until(dog, lambda _: local_cluster.answers(host, port, cluster.auth) and _role(conn) == "slave")
+        poll_until(dog, lambda _: local_cluster.cluster_ok(cluster.nodes, cluster.auth))
+        promoted = [n for n in cluster.nodes[3:] if _role(redis.Redis(host=n[0], port=n[1])) == "master"]
+        assert len(promoted) == 1, promoted  # the old primary's replica
+        conn.close()
