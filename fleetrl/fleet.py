@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import pathlib
 import sys
 import threading
@@ -36,7 +37,7 @@ import yaml
 
 from fleetrl.config import ConfigError, RunConfig, with_overrides
 from fleetrl.local_cluster import LocalRedisCluster, cluster_ok, form_cluster, nodes_answer
-from fleetrl.process import heartbeat_file
+from fleetrl.process import free_port, heartbeat_file
 from fleetrl.transport import REDIS_PASSWORD_ENV, TOKEN_ENV, Security
 from fleetrl.watchdog import RoleSpec, Watchdog, role_spec
 
@@ -173,20 +174,43 @@ def _host(name: str, body: Any, source: str) -> HostSpec:
 
 
 class FleetHost:
-    """One host's share of a fleet: its Redis nodes and roles, supervised until `stop`."""
+    """One host's share of a fleet: its Redis nodes and roles, supervised until `stop`.
 
-    def __init__(self, spec: FleetSpec, host: str, config: RunConfig, stop: threading.Event) -> None:
+    `fleetrl train` is the one-host case: LocalFleet builds a spec of one host on loopback and
+    starts the roles `roles()` gives it (with `host_dir` the run directory, its own generated
+    secrets, and its own order: the slow starters before the Redis Cluster is formed)."""
+
+    def __init__(
+        self,
+        spec: FleetSpec,
+        host: str,
+        config: RunConfig,
+        stop: threading.Event,
+        *,
+        host_dir: str | pathlib.Path | None = None,
+        security: Security | None = None,
+        max_restarts: int | None = None,
+    ) -> None:
         self.spec, self.host, self.config, self.stop = spec, spec.host(host), config, stop
         self.run_dir = pathlib.Path(spec.run_dir)
-        self.host_dir = self.run_dir / self.host.name
-        self.security = Security.from_config(config.security)
+        self.host_dir = pathlib.Path(host_dir) if host_dir is not None else self.run_dir / self.host.name
+        self.security = security or Security.from_config(config.security)
+        self.max_restarts = max_restarts  # None: the config's watchdog.max_restarts
+        self.metrics: dict[str, str] = {}  # role -> its Prometheus endpoint (<host_dir>/metrics.json)
         if config.security.enabled and not (self.security.token and self.security.redis_password):
             raise ConfigError(
                 f"a fleet over hosts needs the same secrets on every host: export {TOKEN_ENV} and "
                 f"{REDIS_PASSWORD_ENV} (or set security.token_file and security.redis_password_file), "
                 "or set security.enabled=false on a trusted network"
             )
-        self.env = {TOKEN_ENV: self.security.token, REDIS_PASSWORD_ENV: self.security.redis_password}
+        self.env = {
+            TOKEN_ENV: self.security.token,
+            REDIS_PASSWORD_ENV: self.security.redis_password,
+            # One process per role is the parallelism: BLAS/OpenMP pools in every role would
+            # spin on the same cores (measured: OpenBLAS threads in the aggregator took CPU from
+            # the learner). Learners still set learner.torch_threads themselves.
+            **{var: os.environ.get(var, "1") for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")},
+        }
 
     def run(self) -> None:
         self.host_dir.mkdir(parents=True, exist_ok=True)
@@ -224,7 +248,8 @@ class FleetHost:
                 nodes.close()
 
     def roles(self, config_path: str) -> list[RoleSpec]:
-        """This host's role processes, services first."""
+        """This host's role processes, services first. Every role also serves Prometheus metrics
+        on a port of this host, listed in <host_dir>/metrics.json."""
         buffer, aggregator, redis = self.spec.service("buffer"), self.spec.service("aggregator"), self.spec.redis
         needs = {
             "buffer": ("--redis", redis),
@@ -235,19 +260,24 @@ class FleetHost:
         }
         base = (sys.executable, "-m", "fleetrl.cli")
         specs = []
-        watchdog = self.config.watchdog
         for role, port in self.host.services.items():
-            listen, beat = f"{self.host.address}:{port}", heartbeat_file(self.host_dir, role)
-            argv = (*base, role, "--config", config_path, "--listen", listen, "--heartbeat", beat, *needs[role])
-            specs.append(role_spec(role, argv, watchdog, beat, self.env))
+            listen = f"{self.host.address}:{port}"
+            specs.append(self._role(role, (), (*base, role, "--config", config_path, "--listen", listen), needs[role]))
         for role, workers in self.host.workers.items():
             pin = ("taskset", "-c", ",".join(map(str, workers.cpus))) if workers.cpus else ()
             first = self.spec.first_id(self.host, role)
             for index in range(first, first + workers.count):
-                name, beat = f"{role}-{index}", heartbeat_file(self.host_dir, f"{role}-{index}")
-                argv = (*pin, *base, role, "--config", config_path, "--id", str(index), "--heartbeat", beat)
-                specs.append(role_spec(name, (*argv, *needs[role]), watchdog, beat, self.env))
+                argv = (*base, role, "--config", config_path, "--id", str(index))
+                specs.append(self._role(f"{role}-{index}", pin, argv, needs[role]))
+        self.host_dir.mkdir(parents=True, exist_ok=True)
+        (self.host_dir / "metrics.json").write_text(json.dumps(self.metrics, indent=2))
         return specs
+
+    def _role(self, name: str, pin: tuple[str, ...], argv: tuple[str, ...], needs: tuple[str, ...]) -> RoleSpec:
+        beat = heartbeat_file(self.host_dir, name)
+        self.metrics[name] = metrics = f"{self.host.address}:{free_port('0.0.0.0')}"  # free on every address
+        argv = (*pin, *argv, "--heartbeat", beat, "--metrics", metrics, *needs)
+        return role_spec(name, argv, self.config.watchdog, beat, self.env, self.max_restarts)
 
     def _first_redis_host(self) -> bool:
         return next(h for h in self.spec.hosts if h.redis).name == self.host.name

@@ -23,7 +23,6 @@ import logging
 import os
 import pathlib
 import secrets
-import sys
 import threading
 import time
 from contextlib import closing
@@ -35,11 +34,12 @@ from buffer.client import IngestClient
 from fleetrl.checkpoint import CheckpointError
 from fleetrl.config import RunConfig
 from fleetrl.cpu import CpuMeter
-from fleetrl.local_cluster import LocalRedisCluster
-from fleetrl.process import free_port, heartbeat_file, stop_event
+from fleetrl.fleet import FleetHost, FleetSpec, HostSpec, Workers
+from fleetrl.local_cluster import LocalRedisCluster, free_port_pair
+from fleetrl.process import free_port, stop_event
 from fleetrl.progress import Progress, Snapshot
-from fleetrl.transport import REDIS_PASSWORD_ENV, TOKEN_ENV, Security, serving
-from fleetrl.watchdog import RoleSpec, Watchdog, role_spec
+from fleetrl.transport import Security, serving
+from fleetrl.watchdog import Watchdog
 
 if TYPE_CHECKING:
     from sampler.evaluator import EvalResult
@@ -95,44 +95,30 @@ class LocalFleet:
         self.started_at = started_at
         self.run_dir = pathlib.Path(config.run_dir)
         self.num_redis_primaries = num_redis_primaries
-        self._max_restarts: int | None = None  # None: the config's watchdog.max_restarts
         self._stop = threading.Event()
         self.cpu = CpuMeter()
-        self._metrics: dict[str, str] = {}  # role -> the address of its Prometheus metrics
         self._cpu_sampled = -CPU_SAMPLE_SEC
         # A local run needs no set-up: without a token or Redis password given, one is made.
         self.security = local_security(config)
-        self._child_env = {
-            TOKEN_ENV: self.security.token,
-            REDIS_PASSWORD_ENV: self.security.redis_password,
-            # One process per role is the parallelism: BLAS/OpenMP pools in every role would
-            # spin on the same cores (measured: OpenBLAS threads in the aggregator took CPU from
-            # the learner). Learners still set learner.torch_threads themselves.
-            **{var: os.environ.get(var, "1") for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")},
-        }
 
     def make_cluster(self) -> LocalRedisCluster:
-        """The run's local Redis Cluster: its nodes require the run's ACL user and password."""
-        return LocalRedisCluster(self.num_redis_primaries, auth=self.security)
+        """The run's local Redis Cluster on ports chosen now (the roles' spec names them before
+        it starts); its nodes require the run's ACL user and password."""
+        ports = [free_port_pair() for _ in range(self.num_redis_primaries)]
+        return LocalRedisCluster(self.num_redis_primaries, auth=self.security, ports=ports)
 
-    def _role_argv(self, role: str, name: str, *args: str) -> tuple[str, ...]:
-        """A role's command line; every role also serves Prometheus metrics on a port of its own,
-        listed in <run>/metrics.json."""
-        metrics = f"127.0.0.1:{free_port()}"
-        self._metrics[name] = metrics
-        (self.run_dir / "metrics.json").write_text(json.dumps(self._metrics, indent=2))
-        config = str(self.run_dir / "config.json")
-        return (sys.executable, "-m", "fleetrl.cli", role, "--config", config, "--metrics", metrics, *args)
-
-    def _start_service(self, dog: Watchdog, role: str, address: str, *extra: str) -> None:
-        """Services listen on ports fixed up front, so a restarted one keeps its address."""
-        port = address.rsplit(":", 1)[1]
-        beat = heartbeat_file(self.run_dir, role)  # services beat too: a hung (SIGSTOPped) one is replaced
-        argv = self._role_argv(role, role, "--port", port, "--heartbeat", beat, *extra)
-        dog.start(self._spec(role, argv, beat))
-
-    def _spec(self, name: str, argv: tuple[str, ...], beat: str) -> RoleSpec:
-        return role_spec(name, argv, self.config.watchdog, beat, self._child_env, self._max_restarts)
+    def spec(self, cluster: LocalRedisCluster) -> FleetSpec:
+        """This run as a fleet of one host on loopback: what `fleetrl fleet up` would start."""
+        c = self.config
+        workers = {"sampler": c.sampler.num_samplers, "learner": c.learner.num_learners, "evaluator": 1}
+        host = HostSpec(
+            "local",
+            "127.0.0.1",
+            redis=tuple(cluster.ports or ()),
+            services={"aggregator": free_port(), "buffer": free_port()},
+            workers={role: Workers(count) for role, count in workers.items()},
+        )
+        return FleetSpec(c.run_id, str(self.run_dir), (), (host,))
 
     def _wait_ready(self, dog: Watchdog, role: str, address: str) -> None:
         """Until the service answers the standard health check with SERVING (the buffer: once
@@ -144,13 +130,6 @@ class LocalFleet:
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"{role} not ready after {READY_TIMEOUT_SEC}s; see {dog.log_dir / role}.log")
                 time.sleep(0.05)
-
-    def _start_workers(self, dog: Watchdog, role: str, count: int, *extra: str) -> None:
-        for index in range(count):
-            name = f"{role}-{index}"
-            beat = heartbeat_file(self.run_dir, name)
-            argv = self._role_argv(role, name, "--id", str(index), "--heartbeat", beat, *extra)
-            dog.start(self._spec(name, argv, beat))
 
     def prepare(self) -> None:
         """Create the run directory and write the resolved config every role process reads."""
@@ -172,22 +151,20 @@ class LocalFleet:
         each process's imports then overlap instead of adding up. `cluster` is started here.
         Benchmarks leave out learners or the evaluator, and use max_restarts=0.
         """
-        c = self.config
-        self._max_restarts = max_restarts
-        buffer, aggregator = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
-        self._start_service(dog, "aggregator", aggregator, "--run-dir", str(self.run_dir))
-        acks = str(self.run_dir / "acks")
-        sampler_args = ("--buffer", buffer, "--aggregator", aggregator, "--ack-log", acks)
-        self._start_workers(dog, "sampler", c.sampler.num_samplers, *sampler_args)
-        if evaluator:
-            self._start_workers(dog, "evaluator", 1, "--buffer", buffer, "--aggregator", aggregator)
+        spec = self.spec(cluster)
+        host = FleetHost(spec, "local", self.config, self._stop, host_dir=self.run_dir, security=self.security,
+                         max_restarts=max_restarts)  # fmt: skip
+        roles = host.roles(str(self.run_dir / "config.json"))
+        kinds = {"aggregator", "sampler", *(["evaluator"] if evaluator else [])}
+        for role in roles:  # everything that needs no Redis first
+            if role.name.split("-")[0] in kinds:
+                dog.start(role)
         cluster.start()
-        cluster.supervise(dog, c.watchdog)  # a node that dies or hangs is restarted and rejoins
-        self._start_service(dog, "buffer", buffer, "--redis", cluster.addresses)
-        if learners:
-            self._start_workers(
-                dog, "learner", c.learner.num_learners, "--redis", cluster.addresses, "--aggregator", aggregator
-            )
+        cluster.supervise(dog, self.config.watchdog)  # a node that dies or hangs is restarted and rejoins
+        for role in roles:
+            if role.name == "buffer" or (learners and role.name.startswith("learner-")):
+                dog.start(role)
+        buffer, aggregator = spec.service("buffer"), spec.service("aggregator")
         self._wait_ready(dog, "aggregator", aggregator)
         self._wait_ready(dog, "buffer", buffer)
         return buffer, aggregator

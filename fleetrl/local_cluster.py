@@ -83,18 +83,19 @@ def _port_is_free(port: int, host: str = "127.0.0.1") -> bool:
     return True
 
 
-def _free_port_pair(taken: set[int], host: str = "127.0.0.1") -> int:
+def free_port_pair(taken: set[int] | None = None, host: str = "127.0.0.1") -> int:
     """A loopback port p such that p and its cluster bus port p + 10000 are both free now.
 
     The OS picks p (bind to port 0); a race with another process can still take it before
-    redis-server binds, which the caller handles by retrying with a fresh port.
+    redis-server binds: LocalRedisCluster then retries with a fresh port; a launcher that named
+    the ports up front (LocalFleet) fails with the node's log.
     """
     for _ in range(200):
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             s.bind((host, 0))
             port = s.getsockname()[1]
         bus = port + CLUSTER_BUS_OFFSET
-        if port not in taken | HANDED_OUT_PORTS and bus < 65536 and _port_is_free(bus, host):
+        if port not in (taken or set()) | HANDED_OUT_PORTS and bus < 65536 and _port_is_free(bus, host):
             HANDED_OUT_PORTS.add(port)  # nor will this process hand it to a role
             return port
     raise LocalClusterError("found no free loopback port p with p + 10000 also free after 200 tries")
@@ -395,7 +396,7 @@ class LocalRedisCluster:
         logs = []
         attempts = 1 if self.ports else _PORT_ATTEMPTS
         for _ in range(attempts):
-            port = self.ports[index] if self.ports else _free_port_pair(taken, self.host)
+            port = self.ports[index] if self.ports else free_port_pair(taken, self.host)
             node = _Node(
                 binary, Path(self._tmp.name), index, port, self.auth, self.host, self.appendonly, self.node_timeout_ms
             )

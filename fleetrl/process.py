@@ -56,12 +56,12 @@ def setup_logging(role: str) -> logging.Logger:
 HANDED_OUT_PORTS: set[int] = set()  # ports this process chose for a child to bind later
 
 
-def free_port() -> int:
-    """A loopback port free now and never handed out before by this process: ports are chosen
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port of `host` free now and never handed out before by this process: ports are chosen
     up front and bound later (by a child), so two children must not be given the same one."""
     while True:
         with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
+            s.bind((host, 0))
             port = s.getsockname()[1]
         if port not in HANDED_OUT_PORTS:
             HANDED_OUT_PORTS.add(port)

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
-from fleetrl.config import ConfigError
+from fleetrl.config import ConfigError, RunConfig, with_overrides
 from fleetrl.fleet import FleetHost, FleetSpec
+from fleetrl.launch import LocalFleet
 from fleetrl.transport import REDIS_PASSWORD_ENV, TOKEN_ENV
 
 SPEC = {
@@ -67,3 +70,19 @@ def test_an_unknown_host_and_missing_secrets_are_named(monkeypatch):
     monkeypatch.delenv(REDIS_PASSWORD_ENV, raising=False)
     with pytest.raises(ConfigError, match=f"export {TOKEN_ENV}"):
         FleetHost(spec, "sim-1", spec.config(), None)  # type: ignore[arg-type]
+
+
+def test_the_local_run_is_a_fleet_of_one_host_built_by_the_same_code(tmp_path):
+    """`fleetrl train` takes its roles from FleetHost, as `fleetrl fleet up` does."""
+    config = with_overrides(RunConfig(), [f'run_dir="{tmp_path}"', "sampler.num_samplers=2"])
+    fleet = LocalFleet(config, started_at=0.0)
+    cluster = fleet.make_cluster()  # ports chosen, nothing started
+    spec = fleet.spec(cluster)
+    host = FleetHost(spec, "local", config, None, host_dir=tmp_path, security=fleet.security)  # type: ignore[arg-type]
+    roles = {r.name: r.argv for r in host.roles("c.json")}
+    assert sorted(roles) == ["aggregator", "buffer", "evaluator-0", "learner-0", "sampler-0", "sampler-1"]
+    assert roles["learner-0"][roles["learner-0"].index("--redis") + 1] == ",".join(
+        f"127.0.0.1:{p}" for p in cluster.ports or ()
+    )
+    assert all("--metrics" in argv for argv in roles.values())
+    assert sorted(json.loads((tmp_path / "metrics.json").read_text())) == sorted(roles)
