@@ -29,7 +29,6 @@ import threading
 from typing import Any
 
 import numpy as np
-import torch
 
 log = logging.getLogger("fleetrl.checkpoint")
 
@@ -47,8 +46,14 @@ def checkpoint_path(directory: str | os.PathLike, version: int) -> pathlib.Path:
     return pathlib.Path(directory) / f"ckpt_{version:010d}.pt"
 
 
+# torch loads only where a checkpoint is encoded or decoded: the roles that never touch one
+# (samplers, the buffer) do not pay its ~200 MiB, which a sampler would also pin (mlockall).
+
+
 def _to_tensors(value: Any) -> Any:
     """numpy arrays -> tensors, recursively: what weights_only loading accepts."""
+    import torch
+
     if isinstance(value, np.ndarray):
         return torch.from_numpy(np.ascontiguousarray(value))
     if isinstance(value, dict):
@@ -58,6 +63,8 @@ def _to_tensors(value: Any) -> Any:
 
 def _to_numpy(value: Any, depth: int = 0) -> Any:
     """The inverse for the top-level weights and norm totals (optimizer state stays torch)."""
+    import torch
+
     if isinstance(value, torch.Tensor):
         return value.numpy()
     if isinstance(value, dict) and depth == 0:
@@ -66,6 +73,8 @@ def _to_numpy(value: Any, depth: int = 0) -> Any:
 
 
 def encode_checkpoint(state: dict[str, Any]) -> bytes:
+    import torch
+
     buffer = io.BytesIO()
     torch.save(_to_tensors(state), buffer)
     payload = buffer.getvalue()
@@ -78,6 +87,8 @@ def decode_checkpoint(data: bytes, name: str = "checkpoint") -> dict[str, Any]:
     match = _HEADER.match(header)
     if not sep or match is None:
         raise CheckpointError(f"{name}: not a fleetrl checkpoint (bad header)")
+    import torch
+
     digest, size = match.group(1).decode(), int(match.group(2))
     if len(payload) != size:
         raise CheckpointError(f"{name}: {len(payload)} payload bytes, header says {size} (torn write?)")

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import pathlib
+import subprocess
+import sys
+
 import grpc
 import numpy as np
 import pytest
@@ -16,6 +20,8 @@ from fleetrl.wire import to_tensor
 from sampler.evaluator import evaluate
 from sim.registry import make_env
 from tests.test_aggregator_service import SPEC, push
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.parametrize(
@@ -120,3 +126,14 @@ def test_a_watcher_reconnects_when_the_aggregator_restarts_gracefully(tmp_path):
             agg.push_gradients(push(second.servicer.core, restored))
             got = watcher.wait_newer_than(restored, timeout=15)
             assert got is not None and got.version == restored + 1
+
+
+def test_samplers_the_buffer_and_the_evaluator_do_not_load_torch():
+    """torch is ~200 MiB resident, and a sampler pins what it touches (mlockall): the roles that
+    never encode or decode a checkpoint must not import it (the CLI once did, for an error type)."""
+    code = (
+        "import sys, fleetrl.cli, sampler.worker, sampler.evaluator, buffer.service; "
+        "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO)
+    assert out.stdout.strip() == "[]", out.stdout
