@@ -81,6 +81,7 @@ class AggregatorServicer(pb_grpc.AggregatorServicer):
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None  # the server's event loop (attach())
         self._version_event: asyncio.Event | None = None  # set (and replaced) on every new version
+        self._deadline_task: asyncio.Task | None = None  # closes K-of-M steps at their deadline
         self._cache = _WeightsCache()
         self.counts: Counter[str] = Counter()
         self.rejected_by_field: Counter[str] = Counter()
@@ -120,9 +121,7 @@ class AggregatorServicer(pb_grpc.AggregatorServicer):
                 if result.applied:
                     self.applied_by_sender[key[:2]] += 1
                     self.metrics = dict(request.metrics)
-                    if self.lease is not None:
-                        self.lease.ensure(self.core.version)  # persisted before anyone can see it
-                    self._announce()
+                    self._stepped()
                 ack = pb.GradientAck(applied=result.applied, version=result.version, reason=result.reason)
                 self.dedup.record(key, ack)
                 self._maybe_checkpoint()
@@ -133,6 +132,23 @@ class AggregatorServicer(pb_grpc.AggregatorServicer):
                 self.rejected_by_learner[learner] += 1
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, cap(str(err), 512))
         return ack
+
+    def _stepped(self) -> None:
+        """After a step may have made a version (lock held): lease it, then announce it."""
+        if self.lease is not None:
+            self.lease.ensure(self.core.version)  # persisted before anyone can see it
+        self._announce()
+
+    async def _close_due_steps(self) -> None:
+        """K-of-M's deadline: a step still short of K gradients closes once its first is
+        step_deadline_ms old, whether or not another push ever comes (a learner that left)."""
+        period = max(self.config.step_deadline_ms / 4000.0, 0.002)
+        while True:
+            await asyncio.sleep(period)
+            with self._lock:
+                if self.core.close_due():
+                    self._stepped()
+                    self._maybe_checkpoint()
 
     def responsive(self, timeout_sec: float) -> bool:
         """True if the step lock can be taken within `timeout_sec` (no step is wedged)."""
@@ -192,6 +208,8 @@ class AggregatorServicer(pb_grpc.AggregatorServicer):
         """Serve weight streams on `loop` (the asyncio server's)."""
         self._loop = loop
         self._version_event = asyncio.Event()
+        if self.core.grads_per_step > 1 and self.config.step_deadline_ms > 0:
+            self._deadline_task = loop.create_task(self._close_due_steps())
 
     def _announce(self) -> None:
         """A new version (called from any thread): wake the streams on the event loop."""
@@ -364,6 +382,9 @@ class AggregatorServer:
         self.servicer.close()
 
     def _stop_loop(self) -> None:
+        task = self.servicer._deadline_task
+        if task is not None:  # no step closes after this (nor after the final checkpoint)
+            self._loop.call_soon_threadsafe(task.cancel)
         # Stopped, never closed: grpc's asyncio poller keeps a reader on the loop for the life
         # of the process, and a closed loop turns its next wake-up into a logged EBADF.
         self._loop.call_soon_threadsafe(self._loop.stop)

@@ -120,7 +120,19 @@ class AggregatorConfig:
     lr: float = config_field(1e-3, "Adam learning rate of actor, critics and temperature")
     tau: float = config_field(0.05, "target critic Polyak factor per version")
     init_log_alpha: float = config_field(-2.0, "initial log of the SAC temperature")
-    grads_per_step: int = config_field(0, "gradients averaged into one step; 0 = number of learners")
+    grads_per_step: int = config_field(
+        0, "K of K-of-M: a step closes once this many learners have a gradient pending; 0 = every learner (M)"
+    )
+    step_deadline_ms: float = config_field(
+        100.0,
+        "... or once its first gradient is this old, with what has arrived (a slow or departed learner "
+        "never stalls the others); 0 = wait for K",
+    )
+    staleness_power: float = config_field(
+        1.0,
+        "a step's gradients are averaged with weight batch_size / (1 + staleness)^p, staleness = versions "
+        "between the gradient's weights and the step; 0 = by batch size only",
+    )
     max_grad_norm: float = config_field(
         100.0,
         "the global L2 norm of a step's mean gradient (all groups) is clipped to this, so one wild push "
@@ -283,6 +295,8 @@ class RunConfig:
                 "aggregator.grads_per_step",
                 ">= 0 (0 = number of learners): the aggregator could not start",
             ),
+            (self.aggregator.step_deadline_ms >= 0, "aggregator.step_deadline_ms", ">= 0 (0 = no deadline)"),
+            (self.aggregator.staleness_power >= 0, "aggregator.staleness_power", ">= 0 (0 = no discount)"),
             (
                 self.sampler.weights_interval_sec >= 0,
                 "sampler.weights_interval_sec",

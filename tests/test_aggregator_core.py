@@ -17,7 +17,8 @@ from fleetrl.checkpoint import (
     save_checkpoint,
 )
 from fleetrl.config import AggregatorConfig
-from learner.models import GRADIENT_GROUPS, GROUPS, ModelSpec, norm_from_stats, norm_stats
+from learner.models import GRADIENT_GROUPS, GROUPS, ModelSpec, SACModel, norm_from_stats, norm_stats
+from learner.sac import Batch, SACHyperparams, compute_gradients
 
 SPEC = ModelSpec(obs_dim=3, goal_dim=2, act_dim=2, hidden_sizes=(8,))
 CONFIG = AggregatorConfig(lr=1e-2, tau=0.25, seed=0)
@@ -358,3 +359,94 @@ def test_bad_normalizer_statistics_are_refused(case, mutate, message):
         core.submit(0, grads(core, 0), bad, batch_size=16)
     assert err.value.field == "tensors[norm_stats].data"
     assert core.version == 0 and not core._pending
+
+
+def _row_noise(self, sample_shape=torch.Size()):  # noqa: B008 - torch's own default
+    """A reparameterized sample whose noise is a function of its row: a batch's gradient is then
+    exactly the mean of its rows' gradients, however the batch is split."""
+    return self.loc + self.scale * torch.sin(123.0 * self.loc.detach())
+
+
+def _sac_gradient(core: AggregatorCore, spec: ModelSpec, rows: dict[str, np.ndarray]):
+    model = SACModel(spec)
+    for group, flat in core.weights().items():
+        model.set_flat(group, flat)
+    batch = Batch.from_numpy(**rows)
+    return compute_gradients(model, batch, SACHyperparams(gamma=0.95, target_entropy=-float(spec.act_dim)))
+
+
+def _rows(spec: ModelSpec, n: int, seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {
+        "obs": rng.normal(size=(n, spec.obs_dim)),
+        "goal": rng.normal(size=(n, spec.goal_dim)),
+        "action": rng.uniform(-1, 1, (n, spec.act_dim)),
+        "reward": -rng.integers(0, 2, n).astype(np.float64),
+        "next_obs": rng.normal(size=(n, spec.obs_dim)),
+        "done": np.zeros(n),
+    }
+
+
+def test_m_learners_of_batch_b_step_as_one_learner_of_batch_m_times_b_on_the_same_data(monkeypatch):
+    """Real SAC gradients: two learners with 16 and 48 rows of a batch step the weights as one
+    learner with all 64 rows (the mean is weighted by batch size); unweighted, they would not."""
+    monkeypatch.setattr(torch.distributions.Normal, "rsample", _row_noise)
+    spec = ModelSpec(obs_dim=3, goal_dim=2, act_dim=2, hidden_sizes=(16, 16))
+    config = AggregatorConfig(lr=1e-3, seed=3)
+    rows = _rows(spec, 64)
+    part = [{k: v[:16] for k, v in rows.items()}, {k: v[16:] for k, v in rows.items()}]
+
+    one = AggregatorCore(spec, config, grads_per_step=1, max_staleness=1)
+    whole = _sac_gradient(one, spec, rows)
+    one.submit(0, whole.grads, whole.norm_stats, "learner-0", batch_size=64)
+
+    def two_learners(batch_sizes: tuple[int, int]) -> AggregatorCore:
+        core = AggregatorCore(spec, config, grads_per_step=2, max_staleness=1)
+        results = [_sac_gradient(core, spec, p) for p in part]
+        for i, (result, size) in enumerate(zip(results, batch_sizes, strict=True)):
+            core.submit(0, result.grads, result.norm_stats, f"learner-{i}", batch_size=size)
+        return core
+
+    two = two_learners((16, 48))
+    assert one.version == two.version == 1
+    for group in GROUPS:
+        np.testing.assert_allclose(two.weights()[group], one.weights()[group], rtol=1e-5, atol=1e-7, err_msg=group)
+    unweighted = two_learners((0, 0))  # sizes unknown (weight 1 each): the plain mean, not the same step
+    assert not np.allclose(unweighted.weights()["critic"], one.weights()["critic"], rtol=1e-5, atol=1e-7)
+
+
+def test_a_stale_gradient_weighs_less_in_the_step():
+    config = AggregatorConfig(lr=1e-2, tau=0.25, seed=0, staleness_power=1.0)
+    core = AggregatorCore(SPEC, config, grads_per_step=2, max_staleness=1)
+    start = core.weights()
+    g = [grads(core, seed) for seed in range(4)]
+    core.submit(0, g[0], stats(0), learner="a", batch_size=16)
+    core.submit(0, g[1], stats(1), learner="b", batch_size=16)
+    core.submit(0, g[2], stats(2), learner="a", batch_size=16)  # one version behind: weight 16 / 2
+    core.submit(1, g[3], stats(3), learner="b", batch_size=16)  # fresh: weight 16
+    assert core.version == 2
+    for group in GRADIENT_GROUPS:
+        first = (g[0][group].astype(np.float64) + g[1][group]) / 2
+        second = (0.5 * g[2][group].astype(np.float64) + g[3][group]) / 1.5
+        expected = adam_steps(start[group], [first.astype(np.float32), second.astype(np.float32)], config.lr)
+        np.testing.assert_allclose(core.weights()[group], expected, rtol=1e-5, atol=1e-6)
+
+
+def test_a_step_short_of_k_closes_at_its_deadline_with_what_arrived():
+    config = AggregatorConfig(lr=1e-2, tau=0.25, seed=0, step_deadline_ms=50.0)
+    core = AggregatorCore(SPEC, config, grads_per_step=2, max_staleness=1)
+    start = core.weights()
+    g = grads(core, 1)
+    assert not core.close_due()  # nothing pending
+    core.submit(0, g, stats(0), learner="a", batch_size=16)
+    opened = core._opened
+    assert not core.close_due(now=opened + 0.049)
+    assert core.version == 0
+    assert core.close_due(now=opened + 0.051)  # the other learner never came
+    assert (core.version, core.deadline_steps) == (1, 1)
+    for group in GRADIENT_GROUPS:
+        np.testing.assert_allclose(core.weights()[group], adam_steps(start[group], [g[group]], config.lr), rtol=1e-6)
+    assert not core.close_due(now=opened + 10.0)  # the next step opens with its first gradient
+    no_deadline = AggregatorCore(SPEC, AggregatorConfig(step_deadline_ms=0.0), grads_per_step=2, max_staleness=1)
+    no_deadline.submit(0, grads(no_deadline, 1), stats(0), learner="a", batch_size=16)
+    assert not no_deadline.close_due(now=no_deadline._opened + 1e6)

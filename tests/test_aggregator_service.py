@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections.abc import Callable
@@ -516,3 +517,22 @@ def test_many_weight_streams_do_not_starve_gradient_pushes(server, client):
     finally:
         for w in watchers:
             w.close()
+
+
+def test_a_step_waiting_for_a_departed_learner_closes_at_its_deadline(tmp_path):
+    """K-of-M with M = 2: one learner pushes, the other is gone. The aggregator closes the step
+    at its deadline by itself (no further push comes to trigger it) and broadcasts it."""
+    config = dataclasses.replace(CONFIG, step_deadline_ms=100.0)
+    core = AggregatorCore(SPEC, config, grads_per_step=2, max_staleness=1)
+    with (
+        AggregatorServer(core, config, run_dir=tmp_path) as srv,
+        AggregatorClient(srv.address, timeout_sec=5.0) as agg,
+        agg.watch("sampler-0") as watcher,
+    ):
+        ack = agg.push_gradients(push(core, 0))
+        assert (ack.applied, ack.version) == (True, 0)  # folded into the pending step
+        snapshot = watcher.wait_newer_than(0, timeout=30)
+        assert snapshot is not None and snapshot.version == 1
+        assert core.deadline_steps == 1
+        ack = agg.push_gradients(push(core, 1, seed=1))  # the next step opens as usual
+        assert watcher.wait_newer_than(1, timeout=30).version == 2
