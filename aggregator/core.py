@@ -8,8 +8,9 @@
         if core.version rose: broadcast(core.version, core.weights())
 
 K-of-M: a step closes once K learners (`grads_per_step`) have a gradient pending, or once the
-first of them is `step_deadline_ms` old, with what has arrived; a straggler's gradient then
-joins the next step instead of stalling this one. The step's gradient is the weighted mean
+first of them is `step_deadline_ms` old, or once a learner with a gradient pending sends its
+next, with what has arrived; a straggler's gradient then joins a later step (discounted by
+its staleness) instead of stalling this one. The step's gradient is the weighted mean
 sum(w_i g_i) / sum(w_i), w_i = batch_i / (1 + staleness_i)^p: each gradient is a mean over its
 batch, so weighting by batch size makes M learners of batch B one learner of batch M*B on the
 same data (tests/test_aggregator_core.py), and the staleness discount trusts gradients
@@ -74,6 +75,7 @@ class AggregatorCore:
         self._weights: dict[str, float] = {}  # learner -> its gradient's weight in the step's mean
         self._opened = 0.0  # monotonic time the pending step's first gradient arrived
         self.deadline_steps = 0  # steps closed by the deadline with fewer than grads_per_step
+        self.repeat_steps = 0  # ... closed early by a pending learner's next gradient
         self.steps_skipped = 0  # steps whose mean gradient was not finite: nothing applied
         self.clipped = 0  # steps whose mean gradient was clipped to max_grad_norm
         self.sizes = {g: self._flat[g].numel() for g in GROUPS}
@@ -129,8 +131,9 @@ class AggregatorCore:
     ) -> SubmitResult:
         """Queue one learner's gradients; step once `grads_per_step` learners have one pending.
 
-        A learner contributes at most one gradient to a step: a second one while its first is
-        pending is dropped (not applied), so one fast learner cannot fill a step alone.
+        A learner contributes at most one gradient to a step: its next one while its first is
+        pending closes the step with what has arrived (the others are slower than it) and opens
+        the next, so one fast learner cannot fill a step alone, and none waits for a straggler.
         `batch_size` (0: unknown, taken as 1) weighs it in the step's mean.
         """
         self.check(grads, norm_stats, batch_size)
@@ -140,8 +143,8 @@ class AggregatorCore:
             reason = "stale: computed against weights older than max_grad_staleness"
             return SubmitResult(applied=False, stale=True, version=self.version, reason=reason)
         if learner in self._pending:
-            reason = f"learner {learner!r} already has a gradient pending for version {self.version + 1}"
-            return SubmitResult(applied=False, stale=False, version=self.version, reason=reason)
+            self.repeat_steps += 1
+            self._step()
         if not self._pending:
             self._opened = time.monotonic()
         self._pending[learner] = grads

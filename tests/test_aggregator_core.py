@@ -329,13 +329,20 @@ def test_without_clipping_a_step_that_would_overflow_adam_is_skipped_and_counted
     assert core.submit(0, grads(core, 1), stats(1)).version == 1  # and the next push steps as usual
 
 
-def test_a_learner_contributes_at_most_one_gradient_per_step():
+def test_a_learners_next_gradient_closes_the_step_it_has_one_pending_in():
+    """At most one gradient per learner per step: the fast learner's second closes the step
+    with its first alone and opens the next; the straggler's joins that one. Both were computed
+    on version 0 and land in the step from version 1: equally stale, equally weighted."""
     core = make_core(grads_per_step=2)
-    core.submit(0, grads(core, 0), stats(0), learner="fast")
-    second = core.submit(0, grads(core, 1), stats(1), learner="fast")
-    assert (second.applied, second.stale, core.version) == (False, False, 0)
-    assert "already has a gradient pending" in second.reason
-    assert core.submit(0, grads(core, 2), stats(2), learner="slow").version == 1
+    start = core.weights()
+    g = [grads(core, seed) for seed in range(3)]
+    core.submit(0, g[0], stats(0), learner="fast", batch_size=16)
+    second = core.submit(0, g[1], stats(1), learner="fast", batch_size=16)
+    assert (second.applied, second.stale, core.version, core.repeat_steps) == (True, False, 1, 1)
+    assert core.submit(0, g[2], stats(2), learner="slow", batch_size=48).version == 2
+    for group in GRADIENT_GROUPS:
+        steps = [g[0][group], ((g[1][group] + 3.0 * g[2][group].astype(np.float64)) / 4.0).astype(np.float32)]
+        np.testing.assert_allclose(core.weights()[group], adam_steps(start[group], steps, CONFIG.lr), rtol=1e-5)
 
 
 @pytest.mark.parametrize(
