@@ -1,0 +1,52 @@
+"""Learners come and go without restarting anyone: K-of-M on real processes.
+
+A fleet configured for two learners (K = M = 2) starts with one: its steps close at the step
+deadline. A second learner joins (`fleetrl learner --id 1`, nobody restarted) and its gradients
+are applied; it is SIGKILLed and the first learner's steps go on. Counted from the learners'
+ack ledgers and the aggregator's per-sender counts.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import signal
+
+import pytest
+
+from aggregator.client import AggregatorClient
+from fleetrl.config import RunConfig, with_overrides
+from fleetrl.ledger import read_ledgers
+from tests.test_e2e_faults import TASK, _role_args, _start, _stop_all, _wait_for
+
+pytestmark = pytest.mark.e2e
+
+
+def _applied(acks: pathlib.Path, learner: int) -> int:
+    return sum(r["applied"] for r in read_ledgers(acks, f"learner-{learner}"))
+
+
+def test_a_learner_joins_and_leaves_a_running_fleet_and_no_step_waits_for_it(tmp_path, clean_redis_cluster):
+    overrides = [f'sim.task="{TASK}"', 'run_id="learners"', "learner.num_learners=2", "security.enabled=false"]
+    config = with_overrides(RunConfig(), [*overrides, "learner.min_replay_transitions=500"])
+    config_path = tmp_path / "config.json"
+    config_path.write_text(config.to_json())
+    logs, acks = tmp_path / "logs", tmp_path / "acks"
+    logs.mkdir()
+    args = _role_args(clean_redis_cluster, acks)
+    procs = {role: _start(role, config_path, logs, *args[role]) for role in ("aggregator", "buffer", "sampler")}
+    aggregator = args["sampler"][args["sampler"].index("--aggregator") + 1]
+    try:
+        procs["learner-0"] = _start("learner", config_path, logs, "--id", "0", *args["learner"])
+        # One of two learners: every step closes at its deadline.
+        _wait_for(lambda: _applied(acks, 0) >= 30, 180, "steps with one learner of two", procs)
+        procs["learner-1"] = _start("learner", config_path, logs, "--id", "1", *args["learner"])
+        _wait_for(lambda: _applied(acks, 1) >= 30, 180, "the joining learner's gradients applied", procs)
+        with AggregatorClient(aggregator, timeout_sec=10) as agg:
+            joined = agg.stats().version
+        procs.pop("learner-1").send_signal(signal.SIGKILL)
+        before = _applied(acks, 0)
+        _wait_for(lambda: _applied(acks, 0) >= before + 30, 180, "steps after a learner left", procs)
+        with AggregatorClient(aggregator, timeout_sec=10) as agg:
+            assert agg.stats().version >= joined + 30  # one learner's gradients alone make versions
+    finally:
+        _stop_all(procs)  # _wait_for checked all along that no other process exited
