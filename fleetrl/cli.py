@@ -62,6 +62,13 @@ def _parser(export_args: bool = True) -> argparse.ArgumentParser:
     train.add_argument("--target-success", type=float, help="stop once evaluation success reaches this")
     train.add_argument("--max-wall-sec", type=float, help="stop after this many seconds")
     train.add_argument("--seed", type=int, help="seed of samplers and initial weights")
+    train.add_argument(
+        "--mode",
+        choices=("async", "sync"),
+        default="async",
+        help="async: the fleet (default); sync: the same code in one process that alternates collecting and "
+        "training, at the same updates per env step (the baseline of benchmarks/async_vs_sync.py)",
+    )
     cfg = sub.add_parser("config", help="print every config field with its help line, or the config as JSON")
     _common(cfg)
     cfg.add_argument("--json", action="store_true", help="print the resolved RunConfig as JSON (for --config)")
@@ -177,14 +184,25 @@ def _train(args: argparse.Namespace) -> int:
     if not args.run_dir and not any(s.startswith("run_dir=") for s in args.set):
         stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
         config = dataclasses.replace(config, run_dir=f"runs/{config.sim.task}-{stamp}")
-    summary = LocalFleet(config, started_at=STARTED_AT).run()
+    if args.mode == "sync":
+        if args.resume:
+            from fleetrl.config import ConfigError
+
+            raise ConfigError("--resume continues a fleet run; --mode sync starts afresh")
+        from fleetrl.process import stop_event
+        from fleetrl.sync import run_sync
+
+        summary = run_sync(config, STARTED_AT, stop_event())
+    else:
+        summary = LocalFleet(config, started_at=STARTED_AT).run()
     print(f"\n{summary.stop_reason}")
     if summary.reached_target:
         print(
             f"reached {summary.target_success:.0%} evaluation success in {summary.wall_sec_to_target:.1f}s "
             f"and {summary.env_steps_to_target} env steps (version {summary.version_to_target})"
         )
-    print(f"results: {summary.run_dir} (summary.json, checkpoints/, tb/ for TensorBoard, logs/)")
+    holds = "checkpoints/, tb/ for TensorBoard, logs/" if summary.mode == "async" else "evals.jsonl, checkpoints/"
+    print(f"results: {summary.run_dir} (summary.json, {holds})")
     return 0 if summary.reached_target or "interrupted" in summary.stop_reason else 1
 
 

@@ -87,6 +87,7 @@ class Summary:
     cpu: dict = field(default_factory=dict)  # fleetrl.cpu.CpuMeter.report(): per role and group
     fleet_overhead_share: float | None = None  # aggregator+buffer+evaluator+redis+launcher CPU / machine
     checkpoints: list[str] = field(default_factory=list)
+    mode: str = "async"  # or "sync": fleetrl train --mode sync (fleetrl/sync.py)
 
 
 class LocalFleet:

@@ -20,7 +20,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import grpc
@@ -198,6 +198,24 @@ def run_evaluator(
     return scored
 
 
+def scores(
+    env, policy: Policy, config: RunConfig, should_stop: Callable[[], bool] = lambda: False
+) -> Iterator[tuple[str, EvalResult, float]]:
+    """(kind, result, seconds): the curve score, then, while the target is within reach, the
+    full score continuing the same episodes. Ends early (nothing more) once `should_stop`."""
+    episodes = EpisodeLog()
+    stop_below = config.target_success if config.eval.stop_early else None
+    for kind, until in (("curve", config.eval.curve_episodes), ("full", config.eval.episodes)):
+        start = time.monotonic()
+        bound = stop_below if kind == "full" else None  # a curve score is never cut short
+        result = evaluate(env, policy, config.eval, bound, should_stop, until, episodes)
+        if should_stop():
+            return
+        if kind == "full" and result.episodes <= config.eval.curve_episodes:
+            return  # out of reach after the curve episodes (or no more to run): nothing new
+        yield kind, result, time.monotonic() - start
+
+
 def _score(
     agg, env, policy: Policy, config: RunConfig, name: str, env_steps: int, stop, heartbeat: Heartbeat
 ) -> float | None:
@@ -208,24 +226,15 @@ def _score(
         heartbeat.beat()
         return stop.is_set()
 
-    episodes = EpisodeLog()
-    stop_below = config.target_success if config.eval.stop_early else None
     curve: float | None = None
-    for kind, until in (("curve", config.eval.curve_episodes), ("full", config.eval.episodes)):
-        start = time.monotonic()
-        bound = stop_below if kind == "full" else None  # a curve score is never cut short
-        result = evaluate(env, policy, config.eval, bound, should_stop, until, episodes)
-        if stop.is_set():
-            return None
-        if kind == "full" and result.episodes <= config.eval.curve_episodes:
-            break  # out of reach after the curve episodes (or no more to run): nothing new
+    for kind, result, sec in scores(env, policy, config, should_stop):
         report = pb.EvalReport(
             version=policy.version,
             episodes=result.episodes,
             success_rate=result.success_rate,
             mean_return=result.mean_return,
             env_steps=env_steps,
-            wall_sec=time.monotonic() - start,
+            wall_sec=sec,
             evaluator=name,
             kind=kind,
         )
@@ -239,4 +248,4 @@ def _score(
             "version %d: %s success %.2f over %d episodes", policy.version, kind, result.success_rate, result.episodes
         )
         curve = result.success_rate if curve is None else curve
-    return curve
+    return None if stop.is_set() else curve

@@ -1,0 +1,63 @@
+"""`fleetrl train --mode sync`: the fleet's parts in one alternating process."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from fleetrl.config import RunConfig, with_overrides
+from fleetrl.sync import MemoryReplay, _owed
+from fleetrl.wire import Transitions
+from sampler.evaluator import score_checkpoint
+from sampler.worker import allowed_env_steps
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("per_update,random_steps", [(1.0, 0), (3.0, 1000), (0.5, 200)])
+def test_sync_trains_exactly_what_the_fleets_rate_limit_asks_for(per_update, random_steps):
+    """After the owed updates the fleet's sampler (one of them) may have collected these env
+    steps, and with one update fewer it could not have."""
+    overrides = [f"sampler.max_env_steps_per_update={per_update}", f"sampler.random_steps={random_steps}"]
+    config = with_overrides(RunConfig(), overrides)
+    for env_steps in range(0, 5000, 50):
+        for version in (0, 7, 300, 4000):
+            owed = _owed(config, env_steps, version)
+            assert env_steps <= allowed_env_steps(config.sampler, version + owed)
+            if owed > 0:
+                assert env_steps > allowed_env_steps(config.sampler, version + owed - 1)
+
+
+def _transitions(first: int, n: int) -> Transitions:
+    ids = np.arange(first, first + n, dtype=np.float32)[:, None]
+    return Transitions(ids, ids, ids, ids[:, 0], ids, np.zeros(n, np.float32))
+
+
+def test_memory_replay_wraps_and_samples_only_what_it_holds():
+    replay = MemoryReplay(capacity=10, seed=0)
+    replay.add(_transitions(0, 6))
+    assert replay.size == 6
+    assert set(replay.sample(200).reward.numpy().tolist()) == set(range(6))
+    replay.add(_transitions(6, 7))  # 13 rows into 10: rows 0-2 overwritten
+    assert replay.size == 10
+    assert set(replay.sample(500).reward.numpy().tolist()) == set(range(3, 13))
+
+
+@pytest.mark.e2e
+def test_sync_mode_learns_fetch_reach_and_leaves_a_checkpoint(tmp_path):
+    run_dir = tmp_path / "sync"
+    cmd = [sys.executable, "-m", "fleetrl.cli", "train", "--task", "FetchReach-v4", "--mode", "sync"]
+    cmd += ["--run-dir", str(run_dir), "--max-wall-sec", "300"]
+    subprocess.run(cmd, check=True, cwd=REPO, timeout=600, capture_output=True)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert (summary["mode"], summary["reached_target"]) == ("sync", True), summary["stop_reason"]
+    rows = [json.loads(line) for line in (run_dir / "evals.jsonl").read_text().splitlines()]
+    assert rows[-1]["kind"] == "full" and rows[-1]["success_rate"] >= 0.9 and rows[-1]["episodes"] == 50
+    config = RunConfig.from_json((run_dir / "config.json").read_text())
+    version, result = score_checkpoint(run_dir / "checkpoints", config, episodes=10)
+    assert version == summary["final_version"] and result.episodes == 10
