@@ -64,6 +64,7 @@ class BatchSource(Protocol):
         grads = loss(batch.transitions)     # batch.policy_version: per-row weight version
     """
 
-    def sample(self, batch_size: int) -> SampledBatch:
-        """`batch_size` rows drawn uniformly with replacement from the live buffer."""
+    def sample(self, batch_size: int, version: int = 0) -> SampledBatch:
+        """`batch_size` rows drawn with replacement from the live buffer (uniformly, or as the
+        source's strategy says: 'version' sampling keeps rows at most a lag behind `version`)."""
         ...

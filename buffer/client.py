@@ -29,7 +29,7 @@ from redis.exceptions import RedisClusterException, RedisError
 from buffer.api import SampledBatch
 from buffer.layout import RecordLayout
 from buffer.storage import TemporalStorage
-from fleetrl.config import BufferConfig
+from fleetrl.config import REPLAY_SAMPLING, BufferConfig
 from fleetrl.proto import fleetrl_pb2 as pb
 from fleetrl.proto import fleetrl_pb2_grpc as pb_grpc
 from fleetrl.transport import NO_SECURITY, UNREACHABLE_LOG_SEC, Backoff, Security
@@ -44,12 +44,20 @@ class EmptyBufferError(RuntimeError):
 
 
 class ReplaySampler:
-    """Uniform random batches from the live windows of one run (implements BatchSource).
+    """Random batches from the live windows of one run (implements BatchSource).
 
     Keeps a local copy of every committed, live record in one ring array indexed by position
     (position % ring size), so sampling is a vectorized draw with no per-window loop. Only
     positions below the committed head are read, each once: they are final (written, or
     skipped as stalled and then marked invalid), so nothing is ever re-read.
+
+    `sampling` (learner.replay_sampling): 'uniform' over every live row; 'recency': a row's
+    weight halves every `half_life` positions of age (an exponential draw of the age); 'version':
+    uniform over the rows whose policy version is at most `max_policy_lag` behind the version
+    given to sample(), the buffer bucketed by version as the design's is. Positions are
+    time-ordered and versions rise with time, so the eligible rows are a suffix of the ring,
+    found by bisection and then checked row by row. When no row is young enough (samplers far
+    behind), the newest rows stand in and `lag_fallbacks` counts it.
     """
 
     def __init__(
@@ -60,7 +68,14 @@ class ReplaySampler:
         config: BufferConfig,
         seed: int,
         refresh_interval_sec: float = 0.05,
+        sampling: str = "uniform",
+        half_life: int = 200_000,
+        max_policy_lag: int = 20_000,
     ) -> None:
+        if sampling not in REPLAY_SAMPLING:
+            raise ValueError(f"sampling {sampling!r}: expected one of {REPLAY_SAMPLING}")
+        self.sampling, self.half_life, self.max_policy_lag = sampling, half_life, max_policy_lag
+        self.lag_fallbacks = 0  # 'version' batches drawn from the newest rows: none was young enough
         self.client = client
         self.layout = RecordLayout(run_id, schema, config)
         self._storage = TemporalStorage(client, run_id, schema, config)
@@ -156,8 +171,9 @@ class ReplaySampler:
                 )
             time.sleep(max(self.refresh_interval_sec, 0.01))
 
-    def sample(self, batch_size: int) -> SampledBatch:
-        """`batch_size` rows uniformly with replacement over every cached valid record.
+    def sample(self, batch_size: int, version: int = 0) -> SampledBatch:
+        """`batch_size` rows with replacement over the cached valid records, drawn as
+        `sampling` says (`version`: the learner's, for 'version' sampling).
 
         Refreshes first when the last refresh is older than refresh_interval_sec.
         """
@@ -171,17 +187,53 @@ class ReplaySampler:
                 "call wait_for(min_transitions, timeout_sec) before sampling"
             )
         low, high = max(self._low, self._read_upto - len(self._ring)), self._read_upto
-        # Rejection sampling: draw positions, redraw the few that are invalid (skipped or unwritten).
+        oldest = version - self.max_policy_lag if self.sampling == "version" else None
+        first = self._first_at_least(oldest, low, high) if oldest is not None else low
+        # Rejection sampling: draw positions, redraw the few that are invalid (skipped, unwritten
+        # or, by version, too old).
         slots = np.empty(0, np.int64)
-        while len(slots) < batch_size:
-            draws = self._rng.integers(low, high, size=2 * (batch_size - len(slots)) + 8) % len(self._ring)
-            slots = np.concatenate([slots, draws[self._ring["valid"][draws] != 0]])
+        for _ in range(100 if first < high else 0):
+            draws = self._positions(first, high, 2 * (batch_size - len(slots)) + 8) % len(self._ring)
+            ok = self._ring["valid"][draws] != 0
+            if oldest is not None:
+                ok &= self._ring["policy_version"][draws].astype(np.int64) >= oldest
+            slots = np.concatenate([slots, draws[ok]])
+            if len(slots) >= batch_size:
+                break
+        if len(slots) < batch_size:  # no valid row young enough: the newest valid rows stand in
+            self.lag_fallbacks += 1
+            newest = self._slots(low, high - low)[::-1]
+            newest = newest[self._ring["valid"][newest] != 0][: 4 * batch_size]
+            slots = self._rng.choice(newest, batch_size)
         records = self._ring[slots[:batch_size]]
         return SampledBatch(
             transitions=self.layout.transitions(records),
             policy_version=records["policy_version"].astype(np.int64),
             task_id=records["task_id"].astype(np.int64),
         )
+
+    def _positions(self, low: int, high: int, n: int) -> np.ndarray:
+        """`n` positions in [low, high): uniform, or by an exponential draw of their age."""
+        if self.sampling != "recency":
+            return self._rng.integers(low, high, size=n)
+        # Inverse CDF of a geometric-like age with weight 2^(-age / half_life), truncated at
+        # the oldest live row.
+        span, rate = high - low, np.log(2.0) / self.half_life
+        u = self._rng.random(n)
+        age = np.floor(-np.log1p(-u * -np.expm1(-rate * span)) / rate).astype(np.int64)
+        return high - 1 - np.minimum(age, span - 1)
+
+    def _first_at_least(self, version: int, low: int, high: int) -> int:
+        """The first position in [low, high) whose policy version is >= `version`, by bisection
+        (versions rise with position; an invalid row counts as old)."""
+        while low < high:
+            mid = (low + high) // 2
+            row = self._ring[mid % len(self._ring)]
+            if row["valid"] and int(row["policy_version"]) >= version:
+                high = mid
+            else:
+                low = mid + 1
+        return low
 
 
 class PushRejected(ValueError):

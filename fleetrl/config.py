@@ -96,6 +96,9 @@ class SamplerConfig:
     )
 
 
+REPLAY_SAMPLING = ("uniform", "recency", "version")
+
+
 @dataclass(frozen=True)
 class LearnerConfig:
     num_learners: int = config_field(1, "learner processes the local launcher starts")
@@ -113,6 +116,14 @@ class LearnerConfig:
         "2 CPU cores it cost the gradient more than it saved, benchmarks/learner_throughput.py)",
     )
     buffer_refresh_sec: float = config_field(0.05, "how often the learner looks for new transitions in Redis")
+    replay_sampling: str = config_field(
+        "uniform",
+        "how batches are drawn from the buffer: 'uniform'; 'recency' (a row's weight halves every "
+        "recency_half_life transitions of age); 'version' (only rows collected by a policy at most "
+        "max_policy_lag versions behind the learner's)",
+    )
+    recency_half_life: int = config_field(200_000, "'recency' sampling: transitions of age that halve a row's weight")
+    max_policy_lag: int = config_field(20_000, "'version' sampling: versions a row's policy may lag the learner's")
 
 
 @dataclass(frozen=True)
@@ -251,6 +262,13 @@ class RunConfig:
             ),
             (self.learner.max_grad_staleness >= 0, "learner.max_grad_staleness", ">= 0"),
             (self.learner.device in ("auto", "cpu", "cuda"), "learner.device", "one of 'auto', 'cpu', 'cuda'"),
+            (
+                self.learner.replay_sampling in REPLAY_SAMPLING,
+                "learner.replay_sampling",
+                "one of " + ", ".join(repr(name) for name in REPLAY_SAMPLING),
+            ),
+            (self.learner.recency_half_life >= 1, "learner.recency_half_life", ">= 1"),
+            (self.learner.max_policy_lag >= 0, "learner.max_policy_lag", ">= 0"),
             (0.0 < self.learner.gamma < 1.0, "learner.gamma", "in (0, 1)"),
             (0.0 < self.aggregator.tau <= 1.0, "aggregator.tau", "in (0, 1]"),
             (self.aggregator.lr > 0, "aggregator.lr", "> 0"),

@@ -75,6 +75,7 @@ class Batches:
 
     def __init__(self, replay: ReplaySampler, batch_size: int, device: torch.device, prefetch: bool) -> None:
         self.replay, self.batch_size, self.device = replay, batch_size, device
+        self.version = 0  # the learner's weights version ('version' sampling bounds the rows' lag by it)
         self._queue: queue.Queue[Batch | BaseException] = queue.Queue(maxsize=1)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -83,7 +84,7 @@ class Batches:
             self._thread.start()
 
     def _make(self) -> Batch:
-        t = self.replay.sample(self.batch_size).transitions
+        t = self.replay.sample(self.batch_size, self.version).transitions
         return Batch.from_numpy(t.obs, t.goal, t.action, t.reward, t.next_obs, t.done, device=self.device)
 
     def _run(self) -> None:
@@ -140,6 +141,9 @@ def run_learner(config: RunConfig, learner_id: int, endpoints: LearnerEndpoints,
                 config.buffer,
                 seed=config.aggregator.seed + 7919 * (learner_id + 1),
                 refresh_interval_sec=config.learner.buffer_refresh_sec,
+                sampling=config.learner.replay_sampling,
+                half_life=config.learner.recency_half_life,
+                max_policy_lag=config.learner.max_policy_lag,
             )
             with agg.watch(f"learner-{learner_id}-start") as everything:  # the target critics, once
                 snapshot = _wait(lambda: everything.wait_newer_than(-1, timeout=1.0), stop, heartbeat)
@@ -224,7 +228,10 @@ class _GradientLoop:
                 self._record(pending, ack)
                 # The next gradient may be computed on weights at most max_grad_staleness behind.
                 need = max(need, int(ack.version) - self.config.learner.max_grad_staleness)
-                self.heartbeat.beat(pushed=pushed, version=ack.version, replay=self.batches.replay.size())
+                replay = self.batches.replay
+                self.heartbeat.beat(
+                    pushed=pushed, version=ack.version, replay=replay.size(), lag_fallbacks=replay.lag_fallbacks
+                )
             pending = self.agg.push_gradients_async(push)
             pushed += 1
         if pending is not None:
@@ -246,6 +253,7 @@ class _GradientLoop:
             )
 
     def _gradient(self, model: SACModel, version: int, stop: threading.Event) -> GradientPush | None:
+        self.batches.version = version
         with self.heartbeat.phase("sample"):  # with prefetch: only the wait for the next batch
             batch = self.batches.next(stop)
         if batch is None:

@@ -188,3 +188,47 @@ def test_invalid_push_raises_at_once_without_retry(storage, make_transitions):
                 client.push(make_transitions(2), seq=1, policy_version=0, task_id=4, env_steps=2)
         assert err.value.details.startswith("task_id")
         assert server.servicer.counters().rejected == 1  # one attempt, no retries
+
+
+BIG = BufferConfig(window_size_transitions=64, capacity_transitions=4096)
+
+
+def _versioned(storage: TemporalStorage, make_transitions, batches: int, rows: int) -> None:
+    """`batches` pushes of `rows` rows; batch i has policy version i and ids i*rows..."""
+    for i in range(batches):
+        storage.write(make_transitions(rows, first_id=i * rows), task_id=0, policy_version=i)
+
+
+def test_recency_sampling_halves_a_rows_weight_every_half_life(redis_client, make_transitions):
+    storage = TemporalStorage(redis_client, RUN, SCHEMA, BIG)
+    _versioned(storage, make_transitions, batches=16, rows=100)  # ids 0..1599, newest last
+    sampler = ReplaySampler(redis_client, RUN, SCHEMA, BIG, seed=0, refresh_interval_sec=0.0, sampling="recency",
+                            half_life=400)  # fmt: skip
+    ages = 1599 - np.concatenate([sampler.sample(1000).transitions.reward for _ in range(40)]).astype(np.int64)
+    assert ages.min() >= 0 and ages.max() <= 1599
+    # Weight 2^(-age/400) truncated at 1600: P(age < 400) = 0.5 / (1 - 2^-4) = 0.533.
+    assert abs(np.mean(ages < 400) - 0.5 / (1 - 2**-4)) < 0.02
+    assert abs(np.mean((ages >= 400) & (ages < 800)) - 0.25 / (1 - 2**-4)) < 0.02
+    uniform = ReplaySampler(redis_client, RUN, SCHEMA, BIG, seed=0, refresh_interval_sec=0.0)
+    uniform_ages = 1599 - uniform.sample(20000).transitions.reward.astype(np.int64)
+    assert abs(np.mean(uniform_ages < 400) - 0.25) < 0.02  # the contrast: uniform is not
+
+
+def test_version_sampling_draws_only_rows_within_the_policy_lag(redis_client, make_transitions):
+    storage = TemporalStorage(redis_client, RUN, SCHEMA, BIG)
+    _versioned(storage, make_transitions, batches=16, rows=100)  # versions 0..15
+    sampler = ReplaySampler(redis_client, RUN, SCHEMA, BIG, seed=0, refresh_interval_sec=0.0, sampling="version",
+                            max_policy_lag=3)  # fmt: skip
+    batch = sampler.sample(2000, version=15)
+    assert set(batch.policy_version.tolist()) == {12, 13, 14, 15}
+    assert sampled_ids(batch) >= {1200, 1599}  # the whole eligible range, its ends included
+    assert sampler.lag_fallbacks == 0
+    assert min(sampler.sample(500, version=5).policy_version.tolist()) == 2
+    # The learner far ahead of every row: the newest rows stand in, counted.
+    stale = sampler.sample(50, version=100)  # from the newest 4 x 50 rows
+    assert set(stale.policy_version.tolist()) <= {14, 15} and sampler.lag_fallbacks == 1
+
+
+def test_an_unknown_sampling_strategy_is_refused(redis_client):
+    with pytest.raises(ValueError, match="sampling 'newest': expected one of"):
+        ReplaySampler(redis_client, RUN, SCHEMA, BIG, seed=0, sampling="newest")

@@ -22,7 +22,7 @@ class FakeReplay:
     def size(self) -> int:
         return 1000
 
-    def sample(self, n: int):
+    def sample(self, n: int, version: int = 0):
         if self.fail_after is not None and self.calls >= self.fail_after:
             raise ConnectionError("redis went away")
         self.calls += 1
