@@ -7,7 +7,7 @@ For each seed, one after another on this machine (nothing else running), `fleetr
 - sync: `--mode sync`, one process alternating collection and training (fleetrl/sync.py);
 - async: the local fleet with one learner (the default);
 - async-2: the local fleet with two learners, each gradient its own version
-  (aggregator.grads_per_step=1), so the rate limit lets the samplers collect twice as fast.
+  (aggregator.grads_per_step=1), so flow control lets the samplers collect twice as fast.
 All three keep the task preset's `sampler.max_env_steps_per_update`. Figures per run: env
 steps per second over the run and in steady state (from --steady-from seconds on, from
 progress.jsonl), updates per second, wall-clock and env steps to the target. Ratios of the

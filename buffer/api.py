@@ -8,6 +8,7 @@ batches out (learners). Implementations: `buffer.storage.TemporalStorage` writes
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -63,6 +64,10 @@ class BatchSource(Protocol):
         batch = source.sample(batch_size)   # SampledBatch
         grads = loss(batch.transitions)     # batch.policy_version: per-row weight version
     """
+
+    def wait_to_sample(self, batch_size: int, stop: threading.Event) -> bool:
+        """Flow control: wait until `batch_size` more rows may be sampled; False once `stop`."""
+        ...
 
     def sample(self, batch_size: int, version: int = 0) -> SampledBatch:
         """`batch_size` rows drawn with replacement from the live buffer (uniformly, or as the

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import secrets
+import threading
 import time
 from collections.abc import Callable
 from typing import cast
@@ -28,6 +29,7 @@ from redis.exceptions import RedisClusterException, RedisError
 
 from buffer.api import SampledBatch
 from buffer.layout import RecordLayout
+from buffer.ratelimit import RATE_LIMITED, SampleToInsertRatio
 from buffer.storage import TemporalStorage
 from fleetrl.config import REPLAY_SAMPLING, BufferConfig
 from fleetrl.proto import fleetrl_pb2 as pb
@@ -36,6 +38,7 @@ from fleetrl.transport import NO_SECURITY, UNREACHABLE_LOG_SEC, Backoff, Securit
 from fleetrl.wire import Transitions, TransitionSchema, batch_to_proto
 
 log = logging.getLogger("fleetrl.buffer.client")
+RATE_LIMITED_POLL_SEC = 0.025  # a push refused by flow control is offered again this soon
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024  # a TransitionBatch; gRPC's own limit (transport.py) is larger
 
 
@@ -71,11 +74,16 @@ class ReplaySampler:
         sampling: str = "uniform",
         half_life: int = 200_000,
         max_policy_lag: int = 20_000,
+        limit: SampleToInsertRatio | None = None,
     ) -> None:
         if sampling not in REPLAY_SAMPLING:
             raise ValueError(f"sampling {sampling!r}: expected one of {REPLAY_SAMPLING}")
         self.sampling, self.half_life, self.max_policy_lag = sampling, half_life, max_policy_lag
         self.lag_fallbacks = 0  # 'version' batches drawn from the newest rows: none was young enough
+        self.limit = limit  # flow control: sampling waits while samplers lag (buffer/ratelimit.py)
+        self.rate_limited_sec = 0.0
+        self._sampled = 0  # rows sampled by every learner of the run, as of the last refresh
+        self._unreported = 0  # rows this learner sampled since
         self.client = client
         self.layout = RecordLayout(run_id, schema, config)
         self._storage = TemporalStorage(client, run_id, schema, config)
@@ -110,7 +118,22 @@ class ReplaySampler:
             self._read(start, snapshot.committed, snapshot.skipped)
             changed = True
         self._read_upto = max(self._read_upto, snapshot.committed)
+        if self.limit is not None:
+            self._sampled, self._unreported = self._storage.add_sampled(self._unreported), 0
         return changed
+
+    def wait_to_sample(self, batch_size: int, stop: threading.Event) -> bool:
+        """Flow control: wait until the run's ratio lets `batch_size` more rows be sampled
+        (refreshing, so inserts and other learners' samples count); False once `stop` is set."""
+        if self.limit is None:
+            return True
+        waited = time.monotonic()
+        while not self.limit.sample_ok(self._read_upto, self._sampled + self._unreported, batch_size):
+            if stop.wait(RATE_LIMITED_POLL_SEC):
+                return False
+            self.try_refresh()
+        self.rate_limited_sec += time.monotonic() - waited
+        return True
 
     def try_refresh(self) -> bool:
         """refresh(), but a Redis that does not answer is logged (once a minute) and the cache
@@ -206,6 +229,7 @@ class ReplaySampler:
             newest = newest[self._ring["valid"][newest] != 0][: 4 * batch_size]
             slots = self._rng.choice(newest, batch_size)
         records = self._ring[slots[:batch_size]]
+        self._unreported += batch_size
         return SampledBatch(
             transitions=self.layout.transitions(records),
             policy_version=records["policy_version"].astype(np.int64),
@@ -253,9 +277,11 @@ class IngestClient:
     """A sampler's connection to one ingest service: at-least-once pushes.
 
     push() retries UNAVAILABLE, DEADLINE_EXCEEDED and RESOURCE_EXHAUSTED with capped
-    exponential backoff until acked; the service stores each (sampler_id, incarnation, seq)
-    once, so a retry of a batch that was in fact stored is answered `duplicate=True`. INVALID_ARGUMENT raises
-    PushRejected at once; any other status propagates as grpc.RpcError.
+    exponential backoff until acked (flow control's RESOURCE_EXHAUSTED, "rate limited": every
+    RATE_LIMITED_POLL_SEC, counted in `rate_limited_sec`, never logged as a fault). The service
+    stores each (sampler_id, incarnation, seq) once, so a retry of a batch that was in fact
+    stored is answered `duplicate=True`. INVALID_ARGUMENT raises PushRejected at once; any
+    other status propagates as grpc.RpcError.
     """
 
     RETRYABLE = (
@@ -286,6 +312,7 @@ class IngestClient:
         self._backoff = Backoff(f"ingest service {address}", self.BACKOFF_FIRST_SEC, self.BACKOFF_MAX_SEC, sampler_id)
         # New for every client, i.e. every sampler process start: with seq, the idempotency key.
         self.incarnation = secrets.randbits(63) or 1
+        self.rate_limited_sec = 0.0  # waited on flow control (buffer/ratelimit.py): learners behind
 
     def __enter__(self) -> IngestClient:
         return self
@@ -349,6 +376,12 @@ class IngestClient:
                     raise PushRejected(code, call.details()) from e
                 if code not in self.RETRYABLE:
                     raise
+                if code == grpc.StatusCode.RESOURCE_EXHAUSTED and (call.details() or "").startswith(RATE_LIMITED):
+                    if should_stop():  # flow control: learners are behind; wait for them, not past a stop
+                        raise IngestUnavailable(f"push of seq {seq} still rate limited when stopping") from e
+                    time.sleep(RATE_LIMITED_POLL_SEC)
+                    self.rate_limited_sec += RATE_LIMITED_POLL_SEC
+                    continue
                 out_of_time = max_retry_sec is not None and backoff.elapsed_sec + backoff.delay > max_retry_sec
                 if out_of_time or should_stop():
                     why = f"after {max_retry_sec}s" if out_of_time else "before stopping"

@@ -89,6 +89,11 @@ class RecordLayout:
         return f"{self.prefix}:{{{self.run_id}}}:skipped"
 
     @property
+    def sampled_key(self) -> str:
+        """Rows sampled by every learner of the run (flow control, buffer/ratelimit.py)."""
+        return f"{self.prefix}:{{{self.run_id}}}:sampled"
+
+    @property
     def evict_key(self) -> str:
         """Set of evicted windows whose keys are still to be UNLINKed."""
         return f"{self.prefix}:{{{self.run_id}}}:evict"

@@ -22,6 +22,7 @@ import grpc
 from redis.exceptions import RedisError, SlotNotCoveredError
 
 from buffer.layout import MAX_UINT32
+from buffer.ratelimit import RATE_LIMITED, SampleToInsertRatio
 from buffer.storage import PushKey, TemporalStorage
 from fleetrl.config import BufferConfig
 from fleetrl.local_cluster import connect
@@ -99,6 +100,7 @@ class IngestCounters:
     rejected_by_reason: dict[str, int] = field(default_factory=dict)
     episodes: int = 0
     train_success: float = 0.0  # over the last TRAIN_SUCCESS_EPISODES episodes
+    rate_limited: int = 0  # pushes answered RESOURCE_EXHAUSTED by flow control (retried by the sampler)
 
     @property
     def rejected(self) -> int:
@@ -121,8 +123,10 @@ class ReplayIngestServicer(pb_grpc.ReplayIngestServicer):
         schema: TransitionSchema,
         run_id: str,
         config: BufferConfig,
+        limit: SampleToInsertRatio | None = None,
     ) -> None:
         self.storage = storage
+        self.limit = limit  # flow control: inserts wait while learners lag (buffer/ratelimit.py)
         self.task_id = task_id
         self.schema = schema
         self.run_id = run_id
@@ -141,7 +145,8 @@ class ReplayIngestServicer(pb_grpc.ReplayIngestServicer):
             reasons = dict(c.rejected_by_reason)
             if self.refused.total:
                 reasons["authorization"] = self.refused.total
-            return IngestCounters(c.head, c.env_steps, c.batches, c.duplicates, reasons, c.episodes, success)
+            counts = (c.head, c.env_steps, c.batches, c.duplicates, reasons, c.episodes, success, c.rate_limited)
+            return IngestCounters(*counts)
 
     def Push(self, request: pb.TransitionBatch, context: grpc.ServicerContext) -> pb.PushAck:
         try:
@@ -162,6 +167,13 @@ class ReplayIngestServicer(pb_grpc.ReplayIngestServicer):
         # positions (see buffer/storage.py), so it holds across ingest restarts and services.
         key = PushKey(request.sampler_id, request.incarnation, request.seq)
         try:
+            if self.limit is not None:
+                inserted, sampled = self.storage.flow()
+                if not self.limit.insert_ok(inserted, sampled, len(transitions)):
+                    with self._lock:
+                        self._counters.rate_limited += 1
+                    details = f"{RATE_LIMITED}: learners sampled {sampled} rows of {inserted} stored; retry shortly"
+                    context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, details)
             result = self.storage.write(
                 transitions, task_id=request.task_id, policy_version=request.policy_version, key=key
             )
@@ -219,8 +231,10 @@ class IngestServer:
         port: int = 0,
         host: str = "127.0.0.1",
         security: Security = NO_SECURITY,
+        limit: SampleToInsertRatio | None = None,
     ) -> None:
         self._storage = storage
+        self.limit = limit
         self.security = security
         self.refused = RefusalCounter()  # calls without the fleet token
         self.task_id = task_id
@@ -255,7 +269,7 @@ class IngestServer:
             raise RuntimeError("IngestServer.start() called twice")
         storage = self._storage if isinstance(self._storage, TemporalStorage) else self._storage()
         self.servicer = ReplayIngestServicer(
-            storage, task_id=self.task_id, schema=self.schema, run_id=self.run_id, config=self.config
+            storage, task_id=self.task_id, schema=self.schema, run_id=self.run_id, config=self.config, limit=self.limit
         )
         pool = futures.ThreadPoolExecutor(max_workers=self.config.grpc_workers)
         self.servicer.refused = self.refused
@@ -291,6 +305,7 @@ class IngestService:
     schema: TransitionSchema
     listen: str = "127.0.0.1:0"  # HOST:PORT to bind
     advertise: str | None = None  # HOST:PORT others reach it at (default: the bound address)
+    limit: SampleToInsertRatio | None = None  # flow control: buffer.ratelimit.rate_limit(config)
 
 
 def run_ingest_service(
@@ -321,6 +336,7 @@ def run_ingest_service(
             port=port,
             host=host,
             security=security,
+            limit=s.limit,
         ) as server:
             address = s.advertise or server.address
             log.info("ingest service listening on %s, reachable at %s", server.address, address)
@@ -336,6 +352,7 @@ def run_ingest_service(
                         duplicates=c.duplicates,
                         rejected=c.rejected,
                         head=c.head,
+                        rate_limited=c.rate_limited,
                         serving=float(bool(server.standard.serving)),
                     )
     finally:

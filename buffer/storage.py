@@ -309,6 +309,15 @@ class TemporalStorage:
         ranges = tuple((int(a), int(b)) for a, b in (cast(bytes, m).split(b":") for m in skipped))
         return Snapshot(int(committed), int(oldest), ranges)
 
+    def flow(self) -> tuple[int, int]:
+        """(rows committed, rows sampled) of the run, read together (one slot, one round trip)."""
+        committed, sampled = self.client.mget([self.layout.committed_key, self.layout.sampled_key])
+        return int(committed or 0), int(sampled or 0)
+
+    def add_sampled(self, rows: int) -> int:
+        """Count `rows` more sampled by a learner; returns the run's total."""
+        return int(self.client.incrby(self.layout.sampled_key, rows))
+
     def head(self) -> int:
         """Transitions committed in this run (written, or skipped as stalled)."""
         return self.snapshot().committed

@@ -229,7 +229,11 @@ def _role(args: argparse.Namespace) -> int:
 
         task = get_task(config.sim.task)
         listen, advertise = _listen(args)
-        service = IngestService(config.buffer, config.run_id, task.task_id, task.schema(), listen, advertise)
+        from buffer.ratelimit import rate_limit
+
+        service = IngestService(
+            config.buffer, config.run_id, task.task_id, task.schema(), listen, advertise, rate_limit(config)
+        )
         run_ingest_service(service, args.redis, args.ready_file, security, args.heartbeat)
     elif args.command == "aggregator":
         from aggregator.service import run_aggregator

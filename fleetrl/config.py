@@ -70,6 +70,14 @@ class BufferConfig:
         "it to 1 so a primary's crash loses no acked transition; 0 = ack once the primaries hold it",
     )
     replica_wait_ms: int = config_field(2000, "how long one WAIT for replicas may take before the push fails")
+    samples_per_insert: float = config_field(
+        0.0,
+        "flow control (buffer/ratelimit.py): rows learners sample per row stored; 0 = learner.batch_size / "
+        "(sampler.max_env_steps_per_update * (1 + her_k)), none when that is <= 0",
+    )
+    rate_tolerance_rows: int = config_field(
+        0, "stored rows samplers may run ahead of (and learners behind) that ratio; 0 = the samplers' warm-up"
+    )
 
 
 @dataclass(frozen=True)
@@ -86,8 +94,9 @@ class SamplerConfig:
     weights_interval_sec: float = config_field(0.2, "fetch new actor weights at most this often")
     max_env_steps_per_update: float = config_field(
         3.0,
-        "rate limit: all samplers together run at most random_steps*num_samplers + "
-        "this * version env steps; 0 disables the limit",
+        "the replay ratio: env steps collected per gradient of learner.batch_size rows, kept by the "
+        "buffer's flow control (samplers wait when learners lag, learners when samplers do; the "
+        "samplers' random_steps come first); 0 = no flow control",
     )
     pin_cpus: bool = config_field(True, "pin each worker to one CPU (round-robin over allowed CPUs)")
     mlock: bool = config_field(True, "mlockall the worker's memory; degrades with a warning when refused")

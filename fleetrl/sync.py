@@ -5,8 +5,8 @@
     train what is owed       learner.sac.compute_gradients + aggregator.core.AggregatorCore
     score when due           sampler.evaluator.scores on the evaluator's schedule
 
-The same code as the asynchronous fleet at the same updates per env step
-(`sampler.max_env_steps_per_update`), collecting and training in turn instead of side by side:
+The same code as the asynchronous fleet at the same updates per env step (the buffer's flow
+control, buffer/ratelimit.py, decides when to train), collecting and training in turn:
 the baseline that says what the fleet's asynchrony buys (benchmarks/async_vs_sync.py). The run
 directory gets the fleet's summary.json (mode "sync"), evals.jsonl and progress.jsonl.
 """
@@ -26,6 +26,7 @@ import torch
 
 from aggregator.client import WeightsSnapshot
 from aggregator.core import AggregatorCore
+from buffer.ratelimit import rate_limit
 from fleetrl.checkpoint import save_checkpoint
 from fleetrl.config import RunConfig
 from fleetrl.launch import Summary
@@ -90,6 +91,8 @@ class SyncRun:
         entropy = config.learner.target_entropy
         self.hp = SACHyperparams(config.learner.gamma, entropy if entropy is not None else -float(task.act_dim))
         self.replay = MemoryReplay(config.buffer.capacity_transitions, seed=config.aggregator.seed + 7919)
+        self.limit = rate_limit(config)
+        self.inserted = self.sampled = 0  # rows stored and drawn: what flow control counts
         self.env = make_env(task, config.sim.randomization)
         self.eval_env = make_env(task, config.sim.randomization if config.eval.randomize else None)
         streams = np.random.SeedSequence([config.sampler.seed, 0]).spawn(3)
@@ -135,23 +138,30 @@ class SyncRun:
         seed = int(self.seeds.integers(TRAIN_SEEDS_FROM, 2**31))
         episode, success = rollout(self.env, acting, seed=seed, rng=self.rng)
         reward = lambda a, d: goal_reward(self.env, a, d)  # noqa: E731
-        self.replay.add(relabel_future(episode, self.config.sampler.her_k, reward, self.rng))
+        transitions = relabel_future(episode, self.config.sampler.her_k, reward, self.rng)
+        self.replay.add(transitions)
+        self.inserted += len(transitions)
         self.env_steps, self.episodes = self.env_steps + len(episode), self.episodes + 1
         self.successes += int(success)
 
     def train(self) -> None:
-        """The updates the fleet's rate limit would have asked for by now, as learner and
-        aggregator make them."""
-        if self.replay.size < self.config.learner.min_replay_transitions:
-            return
-        start = time.monotonic()
+        """The updates the buffer's flow control lets the fleet's learners make by now
+        (buffer/ratelimit.py, the same limiter), as learner and aggregator make them."""
         batch_size = self.config.learner.batch_size
-        for _ in range(_owed(self.config, self.env_steps, self.core.version)):
+        start = time.monotonic()
+        while self._may_sample(batch_size):
             for group, flat in self.core.views(GROUPS).items():
                 self.model.set_flat(group, flat)
             result = compute_gradients(self.model, self.replay.sample(batch_size), self.hp)
             self.core.submit(self.core.version, result.grads, result.norm_stats, "learner-0", batch_size)
+            self.sampled += batch_size
         self.train_sec += time.monotonic() - start
+
+    def _may_sample(self, n: int) -> bool:
+        if self.limit is not None:
+            return self.limit.sample_ok(self.inserted, self.sampled, n)
+        # No ratio set: one gradient per env step once the replay holds enough.
+        return self.replay.size >= self.config.learner.min_replay_transitions and self.core.version < self.env_steps
 
     def score(self, stop: threading.Event) -> float:
         """The evaluator's curve and full scores of the current version; the curve success."""
@@ -199,12 +209,3 @@ class SyncRun:
         s.checkpoints = [str(save_checkpoint(self.run_dir / "checkpoints", state, keep=1))]
         (self.run_dir / "summary.json").write_text(json.dumps(asdict(s), indent=2))
         return s
-
-
-def _owed(config: RunConfig, env_steps: int, version: int) -> int:
-    """Updates still owed at `env_steps`: the fleet's rate limit (sampler.allowed_env_steps with
-    one sampler) read the other way round; without a limit (<= 0), one update per env step."""
-    per_update = config.sampler.max_env_steps_per_update
-    if per_update <= 0:
-        per_update = 1.0
-    return max(0, int(np.ceil((env_steps - config.sampler.random_steps) / per_update)) - version)

@@ -20,6 +20,7 @@ import torch
 
 from aggregator.client import AggregatorClient, GradientPush, PendingPush, WeightsSnapshot, WeightsWatcher
 from buffer.client import ReplaySampler
+from buffer.ratelimit import rate_limit
 from fleetrl.config import RunConfig
 from fleetrl.ledger import AckLedger
 from fleetrl.local_cluster import connect
@@ -89,6 +90,8 @@ class Batches:
 
     def _run(self) -> None:
         while not self._stop.is_set():
+            if not self.replay.wait_to_sample(self.batch_size, self._stop):  # flow control
+                return
             try:
                 item: Batch | BaseException = self._make()
             except Exception as err:  # surfaced to the learner loop by next()
@@ -105,7 +108,7 @@ class Batches:
     def next(self, stop: threading.Event) -> Batch | None:
         """The next batch; None once `stop` is set."""
         if self._thread is None:
-            return self._make()
+            return self._make() if self.replay.wait_to_sample(self.batch_size, stop) else None
         while not stop.is_set():
             try:
                 item = self._queue.get(timeout=0.5)
@@ -144,6 +147,7 @@ def run_learner(config: RunConfig, learner_id: int, endpoints: LearnerEndpoints,
                 sampling=config.learner.replay_sampling,
                 half_life=config.learner.recency_half_life,
                 max_policy_lag=config.learner.max_policy_lag,
+                limit=rate_limit(config),
             )
             with agg.watch(f"learner-{learner_id}-start") as everything:  # the target critics, once
                 snapshot = _wait(lambda: everything.wait_newer_than(-1, timeout=1.0), stop, heartbeat)
@@ -230,7 +234,11 @@ class _GradientLoop:
                 need = max(need, int(ack.version) - self.config.learner.max_grad_staleness)
                 replay = self.batches.replay
                 self.heartbeat.beat(
-                    pushed=pushed, version=ack.version, replay=replay.size(), lag_fallbacks=replay.lag_fallbacks
+                    pushed=pushed,
+                    version=ack.version,
+                    replay=replay.size(),
+                    lag_fallbacks=replay.lag_fallbacks,
+                    rate_limited_sec=replay.rate_limited_sec,
                 )
             pending = self.agg.push_gradients_async(push)
             pushed += 1

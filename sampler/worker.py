@@ -6,9 +6,11 @@
         batch = relabel_future(episode, k)        # HER 'future'
         pusher.put(batch)                         # background thread: Push until acked
 
-A rate limiter keeps the fleet from running ahead of the learners: all samplers together run
-at most `max_env_steps_per_update` env steps per aggregator version (after a warm-up of
-`random_steps` each), so on a small machine the CPU goes where it buys learning.
+The buffer's flow control (buffer/ratelimit.py) keeps the fleet from running ahead of the
+learners: past the samplers' warm-up (`random_steps` each), the ingest service holds pushes
+back while learners lag the run's replay ratio (`max_env_steps_per_update` env steps per
+gradient), the pusher's short queue fills and put() waits; the wait is in the heartbeat
+(`rate_limited_sec`). On a small machine the CPU then goes where it buys learning.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import numpy as np
 
 from aggregator.client import AggregatorClient, WeightsSnapshot
 from buffer.client import IngestClient, IngestUnavailable
-from fleetrl.config import RunConfig, SamplerConfig
+from fleetrl.config import RunConfig
 from fleetrl.ledger import AckLedger
 from fleetrl.policy import ACTOR_GROUPS, NumpyActor
 from fleetrl.process import Heartbeat
@@ -204,15 +206,6 @@ class Pusher:
                 )
 
 
-def allowed_env_steps(cfg: SamplerConfig, version: int, first_version: int = 0) -> float:
-    """This sampler process's share of the fleet's env-step budget at aggregator `version`,
-    counted from `first_version`, the version it first saw: a sampler restarted (or a run
-    resumed) late in a run gets its warm-up, not every step since version 0 at once."""
-    if cfg.max_env_steps_per_update <= 0:
-        return float("inf")
-    return cfg.random_steps + cfg.max_env_steps_per_update * max(version - first_version, 0) / cfg.num_samplers
-
-
 def run_sampler(config: RunConfig, sampler_id: int, endpoints: SamplerEndpoints, stop: threading.Event) -> int:
     """Collect and push until `stop` is set; returns env steps acked."""
     cfg = config.sampler
@@ -242,24 +235,19 @@ def run_sampler(config: RunConfig, sampler_id: int, endpoints: SamplerEndpoints,
         ledger = None
         if endpoints.ack_log_dir:
             ledger = AckLedger(endpoints.ack_log_dir, f"sampler-{sampler_id}", ingest.incarnation)
-        pusher = Pusher(ingest, task, ledger=ledger, halt=stop)
-        first_version: int | None = None  # the rate limit counts from the first version seen
+        # Flow control is the buffer's (buffer/ratelimit.py): while learners lag, the ingest
+        # service holds pushes back, this queue fills and put() waits. Two batches queued at most:
+        # an episode collected while it waits is at most two episodes old when stored.
+        pusher = Pusher(ingest, task, max_pending=2, ledger=ledger, halt=stop)
         while not stop.is_set():
             policy.refresh(watcher.latest())
-            if first_version is None and policy.version >= 0:
-                first_version = policy.version
-            if steps >= allowed_env_steps(cfg, max(policy.version, 0), first_version or 0):
-                with heartbeat.phase("rate_limited"):
-                    policy.refresh(watcher.wait_newer_than(policy.version, timeout=0.5))
-                heartbeat.beat(env_steps=steps)
-                continue
             acting = policy if (steps >= cfg.random_steps and policy.actor is not None) else None
             with heartbeat.phase("rollout"):
                 seed = int(seeds.integers(TRAIN_SEEDS_FROM, 2**31))  # clear of the evaluator's held-out seeds
                 episode, success = rollout(env, acting, seed=seed, rng=rng)
             with heartbeat.phase("relabel"):
                 transitions = relabel_future(episode, cfg.her_k, lambda a, d: goal_reward(env, a, d), rng)
-            with heartbeat.phase("enqueue"):
+            with heartbeat.phase("enqueue"):  # long only while flow control holds pushes back
                 pusher.put(
                     transitions, policy_version=max(policy.version, 0), env_steps=len(episode), successes=int(success)
                 )
@@ -272,6 +260,7 @@ def run_sampler(config: RunConfig, sampler_id: int, endpoints: SamplerEndpoints,
                 train_success=successes / episodes,
                 acked_env_steps=pusher.acked_env_steps,
                 version=policy.version,
+                rate_limited_sec=ingest.rate_limited_sec,
             )
         pusher.close(timeout=3.0)  # bounded, whatever the buffer does
         if ledger is not None:

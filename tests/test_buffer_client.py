@@ -19,6 +19,7 @@ from buffer.client import (
     PushRejected,
     ReplaySampler,
 )
+from buffer.ratelimit import SampleToInsertRatio
 from buffer.service import IngestServer
 from buffer.storage import PushKey, TemporalStorage
 from fleetrl.config import BufferConfig
@@ -232,3 +233,35 @@ def test_version_sampling_draws_only_rows_within_the_policy_lag(redis_client, ma
 def test_an_unknown_sampling_strategy_is_refused(redis_client):
     with pytest.raises(ValueError, match="sampling 'newest': expected one of"):
         ReplaySampler(redis_client, RUN, SCHEMA, BIG, seed=0, sampling="newest")
+
+
+def test_flow_control_holds_a_push_back_until_a_learner_has_sampled(storage, redis_client, make_transitions):
+    """One sampled row per stored row, 10 rows of tolerance: 20 rows go in unsampled; the next
+    push is answered 'rate limited' (counted, retried, never stored early) until a learner's
+    ReplaySampler draws and reports rows; then it is stored once."""
+    limit = SampleToInsertRatio(samples_per_insert=1.0, min_size_to_sample=10, error_buffer=10.0)
+    server = IngestServer(storage, task_id=0, schema=SCHEMA, run_id=RUN, config=BIG, limit=limit)
+    stop = threading.Event()
+    with server, IngestClient(server.address, sampler_id=1, run_id=RUN) as client:
+        client.push(make_transitions(20), seq=1, policy_version=0, task_id=0, env_steps=20)
+
+        def second() -> None:
+            client.push(make_transitions(5, first_id=20), seq=2, policy_version=0, task_id=0, env_steps=5)
+
+        pusher = threading.Thread(target=second)
+        pusher.start()
+        deadline = time.monotonic() + 60  # a bound against hanging, not a timing check
+        while server.servicer.counters().rate_limited < 3:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert pusher.is_alive() and storage.head() == 20  # held back, nothing stored early
+        learner = ReplaySampler(redis_client, RUN, SCHEMA, BIG, seed=0, refresh_interval_sec=0.0, limit=limit)
+        learner.refresh()
+        stop.set()
+        assert not learner.wait_to_sample(40, stop)  # 40 > 20 stored + 10 tolerance: it would wait
+        assert learner.wait_to_sample(15, stop)
+        learner.sample(15)
+        learner.refresh()  # reports the 15 rows: the push may go in now
+        pusher.join(60)
+        assert not pusher.is_alive() and storage.head() == 25
+    assert client.rate_limited_sec > 0

@@ -175,6 +175,15 @@ def test_train_reaches_target_and_leaves_a_run_directory(tmp_path: pathlib.Path)
     assert {"aggregator", "buffer", "evaluator", "learner", "sampler", "redis", "launcher"} <= set(groups)
     assert 0 < summary["fleet_overhead_share"] < 1 and groups["learner"]["cpu_sec"] > 0
     assert [json.loads(line) for line in (run_dir / "progress.jsonl").read_text().splitlines()]
+    # Flow control held the run to its replay ratio: the sampler's env steps past its warm-up
+    # are at most max_env_steps_per_update per gradient drawn, give or take ten episodes (the
+    # pusher's queue, the heartbeats' age; unlimited, the sampler would run ~10x further).
+    config = RunConfig.load(run_dir / "config.json")
+    sampler = json.loads((run_dir / "heartbeats" / "sampler-0.json").read_text())["counters"]
+    learner = json.loads((run_dir / "heartbeats" / "learner-0.json").read_text())["counters"]
+    allowed = config.sampler.random_steps + config.sampler.max_env_steps_per_update * learner["pushed"]
+    assert sampler["env_steps"] <= allowed + 10 * 50, (sampler, learner)
+    assert "rate_limited_sec" in sampler and "rate_limited_sec" in learner
 
 
 def test_ctrl_c_stops_the_fleet_cleanly(tmp_path: pathlib.Path) -> None:

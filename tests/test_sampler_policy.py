@@ -40,16 +40,3 @@ def test_random_action_prob_sets_the_share_of_uniform_actions():
     assert far_share(0.0) == 0.0
     assert 0.95 * 0.3 - 0.04 < far_share(0.3) < 0.95 * 0.3 + 0.04
     assert far_share(1.0) > 0.92
-
-
-def test_the_rate_limit_counts_from_the_version_a_sampler_started_at():
-    from fleetrl.config import SamplerConfig
-    from sampler.worker import allowed_env_steps
-
-    cfg = SamplerConfig(random_steps=500, max_env_steps_per_update=2.0, num_samplers=2)
-    assert allowed_env_steps(cfg, 0) == 500  # the warm-up
-    assert allowed_env_steps(cfg, 100) == 500 + 2.0 * 100 / 2
-    # Restarted at version 10,000: its warm-up, not 10,000 versions' worth of steps at once.
-    assert allowed_env_steps(cfg, 10_000, first_version=10_000) == 500
-    assert allowed_env_steps(cfg, 10_100, first_version=10_000) == 600
-    assert allowed_env_steps(SamplerConfig(max_env_steps_per_update=0), 5) == float("inf")

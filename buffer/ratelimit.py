@@ -1,0 +1,70 @@
+"""The buffer's flow control: samples per insert, kept by both sides (Reverb's SampleToInsertRatio).
+
+    limit = rate_limit(config)                  # None when the run sets no ratio
+    limit.insert_ok(inserted, sampled, n)        # the ingest service, before storing n rows
+    limit.sample_ok(inserted, sampled, n)        # a learner, before drawing n rows
+
+`inserted` counts rows stored (the committed head), `sampled` rows drawn by every learner of
+the run (a counter in Redis that learners add to as they refresh). With SPI sampled rows per
+inserted row, a minimum size M and an error buffer E (Reverb's semantics, in rows):
+
+    diff = inserted * SPI - sampled
+    insert n rows  while  diff + n * SPI <= SPI * M + E     (samplers wait when learners lag)
+    sample n rows  once   inserted >= M  and  diff - n >= SPI * M - E   (learners wait when samplers lag)
+
+The run states the ratio the RL way, `sampler.max_env_steps_per_update` (env steps per
+gradient of `learner.batch_size` rows, each env step stored as 1 + her_k rows), so
+SPI = batch_size / (max_env_steps_per_update * (1 + her_k)); M is
+`learner.min_replay_transitions`; E lets the samplers' random warm-up
+(`sampler.random_steps` each) in ahead of any sampling. `buffer.samples_per_insert` and
+`buffer.rate_tolerance_rows` override the derived values.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fleetrl.config import RunConfig
+
+_ROUNDING = 1e-6  # sampled rows: a ratio like 25.6 is not exact in binary
+RATE_LIMITED = "rate limited"  # how a RESOURCE_EXHAUSTED answer of flow control begins
+
+
+@dataclass(frozen=True)
+class SampleToInsertRatio:
+    samples_per_insert: float
+    min_size_to_sample: int
+    error_buffer: float  # in sampled rows
+
+    @property
+    def _offset(self) -> float:
+        return self.samples_per_insert * self.min_size_to_sample
+
+    def insert_ok(self, inserted: int, sampled: int, n: int) -> bool:
+        diff = inserted * self.samples_per_insert - sampled
+        return diff + n * self.samples_per_insert <= self._offset + self.error_buffer + _ROUNDING
+
+    def sample_ok(self, inserted: int, sampled: int, n: int) -> bool:
+        if inserted < self.min_size_to_sample:
+            return False
+        diff = inserted * self.samples_per_insert - sampled
+        return diff - n >= self._offset - self.error_buffer - _ROUNDING
+
+    def inserts_allowed(self, inserted: int, sampled: int) -> int:
+        """Rows that may be inserted now (0 when inserts must wait)."""
+        room = self._offset + self.error_buffer - (inserted * self.samples_per_insert - sampled)
+        return max(0, int((room + _ROUNDING) / self.samples_per_insert))
+
+
+def rate_limit(config: RunConfig) -> SampleToInsertRatio | None:
+    """The run's limiter; None without a ratio (max_env_steps_per_update <= 0, no override)."""
+    b, s, learner = config.buffer, config.sampler, config.learner
+    rows_per_step = 1 + s.her_k
+    spi = b.samples_per_insert
+    if spi <= 0:
+        if s.max_env_steps_per_update <= 0:
+            return None
+        spi = learner.batch_size / (s.max_env_steps_per_update * rows_per_step)
+    warmup_rows = s.random_steps * s.num_samplers * rows_per_step
+    tolerance_rows = b.rate_tolerance_rows or max(warmup_rows - learner.min_replay_transitions, 0) + rows_per_step * 50
+    return SampleToInsertRatio(spi, learner.min_replay_transitions, spi * tolerance_rows)

@@ -1,0 +1,72 @@
+"""Flow control (buffer/ratelimit.py): Reverb's SampleToInsertRatio semantics, in rows."""
+
+from __future__ import annotations
+
+import pytest
+
+from buffer.ratelimit import SampleToInsertRatio, rate_limit
+from fleetrl.config import RunConfig, with_overrides
+
+LIMIT = SampleToInsertRatio(samples_per_insert=2.0, min_size_to_sample=100, error_buffer=50.0)
+
+
+def test_sampling_waits_for_the_minimum_size_then_for_inserts():
+    assert not LIMIT.sample_ok(inserted=99, sampled=0, n=1)
+    assert LIMIT.sample_ok(inserted=100, sampled=0, n=50)  # the error buffer's worth ahead
+    assert not LIMIT.sample_ok(inserted=100, sampled=0, n=51)
+    assert LIMIT.sample_ok(inserted=110, sampled=50, n=20)  # 10 more rows: 20 more samples
+    assert not LIMIT.sample_ok(inserted=110, sampled=50, n=21)
+
+
+def test_inserts_wait_once_they_are_a_tolerance_ahead_of_sampling():
+    # diff + n*SPI <= SPI*M + E: with nothing sampled, 100 + 25 rows may go in.
+    assert LIMIT.insert_ok(inserted=0, sampled=0, n=125)
+    assert not LIMIT.insert_ok(inserted=0, sampled=0, n=126)
+    assert LIMIT.inserts_allowed(inserted=0, sampled=0) == 125
+    assert not LIMIT.insert_ok(inserted=125, sampled=0, n=1)
+    assert LIMIT.insert_ok(inserted=125, sampled=2, n=1)  # two rows sampled: one more insert
+    assert LIMIT.inserts_allowed(inserted=125, sampled=2) == 1
+
+
+def test_the_run_ratio_is_the_replay_ratio_of_the_config():
+    config = with_overrides(
+        RunConfig(),
+        [
+            "learner.batch_size=256",
+            "sampler.max_env_steps_per_update=2.0",
+            "sampler.her_k=4",
+            "sampler.random_steps=500",
+            "sampler.num_samplers=2",
+            "learner.min_replay_transitions=1000",
+        ],
+    )
+    limit = rate_limit(config)
+    assert limit is not None
+    assert limit.samples_per_insert == pytest.approx(256 / (2.0 * 5))
+    assert limit.min_size_to_sample == 1000
+    # The samplers' warm-up (500 env steps each, 5 rows per step) goes in before any sampling,
+    # plus one episode's slack.
+    assert limit.inserts_allowed(0, 0) == 500 * 2 * 5 + 250
+    assert rate_limit(with_overrides(config, ["sampler.max_env_steps_per_update=0"])) is None
+    fixed = rate_limit(with_overrides(config, ["buffer.samples_per_insert=8", "buffer.rate_tolerance_rows=400"]))
+    assert fixed == SampleToInsertRatio(8.0, 1000, 8.0 * 400)
+
+
+def test_both_sides_turning_as_allowed_keep_the_ratio_and_never_deadlock():
+    """Samplers insert 250-row episodes, learners sample 256-row batches, each whenever the
+    limiter lets it: the run's replay ratio holds and both keep moving."""
+    config = with_overrides(RunConfig(), ["sampler.max_env_steps_per_update=1.0", "learner.batch_size=256"])
+    limit = rate_limit(config)
+    assert limit is not None
+    inserted = sampled = gradients = episodes = 0
+    for _ in range(20_000):
+        moved = False
+        if limit.insert_ok(inserted, sampled, 250):
+            inserted, episodes, moved = inserted + 250, episodes + 1, True
+        if limit.sample_ok(inserted, sampled, 256):
+            sampled, gradients, moved = sampled + 256, gradients + 1, True
+        assert moved, (inserted, sampled)  # one side can always go on
+    env_steps = episodes * 50
+    warmup = config.sampler.random_steps * config.sampler.num_samplers
+    # One gradient per env step past the warm-up, within an episode's slack.
+    assert abs((env_steps - warmup) - gradients * config.sampler.max_env_steps_per_update) <= 100
