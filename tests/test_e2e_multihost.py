@@ -5,13 +5,14 @@ from one fleet spec (`fleetrl fleet up spec.yaml --host NAME` in every namespace
     redis-b  10.231.N.2   Redis node 7002
     services 10.231.N.3   buffer, aggregator
     learners 10.231.N.4   learner, evaluator
-    samplers 10.231.N.5   2 samplers
+    samplers 10.231.N.5   2 samplers, a second learner (learners on two hosts, one aggregator)
 
 The namespaces hang off one bridge (a switch) by veth pairs; the test itself sits on the
 bridge at 10.231.N.254 and reads Redis and the run directory as an auditor. It checks that
 the fleet learns FetchReach to 90% over the namespaces, then takes the sampler host's link
-down: the samplers say their ingest service is unreachable, the learners keep training on
-what the buffer holds, and once the link is back the samplers' acked env steps rise again.
+down: the samplers say their ingest service is unreachable, the other host's learner keeps
+training on what the buffer holds (no step waits for the learner cut off with the samplers),
+and once the link is back the samplers' acked env steps rise again.
 Needs root and iproute2 (`ip netns`); skipped with the reason otherwise.
 """
 
@@ -105,7 +106,7 @@ def _spec(net: Network, run_dir: pathlib.Path) -> dict:
             "redis-b": {"address": a["redis-b"], "redis": [7002]},
             "services": {"address": a["services"], "buffer": 50051, "aggregator": 50052},
             "learners": {"address": a["learners"], "learner": 1, "evaluator": 1},
-            "samplers": {"address": a["samplers"], "sampler": 2},
+            "samplers": {"address": a["samplers"], "sampler": 2, "learner": 1},
         },
     }
 
@@ -195,6 +196,9 @@ def test_one_spec_runs_a_fleet_over_five_namespaces_and_rides_out_a_link_failure
     roles = {h: sorted(p.stem for p in (run_dir / h / "logs").glob("*.log")) for h in HOSTS if h != "redis-a"}
     assert roles["services"] == ["aggregator", "buffer"]
     assert roles["learners"] == ["evaluator-0", "learner-0"]
-    assert roles["samplers"] == ["sampler-0", "sampler-1"]
+    assert roles["samplers"] == ["learner-1", "sampler-0", "sampler-1"]
+    for host, learner in (("learners", "learner-0"), ("samplers", "learner-1")):  # both learners' gradients went in
+        beat = json.loads((run_dir / host / "heartbeats" / f"{learner}.json").read_text())
+        assert beat["counters"]["pushed"] > 0, (host, beat)
     for host, proc in procs.items():
         assert proc.returncode == 0, _tail(run_dir, host)
