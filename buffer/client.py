@@ -38,7 +38,11 @@ from fleetrl.transport import NO_SECURITY, UNREACHABLE_LOG_SEC, Backoff, Securit
 from fleetrl.wire import Transitions, TransitionSchema, batch_to_proto
 
 log = logging.getLogger("fleetrl.buffer.client")
-RATE_LIMITED_POLL_SEC = 0.025  # a push refused by flow control is offered again this soon
+# A push refused by flow control is offered again after 25 ms, then 50, ... up to 400 ms: the
+# learners' tolerance covers that much latency many times over, and the buffer parses fewer
+# re-sent batches (a rate-limited sampler re-sent one every 10 ms at first: 40 RPCs/s).
+RATE_LIMITED_POLL_SEC = 0.025
+RATE_LIMITED_MAX_SEC = 0.4
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024  # a TransitionBatch; gRPC's own limit (transport.py) is larger
 
 
@@ -277,8 +281,9 @@ class IngestClient:
     """A sampler's connection to one ingest service: at-least-once pushes.
 
     push() retries UNAVAILABLE, DEADLINE_EXCEEDED and RESOURCE_EXHAUSTED with capped
-    exponential backoff until acked (flow control's RESOURCE_EXHAUSTED, "rate limited": every
-    RATE_LIMITED_POLL_SEC, counted in `rate_limited_sec`, never logged as a fault). The service
+    exponential backoff until acked (flow control's RESOURCE_EXHAUSTED, "rate limited": from
+    RATE_LIMITED_POLL_SEC up to RATE_LIMITED_MAX_SEC, counted in `rate_limited_sec`, never
+    logged as a fault). The service
     stores each (sampler_id, incarnation, seq) once, so a retry of a batch that was in fact
     stored is answered `duplicate=True`. INVALID_ARGUMENT raises PushRejected at once; any
     other status propagates as grpc.RpcError.
@@ -366,6 +371,7 @@ class IngestClient:
             )
         backoff = self._backoff  # one per client: the once-a-minute log spans its pushes
         backoff.reset()
+        held = RATE_LIMITED_POLL_SEC
         while True:
             try:
                 return self._stub.Push(batch, timeout=self.push_timeout_sec)
@@ -379,8 +385,9 @@ class IngestClient:
                 if code == grpc.StatusCode.RESOURCE_EXHAUSTED and (call.details() or "").startswith(RATE_LIMITED):
                     if should_stop():  # flow control: learners are behind; wait for them, not past a stop
                         raise IngestUnavailable(f"push of seq {seq} still rate limited when stopping") from e
-                    time.sleep(RATE_LIMITED_POLL_SEC)
-                    self.rate_limited_sec += RATE_LIMITED_POLL_SEC
+                    time.sleep(held)
+                    self.rate_limited_sec += held
+                    held = min(2 * held, RATE_LIMITED_MAX_SEC)  # each refusal re-sends the batch: ask less often
                     continue
                 out_of_time = max_retry_sec is not None and backoff.elapsed_sec + backoff.delay > max_retry_sec
                 if out_of_time or should_stop():
