@@ -457,3 +457,23 @@ def test_a_step_short_of_k_closes_at_its_deadline_with_what_arrived():
     no_deadline = AggregatorCore(SPEC, AggregatorConfig(step_deadline_ms=0.0), grads_per_step=2, max_staleness=1)
     no_deadline.submit(0, grads(no_deadline, 1), stats(0), learner="a", batch_size=16)
     assert not no_deadline.close_due(now=no_deadline._opened + 1e6)
+
+
+def test_checkpoints_keep_one_adam_state_per_group_and_restore_to_the_same_next_step():
+    """One optimizer steps all groups; the checkpoint still holds one plain Adam state dict per
+    group (the format older checkpoints have), and a restored core steps exactly as the original."""
+    core = make_core()
+    for seed in range(3):
+        core.submit(core.version, grads(core, seed), stats(seed))
+    state = core.state()
+    for i, g in enumerate(GRADIENT_GROUPS):
+        plain = torch.optim.Adam([torch.nn.Parameter(torch.zeros(core.sizes[g]))], lr=CONFIG.lr)
+        plain.load_state_dict(state["optim"][g])  # loads into a one-parameter Adam, as it used to
+        moments = plain.state_dict()["state"][0]["exp_avg"]
+        assert torch.equal(moments, core._optim.state_dict()["state"][i]["exp_avg"])
+    restored = make_core()
+    restored.load_state(state)
+    for c in (core, restored):
+        c.submit(c.version, grads(c, 9), stats(9))
+    for g in GROUPS:
+        np.testing.assert_array_equal(restored.weights()[g], core.weights()[g])
