@@ -32,7 +32,7 @@ from aggregator.dedup import PushDedup
 from aggregator.persistence import Checkpointer, restore
 from fleetrl.checkpoint import VersionLease, save_checkpoint
 from fleetrl.config import AggregatorConfig, RunConfig
-from fleetrl.policy import GROUPS, ModelSpec
+from fleetrl.policy import GROUPS, model_spec
 from fleetrl.process import Heartbeat, write_ready_file
 from fleetrl.proto import fleetrl_pb2 as pb
 from fleetrl.proto import fleetrl_pb2_grpc as pb_grpc
@@ -442,7 +442,7 @@ def run_aggregator(
     aggregator goes silent, and the watchdog replaces it."""
     torch.set_num_threads(1)  # small vectors: one thread; spare cores belong to learners and samplers
     task = get_task(config.sim.task)
-    spec = ModelSpec(task.obs_dim, task.goal_dim, task.act_dim, config.learner.hidden_sizes)
+    spec = model_spec(config, task)
     grads_per_step = config.aggregator.grads_per_step or config.learner.num_learners
     core = AggregatorCore(spec, config.aggregator, grads_per_step, config.learner.max_grad_staleness, task.name)
     writer = _summary_writer(run_dir, "aggregator")

@@ -43,12 +43,13 @@ GROUPS_SENT = ("actor", "critic", "log_alpha")
 def _setup(config: RunConfig):
     import torch
 
-    from learner.models import ModelSpec, SACModel
+    from fleetrl.policy import model_spec
+    from learner.models import SACModel
     from learner.sac import Batch, SACHyperparams
 
     torch.set_num_threads(1)
     task = get_task(config.sim.task)
-    spec = ModelSpec(task.obs_dim, task.goal_dim, task.act_dim, config.learner.hidden_sizes)
+    spec = model_spec(config, task)
     model = SACModel(spec)
     rng = np.random.default_rng(0)
     n = config.learner.batch_size
@@ -150,10 +151,10 @@ def allreduce_learner(index, world, port, config, seconds, compute, pause, barri
 def run_aggregator_arm(config: RunConfig, learners: int, seconds: float, compute: bool, pause: tuple) -> dict:
     from aggregator.core import AggregatorCore
     from aggregator.service import AggregatorServer
-    from learner.models import ModelSpec
+    from fleetrl.policy import model_spec
 
     task = get_task(config.sim.task)
-    spec = ModelSpec(task.obs_dim, task.goal_dim, task.act_dim, config.learner.hidden_sizes)
+    spec = model_spec(config, task)
     agg = config.aggregator if compute else replace(config.aggregator, step_deadline_ms=0.0)
     core = AggregatorCore(spec, agg, grads_per_step=learners, max_staleness=config.learner.max_grad_staleness)
     ctx = mp.get_context("spawn")

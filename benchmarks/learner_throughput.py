@@ -39,7 +39,7 @@ from common import result_record, write_result  # benchmarks/common.py (this scr
 from aggregator.client import AggregatorClient
 from fleetrl.config import RunConfig, with_overrides
 from fleetrl.launch import LocalFleet
-from fleetrl.policy import ModelSpec
+from fleetrl.policy import model_spec
 from fleetrl.presets import preset_config
 from fleetrl.watchdog import Watchdog
 from learner.models import GRADIENT_GROUPS, SACModel
@@ -54,7 +54,7 @@ def bare_updates_per_cpu_sec(config: RunConfig, seconds: float) -> float:
     """compute_gradients + Adam on one in-memory batch, as fast as it goes; per CPU-second."""
     torch.set_num_threads(config.learner.torch_threads)
     task = get_task(config.sim.task)
-    spec = ModelSpec(task.obs_dim, task.goal_dim, task.act_dim, config.learner.hidden_sizes)
+    spec = model_spec(config, task)
     model = SACModel(spec)
     hp = SACHyperparams(gamma=config.learner.gamma, target_entropy=-float(task.act_dim))
     optim = {g: torch.optim.Adam(model.group_parameters(g), lr=1e-3) for g in GRADIENT_GROUPS}

@@ -117,7 +117,7 @@ class DeterministicPolicy(nn.Module):
     def __init__(self, actor: SquashedGaussianActor, act_dim: int) -> None:
         super().__init__()
         self.norm = copy.deepcopy(actor.norm)
-        *trunk, head = (copy.deepcopy(layer) for layer in actor.net)
+        *trunk, head = (copy.deepcopy(layer) for layer in actor.body.net)
         if not isinstance(head, nn.Linear) or head.out_features != 2 * act_dim:
             raise CheckpointError(f"actor head {head} is not Linear(*, 2 * act_dim={2 * act_dim})")
         mean_head = nn.Linear(head.in_features, act_dim)
@@ -132,5 +132,10 @@ class DeterministicPolicy(nn.Module):
 
 def freeze_policy(ckpt: PolicyCheckpoint) -> nn.Module:
     """The module to export: deterministic, eval mode, gradients off (the MoE freeze replaces this)."""
+    if ckpt.spec.kind != "dense":
+        raise CheckpointError(
+            f"checkpoint {ckpt.source}: a {ckpt.spec.kind} policy; its frozen-routing export (per-task "
+            "expert tables) is not built yet, only dense policies export today"
+        )
     module = DeterministicPolicy(reference_actor(ckpt), ckpt.spec.act_dim).eval()
     return module.requires_grad_(False)

@@ -136,6 +136,18 @@ class LearnerConfig:
 
 
 @dataclass(frozen=True)
+class ModelConfig:
+    """The networks' architecture beyond their widths (learner.hidden_sizes)."""
+
+    kind: str = config_field(
+        "dense", "'dense' MLPs, or 'moe': every hidden layer a mixture of experts gated on state and task"
+    )
+    experts: int = config_field(8, "'moe': experts per hidden layer")
+    top_k: int = config_field(2, "'moe': experts each input is routed to")
+    task_embed_dim: int = config_field(8, "'moe': width of the learned task embedding the gates see")
+
+
+@dataclass(frozen=True)
 class AggregatorConfig:
     lr: float = config_field(1e-3, "Adam learning rate of actor, critics and temperature")
     tau: float = config_field(0.05, "target critic Polyak factor per version")
@@ -241,6 +253,7 @@ class RunConfig:
     buffer: BufferConfig = field(default_factory=BufferConfig)
     sampler: SamplerConfig = field(default_factory=SamplerConfig)
     learner: LearnerConfig = field(default_factory=LearnerConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
     aggregator: AggregatorConfig = field(default_factory=AggregatorConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     security: SecurityConfig = field(default_factory=SecurityConfig)
@@ -277,6 +290,10 @@ class RunConfig:
                 "one of " + ", ".join(repr(name) for name in REPLAY_SAMPLING),
             ),
             (self.learner.recency_half_life >= 1, "learner.recency_half_life", ">= 1"),
+            (self.model.kind in ("dense", "moe"), "model.kind", "one of 'dense', 'moe'"),
+            (self.model.experts >= 1, "model.experts", ">= 1"),
+            (1 <= self.model.top_k <= self.model.experts, "model.top_k", "in 1..model.experts"),
+            (self.model.task_embed_dim >= 1, "model.task_embed_dim", ">= 1"),
             (self.learner.max_policy_lag >= 0, "learner.max_policy_lag", ">= 0"),
             (0.0 < self.learner.gamma < 1.0, "learner.gamma", "in (0, 1)"),
             (0.0 < self.aggregator.tau <= 1.0, "aggregator.tau", "in (0, 1]"),

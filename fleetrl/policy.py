@@ -6,16 +6,28 @@ samplers and the evaluator act with it, so they never import torch (3 s of start
 process on these hosts) and pay no per-op framework overhead at batch size 1.
 
 Flat actor layout (the order torch's `parameters_to_vector` gives for learner/models.py):
-    for each Linear layer: weight [out, in] row-major, then bias [out]
-Layers: input (obs ++ goal) -> hidden_sizes (ReLU) -> 2 * act_dim (mean ++ log_std).
+    dense: for each Linear layer: weight [out, in] row-major, then bias [out]
+    moe:   the task embedding [tasks, task_embed_dim]; for each hidden layer: expert weights
+           [experts, out, in], expert biases [experts, out], gate weight [experts, gate_in],
+           gate bias [experts]; then the output Linear as in dense
+Layers: input (obs ++ goal) -> hidden_sizes (ReLU) -> 2 * act_dim (mean ++ log_std). A MoE
+hidden layer is `experts` Linear layers mixed by a gate on the normalized input and the task's
+embedding (gate_in = input_dim + task_embed_dim): softmax over the gate's top_k logits, zero
+for the rest. Every expert is computed and masked: static shapes, no data-dependent control
+flow (the frozen-routing export keeps only the selected experts).
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from fleetrl.config import RunConfig
+    from sim.registry import TaskSpec
 
 # Weight groups: one flat float32 vector each, versioned together by the aggregator.
 GROUPS = ("actor", "critic", "critic_target", "log_alpha", "obs_norm")
@@ -26,6 +38,7 @@ ACTOR_GROUPS = ("actor", "obs_norm")  # all a sampler, evaluator or exporter nee
 LEARNER_GROUPS = ("actor", "critic", "log_alpha", "obs_norm")
 LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0  # the range CleanRL and SB3 use for SAC
 NORM_CLIP = 5.0  # standardized inputs are clipped to +-5, as in the HER baselines
+MODEL_KINDS = ("dense", "moe")
 
 
 @dataclass(frozen=True)
@@ -34,27 +47,71 @@ class ModelSpec:
     goal_dim: int
     act_dim: int
     hidden_sizes: tuple[int, ...] = (256, 256)
+    kind: str = "dense"  # or "moe": every hidden layer a mixture of experts
+    experts: int = 8
+    top_k: int = 2
+    tasks: int = 1  # rows of the task embedding (the run's tasks)
+    task_embed_dim: int = 8
+
+    def __post_init__(self) -> None:
+        if self.kind not in MODEL_KINDS:
+            raise ValueError(f"model kind {self.kind!r}: expected one of {MODEL_KINDS}")
+        if self.kind == "moe" and not 1 <= self.top_k <= self.experts:
+            raise ValueError(f"top_k ({self.top_k}) must be in 1..experts ({self.experts})")
 
     @property
     def input_dim(self) -> int:
         return self.obs_dim + self.goal_dim
 
+    @property
+    def gate_dim(self) -> int:
+        return self.input_dim + self.task_embed_dim
+
     def actor_layer_dims(self) -> list[tuple[int, int]]:
-        """(in, out) of every actor Linear layer, input to output."""
+        """(in, out) of every actor layer, input to output (a MoE layer counted once)."""
         dims = [self.input_dim, *self.hidden_sizes, 2 * self.act_dim]
         return list(zip(dims[:-1], dims[1:], strict=True))
 
     def actor_size(self) -> int:
-        return sum(i * o + o for i, o in self.actor_layer_dims())
+        layers = self.actor_layer_dims()
+        if self.kind == "dense":
+            return sum(i * o + o for i, o in layers)
+        hidden = sum(self.experts * (i * o + o) + self.experts * (self.gate_dim + 1) for i, o in layers[:-1])
+        i, o = layers[-1]
+        return self.tasks * self.task_embed_dim + hidden + i * o + o
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str) -> ModelSpec:
+        """The spec a `to_json` wrote (a spec from before the MoE fields is a dense one)."""
         data = json.loads(text)
         data["hidden_sizes"] = tuple(data["hidden_sizes"])
         return cls(**data)
+
+
+def model_spec(config: RunConfig, task: TaskSpec) -> ModelSpec:
+    """The networks a run trains for `task`: its shapes, learner.hidden_sizes and model.*."""
+    m = config.model
+    return ModelSpec(
+        task.obs_dim,
+        task.goal_dim,
+        task.act_dim,
+        tuple(config.learner.hidden_sizes),
+        kind=m.kind,
+        experts=m.experts,
+        top_k=m.top_k,
+        task_embed_dim=m.task_embed_dim,
+    )
+
+
+def top_k_gates(logits: np.ndarray, k: int) -> np.ndarray:
+    """Softmax over each row's k largest logits, 0 elsewhere (ties at the k-th may add more)."""
+    kth = -np.partition(-logits, k - 1, axis=-1)[..., k - 1 : k]
+    masked = np.where(logits >= kth, logits, -np.inf)
+    e = np.exp(masked - masked.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
 
 
 class NumpyActor:
@@ -66,20 +123,40 @@ class NumpyActor:
         if obs_norm.shape != (2 * spec.input_dim,):
             raise ValueError(f"obs_norm flat vector shape {obs_norm.shape}, expected ({2 * spec.input_dim},)")
         self.spec = spec
-        self.layers: list[tuple[np.ndarray, np.ndarray]] = []
+        flat = np.asarray(actor_flat, np.float32)
         start = 0
-        for fan_in, fan_out in spec.actor_layer_dims():
-            w = actor_flat[start : start + fan_in * fan_out].reshape(fan_out, fan_in)
-            start += fan_in * fan_out
-            b = actor_flat[start : start + fan_out]
-            start += fan_out
-            self.layers.append((np.ascontiguousarray(w.T, np.float32), np.asarray(b, np.float32)))
+
+        def take(*shape: int) -> np.ndarray:
+            nonlocal start
+            size = int(np.prod(shape))
+            start += size
+            return flat[start - size : start].reshape(shape)
+
+        moe = spec.kind == "moe"
+        self.embed = take(spec.tasks, spec.task_embed_dim) if moe else None
+        self.layers: list[tuple[np.ndarray, np.ndarray]] = []  # dense: (w [in, out], b)
+        self.moe: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []  # (W [E,in,out], B, Wg.T, bg)
+        dims = spec.actor_layer_dims()
+        for n, (fan_in, fan_out) in enumerate(dims):
+            if moe and n < len(dims) - 1:
+                w, b = take(spec.experts, fan_out, fan_in), take(spec.experts, fan_out)
+                gw, gb = take(spec.experts, spec.gate_dim), take(spec.experts)
+                self.moe.append((np.ascontiguousarray(w.transpose(0, 2, 1)), b, np.ascontiguousarray(gw.T), gb))
+            else:
+                w, b = take(fan_out, fan_in), take(fan_out)
+                self.layers.append((np.ascontiguousarray(w.T), b))
         self.mean = np.asarray(obs_norm[: spec.input_dim], np.float32)
         self.std = np.asarray(obs_norm[spec.input_dim :], np.float32)
 
-    def forward(self, obs_goal: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Pre-tanh mean and log_std for inputs [batch, input_dim]."""
+    def forward(self, obs_goal: np.ndarray, task: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        """Pre-tanh mean and log_std for inputs [batch, input_dim] of task `task`."""
         x = np.clip((obs_goal - self.mean) / self.std, -NORM_CLIP, NORM_CLIP)
+        if self.embed is not None:
+            gate_in = np.concatenate([x, np.broadcast_to(self.embed[task], (len(x), self.spec.task_embed_dim))], -1)
+            for w, b, gw, gb in self.moe:
+                gates = top_k_gates(gate_in @ gw + gb, self.spec.top_k)  # [batch, E]
+                experts = np.einsum("bi,eio->beo", x, w) + b  # [batch, E, out]
+                x = np.maximum(np.einsum("be,beo->bo", gates, experts), 0.0)
         for i, (w, b) in enumerate(self.layers):
             x = x @ w + b
             if i < len(self.layers) - 1:
@@ -87,10 +164,10 @@ class NumpyActor:
         mean, log_std = np.split(x, 2, axis=-1)
         return mean, np.clip(log_std, LOG_STD_MIN, LOG_STD_MAX)
 
-    def deterministic(self, obs_goal: np.ndarray) -> np.ndarray:
-        mean, _ = self.forward(obs_goal)
+    def deterministic(self, obs_goal: np.ndarray, task: int = 0) -> np.ndarray:
+        mean, _ = self.forward(obs_goal, task)
         return np.tanh(mean)
 
-    def sample(self, obs_goal: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-        mean, log_std = self.forward(obs_goal)
+    def sample(self, obs_goal: np.ndarray, rng: np.random.Generator, task: int = 0) -> np.ndarray:
+        mean, log_std = self.forward(obs_goal, task)
         return np.tanh(mean + np.exp(log_std) * rng.standard_normal(mean.shape).astype(np.float32))

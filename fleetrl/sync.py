@@ -30,9 +30,9 @@ from buffer.ratelimit import rate_limit
 from fleetrl.checkpoint import save_checkpoint
 from fleetrl.config import RunConfig
 from fleetrl.launch import Summary
-from fleetrl.policy import ACTOR_GROUPS
+from fleetrl.policy import ACTOR_GROUPS, model_spec
 from fleetrl.wire import Transitions
-from learner.models import GROUPS, ModelSpec, SACModel
+from learner.models import GROUPS, SACModel
 from learner.sac import Batch, SACHyperparams, compute_gradients
 from sampler.evaluator import next_interval_sec, scores
 from sampler.her import relabel_future
@@ -85,7 +85,7 @@ class SyncRun:
         (self.run_dir / "config.json").write_text(config.to_json())
         torch.set_num_threads(config.learner.torch_threads)
         task = self.task = get_task(config.sim.task)
-        self.spec = ModelSpec(task.obs_dim, task.goal_dim, task.act_dim, config.learner.hidden_sizes)
+        self.spec = model_spec(config, task)
         self.core = AggregatorCore(self.spec, config.aggregator, 1, config.learner.max_grad_staleness, task.name)
         self.model = SACModel(self.spec)
         entropy = config.learner.target_entropy

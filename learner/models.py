@@ -46,6 +46,64 @@ def mlp(in_dim: int, hidden: tuple[int, ...], out_dim: int) -> nn.Sequential:
     return nn.Sequential(*layers)
 
 
+class MoELinear(nn.Module):
+    """`experts` Linear layers mixed per row by a gate: softmax over its top_k logits, 0 for the
+    rest. Every expert runs and is masked (one batched einsum): static shapes, no
+    data-dependent control flow, so the module traces as it is. `last_gates` keeps the newest
+    batch's gate weights [batch, experts] for load metrics and the balancing loss."""
+
+    def __init__(self, fan_in: int, fan_out: int, experts: int, top_k: int, gate_dim: int) -> None:
+        super().__init__()
+        self.top_k = top_k
+        bound = 1.0 / fan_in**0.5  # nn.Linear's default init, per expert
+        self.weight = nn.Parameter(torch.empty(experts, fan_out, fan_in).uniform_(-bound, bound))
+        self.bias = nn.Parameter(torch.empty(experts, fan_out).uniform_(-bound, bound))
+        self.gate = nn.Linear(gate_dim, experts)
+        self.last_gates: torch.Tensor | None = None
+        self.last_logits: torch.Tensor | None = None
+
+    def forward(self, x: torch.Tensor, gate_in: torch.Tensor) -> torch.Tensor:
+        logits = self.gate(gate_in)
+        kth = logits.topk(self.top_k, dim=-1).values[..., -1:]
+        gates = torch.softmax(logits.masked_fill(logits < kth, float("-inf")), dim=-1)
+        if self.training:  # kept for metrics; an exported (eval) module stores nothing
+            self.last_gates, self.last_logits = gates, logits
+        experts = torch.einsum("bi,eoi->beo", x, self.weight) + self.bias
+        return torch.einsum("be,beo->bo", gates, experts)
+
+
+class Body(nn.Module):
+    """The hidden layers and the output layer of an actor or critic, dense or MoE (spec.kind).
+    A MoE body gates every hidden layer on the normalized input ++ the task's embedding."""
+
+    def __init__(self, spec: ModelSpec, in_dim: int, out_dim: int) -> None:
+        super().__init__()
+        self.moe = spec.kind == "moe"
+        if not self.moe:
+            self.net = mlp(in_dim, spec.hidden_sizes, out_dim)
+            return
+        self.task_embed = nn.Parameter(torch.randn(spec.tasks, spec.task_embed_dim) * 0.1)
+        dims = [in_dim, *spec.hidden_sizes]
+        self.hidden = nn.ModuleList(
+            MoELinear(i, o, spec.experts, spec.top_k, spec.gate_dim) for i, o in zip(dims[:-1], dims[1:], strict=True)
+        )
+        self.out = nn.Linear(dims[-1], out_dim)
+
+    def forward(self, x: torch.Tensor, state: torch.Tensor, task: torch.Tensor | None = None) -> torch.Tensor:
+        """`x` the layer input, `state` the normalized obs ++ goal the gates see, `task` [batch]
+        task ids (None: task 0)."""
+        if not self.moe:
+            return self.net(x)
+        embed = self.task_embed[task] if task is not None else self.task_embed[0].expand(len(x), -1)
+        gate_in = torch.cat([state, embed], dim=-1)
+        for layer in self.hidden:
+            x = torch.relu(layer(x, gate_in))
+        return self.out(x)
+
+    def moe_layers(self) -> list[MoELinear]:
+        return [layer for layer in self.hidden if isinstance(layer, MoELinear)] if self.moe else []
+
+
 class Normalizer(nn.Module):
     """x -> clip((x - mean) / std, +-NORM_CLIP); mean and std are buffers, not trained."""
 
@@ -90,10 +148,11 @@ class SquashedGaussianActor(nn.Module):
     def __init__(self, spec: ModelSpec) -> None:
         super().__init__()
         self.norm = Normalizer(spec.input_dim)
-        self.net = mlp(spec.input_dim, spec.hidden_sizes, 2 * spec.act_dim)
+        self.body = Body(spec, spec.input_dim, 2 * spec.act_dim)
 
-    def forward(self, obs_goal: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        mean, log_std = self.net(self.norm(obs_goal)).chunk(2, dim=-1)
+    def forward(self, obs_goal: torch.Tensor, task: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        x = self.norm(obs_goal)
+        mean, log_std = self.body(x, x, task).chunk(2, dim=-1)
         return mean, log_std.clamp(LOG_STD_MIN, LOG_STD_MAX)
 
     def sample(self, obs_goal: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -116,12 +175,15 @@ class TwinCritic(nn.Module):
     def __init__(self, spec: ModelSpec) -> None:
         super().__init__()
         self.norm = Normalizer(spec.input_dim)
-        self.q1 = mlp(spec.input_dim + spec.act_dim, spec.hidden_sizes, 1)
-        self.q2 = mlp(spec.input_dim + spec.act_dim, spec.hidden_sizes, 1)
+        self.q1 = Body(spec, spec.input_dim + spec.act_dim, 1)
+        self.q2 = Body(spec, spec.input_dim + spec.act_dim, 1)
 
-    def forward(self, obs_goal: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        x = torch.cat([self.norm(obs_goal), action], dim=-1)
-        return self.q1(x).squeeze(-1), self.q2(x).squeeze(-1)
+    def forward(
+        self, obs_goal: torch.Tensor, action: torch.Tensor, task: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        state = self.norm(obs_goal)
+        x = torch.cat([state, action], dim=-1)
+        return self.q1(x, state, task).squeeze(-1), self.q2(x, state, task).squeeze(-1)
 
 
 class SACModel(nn.Module):

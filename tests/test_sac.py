@@ -116,7 +116,7 @@ def test_clip_return_keeps_targets_in_the_return_range(shift):
     # Push the target critics far outside [-1/(1-gamma), 0] through their last bias.
     for q in (model.critic_target.q1, model.critic_target.q2):
         with torch.no_grad():
-            q[-1].bias.fill_(shift)
+            q.net[-1].bias.fill_(shift)
     clipped = _target(model, batch, SACHyperparams(gamma=gamma, target_entropy=-2.0, clip_return=True))
     # Targets lie in [-10, 0], so |target| <= 1/(1-gamma); with shift -50 they sit on the bound.
     assert torch.all(clipped <= 1.0 / (1.0 - gamma) + 1e-5)

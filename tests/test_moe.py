@@ -1,0 +1,103 @@
+"""Mixture-of-experts networks (issue 7, item 2): torch and numpy agree, shapes are static."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from fleetrl.policy import ModelSpec, NumpyActor, top_k_gates
+from learner.models import MoELinear, SACModel, norm_stats
+from learner.sac import Batch, SACHyperparams, compute_gradients
+
+MOE = ModelSpec(obs_dim=5, goal_dim=3, act_dim=2, hidden_sizes=(16, 16), kind="moe", experts=4, top_k=2, tasks=3)
+
+
+def _model(spec: ModelSpec = MOE) -> SACModel:
+    torch.manual_seed(0)
+    model = SACModel(spec)
+    rng = np.random.default_rng(0)
+    norm = np.concatenate([rng.normal(size=spec.input_dim), rng.uniform(0.5, 2.0, spec.input_dim)])
+    model.set_flat("obs_norm", norm.astype(np.float32))
+    return model
+
+
+def test_the_numpy_actor_matches_the_torch_moe_actor_for_every_task():
+    model = _model()
+    flat = model.get_flat("actor")
+    assert flat.shape == (MOE.actor_size(),)
+    actor = NumpyActor(MOE, flat, model.get_flat("obs_norm"))
+    x = np.random.default_rng(1).normal(size=(32, MOE.input_dim)).astype(np.float32)
+    for task in range(MOE.tasks):
+        with torch.no_grad():
+            mean, log_std = model.actor(torch.from_numpy(x), torch.full((32,), task))
+        np_mean, np_log_std = actor.forward(x, task)
+        np.testing.assert_allclose(np_mean, mean.numpy(), rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(np_log_std, log_std.numpy(), rtol=1e-4, atol=1e-5)
+    assert not np.allclose(actor.forward(x, 0)[0], actor.forward(x, 1)[0])  # the task embedding matters
+
+
+def test_gates_are_a_softmax_over_exactly_the_top_k_experts():
+    logits = np.random.default_rng(2).normal(size=(100, 8)).astype(np.float32)
+    gates = top_k_gates(logits, 3)
+    assert ((gates > 0).sum(axis=1) == 3).all()
+    np.testing.assert_allclose(gates.sum(axis=1), 1.0, rtol=1e-6)
+    top = np.argsort(-logits, axis=1)[:, :3]
+    assert (np.take_along_axis(gates, top, axis=1) > 0).all()
+    layer = MoELinear(4, 6, experts=8, top_k=3, gate_dim=5)
+    layer(torch.randn(100, 4), torch.from_numpy(np.random.default_rng(3).normal(size=(100, 5)).astype(np.float32)))
+    assert layer.last_gates is not None and ((layer.last_gates > 0).sum(dim=1) == 3).all()
+
+
+def test_the_moe_actor_exports_with_static_shapes_and_no_data_dependent_ops():
+    model = _model()
+    example = (torch.randn(4, MOE.input_dim), torch.zeros(4, dtype=torch.long))
+    program = torch.export.export(model.actor.eval(), example)  # fails on data-dependent control flow
+    ops = {str(node.target) for node in program.graph.nodes if node.op == "call_function"}
+    assert not {op for op in ops if "nonzero" in op or "masked_select" in op or "index_put" in op}, ops
+
+
+def test_sac_gradients_flow_through_experts_gates_and_task_embeddings():
+    model = _model()
+    rng = np.random.default_rng(4)
+    n = 64
+
+    def cols(width: int) -> np.ndarray:
+        return rng.normal(size=(n, width)).astype(np.float32)
+
+    batch = Batch.from_numpy(cols(5), cols(3), np.tanh(cols(2)), -np.ones(n, np.float32), cols(5), np.zeros(n))
+    result = compute_gradients(model, batch, SACHyperparams(gamma=0.95, target_entropy=-2.0))
+    assert result.grads["actor"].shape == (MOE.actor_size(),)
+    assert all(np.isfinite(g).all() for g in result.grads.values())
+    layer = model.actor.body.moe_layers()[0]
+    grads = torch.autograd.grad(model.actor(batch.obs_goal)[0].sum(), [layer.gate.weight, model.actor.body.task_embed])
+    assert all(g.abs().sum() > 0 for g in grads)  # the router and the embedding learn
+    assert norm_stats(batch.obs_goal.numpy()).shape == (1 + 2 * MOE.input_dim,)
+
+
+def test_a_spec_from_before_the_moe_fields_is_dense_and_a_bad_one_is_refused():
+    old = json.dumps({"obs_dim": 5, "goal_dim": 3, "act_dim": 2, "hidden_sizes": [16]})
+    assert ModelSpec.from_json(old) == ModelSpec(5, 3, 2, (16,))
+    assert ModelSpec.from_json(MOE.to_json()) == MOE
+    with pytest.raises(ValueError, match="model kind 'sparse'"):
+        ModelSpec(5, 3, 2, kind="sparse")
+    with pytest.raises(ValueError, match="top_k \\(9\\) must be in 1..experts \\(8\\)"):
+        ModelSpec(5, 3, 2, kind="moe", top_k=9)
+
+
+def test_exporting_a_moe_checkpoint_says_it_is_not_supported_yet(tmp_path):
+    from deploy_npu.freeze import CheckpointError, PolicyCheckpoint, freeze_policy
+
+    model = _model()
+    ckpt = PolicyCheckpoint(
+        source=str(tmp_path / "ckpt"),
+        spec=MOE,
+        actor=model.get_flat("actor"),
+        obs_norm=model.get_flat("obs_norm"),
+        version=1,
+        task="FetchReach-v4",
+    )
+    with pytest.raises(CheckpointError, match="a moe policy; its frozen-routing export"):
+        freeze_policy(ckpt)
