@@ -65,7 +65,7 @@ def _setup(config: RunConfig):
         cols(task.obs_dim),
         np.zeros(n, np.float32),
     )
-    hp = SACHyperparams(gamma=config.learner.gamma, target_entropy=-float(task.act_dim))
+    hp = SACHyperparams.for_run(config, task.act_dim)
     return spec, model, batch, hp
 
 

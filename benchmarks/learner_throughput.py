@@ -56,7 +56,7 @@ def bare_updates_per_cpu_sec(config: RunConfig, seconds: float) -> float:
     task = get_task(config.sim.task)
     spec = model_spec(config, task)
     model = SACModel(spec)
-    hp = SACHyperparams(gamma=config.learner.gamma, target_entropy=-float(task.act_dim))
+    hp = SACHyperparams.for_run(config, task.act_dim)
     optim = {g: torch.optim.Adam(model.group_parameters(g), lr=1e-3) for g in GRADIENT_GROUPS}
     rng = np.random.default_rng(0)
     n = config.learner.batch_size

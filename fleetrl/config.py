@@ -145,6 +145,12 @@ class ModelConfig:
     experts: int = config_field(8, "'moe': experts per hidden layer")
     top_k: int = config_field(2, "'moe': experts each input is routed to")
     task_embed_dim: int = config_field(8, "'moe': width of the learned task embedding the gates see")
+    balance_coef: float = config_field(0.01, "'moe': weight of the routers' load-balancing loss")
+    router_decay: float = config_field(
+        1.0,
+        "'moe': lambda of router decay: the balancing loss is scaled by exp(-lambda * ||policy gradient||), "
+        "so routing may specialize while the gradient is large",
+    )
 
 
 @dataclass(frozen=True)

@@ -88,8 +88,7 @@ class SyncRun:
         self.spec = model_spec(config, task)
         self.core = AggregatorCore(self.spec, config.aggregator, 1, config.learner.max_grad_staleness, task.name)
         self.model = SACModel(self.spec)
-        entropy = config.learner.target_entropy
-        self.hp = SACHyperparams(config.learner.gamma, entropy if entropy is not None else -float(task.act_dim))
+        self.hp = SACHyperparams.for_run(config, task.act_dim)
         self.replay = MemoryReplay(config.buffer.capacity_transitions, seed=config.aggregator.seed + 7919)
         self.limit = rate_limit(config)
         self.inserted = self.sampled = 0  # rows stored and drawn: what flow control counts

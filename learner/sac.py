@@ -17,7 +17,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from learner.models import SACModel, norm_stats
+from fleetrl.config import RunConfig
+from learner.models import MoELinear, SACModel, norm_stats
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,18 @@ class SACHyperparams:
     # Sparse Fetch rewards lie in [-1, 0], so every return lies in [-1/(1-gamma), 0]; clipping
     # the target to that range is the stabiliser the HER paper uses (Andrychowicz et al. 2017).
     clip_return: bool = True
+    balance_coef: float = 0.01  # MoE: weight of the load-balancing loss (Switch Transformer's alpha)
+    router_decay: float = 1.0  # MoE: lambda of beta_t = exp(-lambda * ||grad J||)
+
+    @classmethod
+    def for_run(cls, config: RunConfig, act_dim: int) -> SACHyperparams:
+        entropy = config.learner.target_entropy
+        return cls(
+            gamma=config.learner.gamma,
+            target_entropy=entropy if entropy is not None else -float(act_dim),
+            balance_coef=config.model.balance_coef,
+            router_decay=config.model.router_decay,
+        )
 
 
 @dataclass(frozen=True)
@@ -87,14 +100,16 @@ def _flat(grads: tuple[torch.Tensor, ...]) -> np.ndarray:
 
 
 def compute_gradients(model: SACModel, batch: Batch, hp: SACHyperparams) -> GradientResult:
-    """All SAC gradients against the model's current weights, without touching the weights."""
+    """All SAC gradients against the model's current weights, without touching the weights.
+    MoE networks add their routers' load-balancing gradient, scaled by router decay."""
     critic_params = model.group_parameters("critic")
     actor_params = model.group_parameters("actor")
+    metrics: dict[str, float] = {}
     q_loss = critic_loss(model, batch, hp)
-    critic_grads = torch.autograd.grad(q_loss, critic_params)
+    critic_grads = _with_balance(q_loss, critic_params, _layers(model.critic), hp, "critic", metrics)
     pi_loss, a_loss = actor_and_alpha_loss(model, batch, hp)
     # The actor's gradient must not flow into the critic: ask autograd for actor params only.
-    actor_grads = torch.autograd.grad(pi_loss, actor_params)
+    actor_grads = _with_balance(pi_loss, actor_params, _layers(model.actor), hp, "actor", metrics)
     alpha_grads = torch.autograd.grad(a_loss, [model.log_alpha])
     return GradientResult(
         grads={"actor": _flat(actor_grads), "critic": _flat(critic_grads), "log_alpha": _flat(alpha_grads)},
@@ -104,5 +119,56 @@ def compute_gradients(model: SACModel, batch: Batch, hp: SACHyperparams) -> Grad
             "loss/actor": pi_loss.item(),
             "loss/alpha": a_loss.item(),
             "alpha": model.log_alpha.detach().exp().item(),
+            **metrics,
         },
     )
+
+
+def _layers(module: torch.nn.Module) -> list[MoELinear]:
+    return [m for m in module.modules() if isinstance(m, MoELinear)]
+
+
+def balance_loss(layers: list[MoELinear]) -> torch.Tensor:
+    """Switch Transformer's load-balancing loss summed over layers: E * sum_e f_e * P_e, with f_e
+    the share of routing slots expert e got in the last batch and P_e its mean gate probability.
+    1 when the load is even, up to E when one expert takes everything."""
+    total = torch.zeros(())
+    for layer in layers:
+        assert layer.last_gates is not None and layer.last_logits is not None, "run a training forward first"
+        experts = layer.last_logits.shape[-1]
+        share = (layer.last_gates > 0).float().mean(0) / layer.top_k
+        prob = torch.softmax(layer.last_logits, dim=-1).mean(0)
+        total = total + experts * (share * prob).sum()
+    return total
+
+
+def expert_load(layers: list[MoELinear], prefix: str) -> dict[str, float]:
+    """Per layer: each expert's share of the routing slots, and std/mean and max/mean of the
+    shares (0 and 1 when even)."""
+    out = {}
+    for i, layer in enumerate(layers):
+        assert layer.last_gates is not None
+        share = ((layer.last_gates > 0).float().mean(0) / layer.top_k).detach()
+        mean = share.mean().clamp_min(1e-12)
+        out[f"{prefix}/l{i}/load_std_over_mean"] = (share.std(unbiased=False) / mean).item()
+        out[f"{prefix}/l{i}/load_max_over_mean"] = (share.max() / mean).item()
+        out |= {f"{prefix}/l{i}/share_e{e}": float(v) for e, v in enumerate(share.tolist())}
+    return out
+
+
+def _with_balance(
+    loss: torch.Tensor, params: list[torch.Tensor], layers: list[MoELinear], hp: SACHyperparams, name: str, metrics
+) -> tuple[torch.Tensor, ...]:
+    """Gradients of `loss`; with MoE layers, plus those of beta_t * balance_coef * balance_loss,
+    beta_t = exp(-router_decay * ||grad loss||): routing may specialize while the gradient is
+    large, and is pulled toward balance as it shrinks."""
+    if not layers:
+        return torch.autograd.grad(loss, params)
+    grads = torch.autograd.grad(loss, params, retain_graph=True)
+    norm = torch.sqrt(torch.stack([g.pow(2).sum() for g in grads]).sum())
+    beta = torch.exp(-hp.router_decay * norm).detach()
+    balance = balance_loss(layers)
+    extra = torch.autograd.grad(hp.balance_coef * beta * balance, params, allow_unused=True)
+    metrics |= {f"moe/{name}_beta": beta.item(), f"moe/{name}_balance_loss": balance.item()}
+    metrics |= expert_load(layers, f"moe/{name}")
+    return tuple(g if e is None else g + e for g, e in zip(grads, extra, strict=True))

@@ -193,11 +193,7 @@ class _GradientLoop:
         batches: Batches,
         heartbeat: Heartbeat,
     ) -> None:
-        target_entropy = config.learner.target_entropy
-        self.hp = SACHyperparams(
-            gamma=config.learner.gamma,
-            target_entropy=target_entropy if target_entropy is not None else -float(act_dim),
-        )
+        self.hp = SACHyperparams.for_run(config, act_dim)
         self.config, self.learner_id = config, learner_id
         self.agg, self.weights, self.batches, self.heartbeat = agg, weights, batches, heartbeat
         self.ledger: AckLedger | None = None

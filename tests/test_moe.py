@@ -101,3 +101,58 @@ def test_exporting_a_moe_checkpoint_says_it_is_not_supported_yet(tmp_path):
     )
     with pytest.raises(CheckpointError, match="a moe policy; its frozen-routing export"):
         freeze_policy(ckpt)
+
+
+def _batch(n: int = 64, seed: int = 4) -> Batch:
+    rng = np.random.default_rng(seed)
+
+    def cols(width: int) -> np.ndarray:
+        return rng.normal(size=(n, width)).astype(np.float32)
+
+    return Batch.from_numpy(cols(5), cols(3), np.tanh(cols(2)), -np.ones(n, np.float32), cols(5), np.zeros(n))
+
+
+def test_the_balancing_loss_is_one_when_even_and_grows_as_one_pair_takes_every_input():
+    from learner.sac import balance_loss, expert_load
+
+    layer = MoELinear(4, 6, experts=8, top_k=2, gate_dim=5)
+    x, gate_in = torch.randn(4000, 4), torch.randn(4000, 5)
+    with torch.no_grad():
+        layer.gate.weight.zero_()
+        layer.gate.bias.copy_(torch.tensor([5.0, 5.0, 0, 0, 0, 0, 0, 0]))
+    layer(x, gate_in)
+    p = np.exp(5.0) / (2 * np.exp(5.0) + 6)  # the two favoured experts' gate probability
+    assert balance_loss([layer]).item() == pytest.approx(8 * 2 * 0.5 * p, rel=1e-4)  # experts 0, 1 take it all
+    load = expert_load([layer], "moe/actor")
+    assert load["moe/actor/l0/share_e0"] == 0.5 and load["moe/actor/l0/load_max_over_mean"] == pytest.approx(4.0)
+    with torch.no_grad():
+        layer.gate.bias.zero_()
+        layer.gate.weight.normal_()
+    layer(x, gate_in)
+    assert balance_loss([layer]).item() == pytest.approx(1.0, abs=0.15)
+
+
+def test_router_decay_scales_the_balancing_gradient_which_reaches_only_the_routers():
+    from learner.sac import compute_gradients
+
+    model, batch = _model(), _batch()
+
+    def grads_of(*args):  # the same action noise every time
+        torch.manual_seed(7)
+        return compute_gradients(*args)
+
+    plain = grads_of(model, batch, SACHyperparams(0.95, -2.0, balance_coef=0.0))
+    decayed = grads_of(model, batch, SACHyperparams(0.95, -2.0, balance_coef=1.0, router_decay=1e6))
+    full = grads_of(model, batch, SACHyperparams(0.95, -2.0, balance_coef=1.0, router_decay=0.0))
+    assert decayed.metrics["moe/actor_beta"] == 0.0 and full.metrics["moe/actor_beta"] == 1.0
+    np.testing.assert_allclose(decayed.grads["actor"], plain.grads["actor"], rtol=1e-5, atol=1e-7)
+    # With beta = 1 the balancing gradient is there, on gate weights and the task embedding only.
+    moved = np.abs(full.grads["actor"] - plain.grads["actor"]) > 1e-7
+    names = [n for n, p in model.actor.named_parameters() for _ in range(p.numel())]
+    assert moved.any()
+    assert {n for n, m in zip(names, moved, strict=True) if m} <= {
+        "body.task_embed",
+        *(f"body.hidden.{i}.gate.{w}" for i in range(2) for w in ("weight", "bias")),
+    }
+    assert full.metrics["moe/actor/l0/load_std_over_mean"] >= 0.0
+    assert full.metrics["moe/actor/l1/load_max_over_mean"] >= 1.0
