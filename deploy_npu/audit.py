@@ -26,8 +26,19 @@ from dataclasses import dataclass
 
 import onnx
 
-# Data-dependent control flow or data-dependent output shapes: never compilable ahead of time.
-FORBIDDEN_OPS = frozenset({"If", "Loop", "Scan", "NonZero", "Unique", "TopK", "NonMaxSuppression", "Compress"})
+# Never compilable ahead of time, whatever the target: op -> why (named in the finding).
+_CONTROL = "data-dependent control flow or output shape"
+FORBIDDEN = {
+    **dict.fromkeys(("If", "Loop", "Scan", "NonZero", "Unique", "NonMaxSuppression", "Compress"), _CONTROL),
+    "TopK": f"{_CONTROL} (dynamic routing: freeze it to a table)",
+    "Range": "output length computed from data",
+    "OneHot": "one-hot of run-time indices: data-dependent routing",
+    "GatherND": "gather by run-time indices: data-dependent routing",
+    "GatherElements": "gather by run-time indices: data-dependent routing",
+    "Expand": "output shape taken from a tensor",
+    "Erf": "transcendental outside NPU vector units (exact GELU): use a Tanh approximation",
+}
+FORBIDDEN_OPS = frozenset(FORBIDDEN)
 
 # Dense math, elementwise activations and static layout ops: what NPU toolchains map to their
 # matrix and vector units. Extend per target with `allowed_ops=NPU_OPS | {...}`.
@@ -96,8 +107,8 @@ def _subgraphs(node: onnx.NodeProto) -> Iterator[tuple[str, onnx.GraphProto]]:
 def _node_findings(node: onnx.NodeProto, where: str, constants: set[str], allowed: frozenset[str]) -> list[Finding]:
     if node.domain not in _DEFAULT_DOMAINS:
         return [Finding(where, node.op_type, f"custom-domain op ({node.domain!r}) no NPU compiler knows")]
-    if node.op_type in FORBIDDEN_OPS:
-        return [Finding(where, node.op_type, "data-dependent control flow or output shape")]
+    if node.op_type in FORBIDDEN:
+        return [Finding(where, node.op_type, FORBIDDEN[node.op_type])]
     if node.op_type not in allowed:
         return [Finding(where, node.op_type, "op outside the NPU allowlist")]
     found = []

@@ -183,6 +183,25 @@ def test_audit_rejects_graphs_an_npu_cannot_compile(build, expected):
     assert not info.value.report.passed
 
 
+@pytest.mark.parametrize(
+    ("op", "inputs", "reason"),
+    [
+        ("TopK", ["x", "k"], "dynamic routing: freeze it to a table"),
+        ("Range", ["x", "x", "x"], "output length computed from data"),
+        ("OneHot", ["x", "k", "x"], "data-dependent routing"),
+        ("GatherND", ["x", "k"], "data-dependent routing"),
+        ("GatherElements", ["x", "k"], "data-dependent routing"),
+        ("Expand", ["x", "k"], "output shape taken from a tensor"),
+        ("Erf", ["x"], "exact GELU"),
+    ],
+)
+def test_audit_names_each_routing_and_dynamic_op_it_refuses(op, inputs, reason):
+    k = helper.make_tensor("k", TensorProto.INT64, [1], [2])
+    model = _model([helper.make_node(op, inputs, ["y"], name=f"the_{op.lower()}")], initializers=[k])
+    with pytest.raises(OpAuditError, match=rf"the_{op.lower()} \({op}\): .*{reason}"):
+        audit_onnx(model)
+
+
 def test_audit_counts_ops_inside_subgraphs():
     with pytest.raises(OpAuditError) as info:
         audit_onnx(_if_model())
