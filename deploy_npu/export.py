@@ -19,12 +19,16 @@ import os
 import pathlib
 import warnings
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import onnx
 import torch
 
 from deploy_npu.freeze import CheckpointSource, freeze_policy, load_policy_checkpoint
 from learner.models import ModelSpec
+
+if TYPE_CHECKING:
+    from deploy_npu.routing import RoutingTable
 
 INPUT_NAME = "obs_goal"
 OUTPUT_NAME = "action"
@@ -78,7 +82,12 @@ def _trace_to_onnx(module: torch.nn.Module, input_dim: int, opset: int, batch_si
 
 
 def export_onnx(
-    checkpoint: CheckpointSource, out_path: str | os.PathLike, *, opset: int = 17, batch_size: int | None = 1
+    checkpoint: CheckpointSource,
+    out_path: str | os.PathLike,
+    *,
+    opset: int = 17,
+    batch_size: int | None = 1,
+    routing: RoutingTable | None = None,
 ) -> ExportReport:
     """Write the checkpoint's deterministic policy as ONNX at `out_path`, checked by onnx.checker.
 
@@ -91,7 +100,7 @@ def export_onnx(
     if batch_size is not None and batch_size < 1:
         raise ValueError(f"batch_size ({batch_size}) must be >= 1, or None for a dynamic batch axis")
     ckpt = load_policy_checkpoint(checkpoint)
-    model = _trace_to_onnx(freeze_policy(ckpt), ckpt.spec.input_dim, opset, batch_size)
+    model = _trace_to_onnx(freeze_policy(ckpt, routing), ckpt.spec.input_dim, opset, batch_size)
     model.doc_string = "fleetrl deterministic policy: action = tanh(mean(normalize(observation ++ desired_goal)))"
     onnx.helper.set_model_props(
         model,
@@ -99,6 +108,7 @@ def export_onnx(
             "fleetrl.checkpoint_version": str(ckpt.version),
             "fleetrl.model_spec": ckpt.spec.to_json(),
             "fleetrl.input_layout": "observation ++ desired_goal",
+            **({"fleetrl.routing": routing.to_json()} if routing is not None else {}),
         },
     )
     # full_check also runs strict shape inference, so a graph whose shapes do not resolve fails here.

@@ -18,7 +18,7 @@ import os
 import pathlib
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -26,6 +26,9 @@ from torch import nn
 
 from fleetrl.checkpoint import load_checkpoint
 from learner.models import ACTOR_GROUPS, ModelSpec, SquashedGaussianActor, build_actor
+
+if TYPE_CHECKING:
+    from deploy_npu.routing import RoutingTable
 
 
 class CheckpointError(ValueError):
@@ -130,12 +133,17 @@ class DeterministicPolicy(nn.Module):
         return torch.tanh(self.net(self.norm(obs_goal)))
 
 
-def freeze_policy(ckpt: PolicyCheckpoint) -> nn.Module:
-    """The module to export: deterministic, eval mode, gradients off (the MoE freeze replaces this)."""
-    if ckpt.spec.kind != "dense":
-        raise CheckpointError(
-            f"checkpoint {ckpt.source}: a {ckpt.spec.kind} policy; its frozen-routing export (per-task "
-            "expert tables) is not built yet, only dense policies export today"
-        )
+def freeze_policy(ckpt: PolicyCheckpoint, routing: RoutingTable | None = None) -> nn.Module:
+    """The module to export: deterministic, eval mode, gradients off. A MoE policy needs its
+    task's frozen routing (deploy_npu/routing.py): only the selected experts, fixed gates."""
+    if ckpt.spec.kind == "moe":
+        if routing is None:
+            raise CheckpointError(
+                f"checkpoint {ckpt.source}: a moe policy exports with one task's frozen routing: "
+                "freeze_routing(...) first (fleetrl export does)"
+            )
+        from deploy_npu.routing import FrozenRoutingPolicy
+
+        return FrozenRoutingPolicy(reference_actor(ckpt), routing).eval().requires_grad_(False)
     module = DeterministicPolicy(reference_actor(ckpt), ckpt.spec.act_dim).eval()
     return module.requires_grad_(False)

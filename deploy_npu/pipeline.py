@@ -18,7 +18,7 @@ import numpy as np
 
 from deploy_npu.audit import AuditReport, OpAuditError, audit_onnx
 from deploy_npu.export import ExportReport, export_onnx
-from deploy_npu.freeze import CheckpointSource, load_policy_checkpoint, reference_actor
+from deploy_npu.freeze import CheckpointSource, freeze_policy, load_policy_checkpoint, reference_actor
 from deploy_npu.parity import (
     CONTROL_BUDGET_MS,
     PARITY_TOLERANCE,
@@ -33,6 +33,7 @@ from deploy_npu.parity import (
     random_inputs,
     task_for_spec,
 )
+from deploy_npu.routing import RoutingTable, calibration_states, freeze_routing
 from fleetrl.config import config_field
 
 
@@ -49,6 +50,9 @@ class DeployCheckConfig:
     latency_calls: int = config_field(1000, "timed single-threaded onnxruntime calls")
     budget_ms: float = config_field(CONTROL_BUDGET_MS, "per-call p99 latency budget (120 Hz controller tick)")
     episodes: int = config_field(5, "closed-loop episodes in the nominal env (reported, not gated)")
+    calibration_episodes: int = config_field(
+        10, "a MoE policy: fresh deterministic episodes of the task whose states its routing is frozen over"
+    )
     seed: int = config_field(0, "seed of parity inputs and closed-loop episode resets")
 
 
@@ -59,6 +63,7 @@ class DeployReport:
     parity: ParityReport
     latency: LatencyReport
     closed_loop: ClosedLoopReport
+    routing: RoutingTable | None = None  # a MoE policy's frozen routing and how faithful it is
 
     @property
     def passed(self) -> bool:
@@ -81,10 +86,25 @@ class DeployReport:
             f"(tolerance {pa.tolerance:g})",
             f"latency   {mark(la.within_budget)} p50 {la.p50_ms:.4f} ms, p99 {la.p99_ms:.4f} ms over {la.num_calls} "
             f"calls (budget {la.budget_ms:.2f} ms, 1 thread, onnxruntime CPU)",
+            *self._routing_lines(),
             f"closed    info success rate {cl.success_rate:.2f} ({cl.successes}/{cl.episodes} episodes, {cl.task})",
             f"result    {'PASS' if self.passed else 'FAIL'}",
         ]
         return "\n".join(lines)
+
+    def _routing_lines(self) -> list[str]:
+        r = self.routing
+        if r is None:
+            return []
+        table = "; ".join(
+            f"layer {i}: experts {list(layer.experts)} gates {[round(g, 3) for g in layer.gates]}"
+            for i, layer in enumerate(r.layers)
+        )
+        return [
+            f"routing   info {r.task}: {table}",
+            f"            agreement {r.agreement:.3f} over {r.states} calibration states; |frozen - dynamic| "
+            f"max {r.action_error_max:.3g}, mean {r.action_error_mean:.3g}",
+        ]
 
 
 def export_and_check(
@@ -94,7 +114,13 @@ def export_and_check(
     ckpt = load_policy_checkpoint(checkpoint)
     # The task named on the command line, else the one the checkpoint records, else by dims.
     task = task_for_spec(ckpt.spec, config.task if config.task is not None else ckpt.task)
-    exported = export_onnx(ckpt, out_path, opset=config.opset, batch_size=config.batch_size)
+    routing = None
+    if ckpt.spec.kind == "moe":  # freeze the task's routing over fresh rollouts of it
+        states = calibration_states(
+            ckpt.spec, ckpt.actor, ckpt.obs_norm, task, config.calibration_episodes, config.seed
+        )
+        routing = freeze_routing(reference_actor(ckpt), task.name, states)
+    exported = export_onnx(ckpt, out_path, opset=config.opset, batch_size=config.batch_size, routing=routing)
     try:
         audit = audit_onnx(exported.onnx_path, require_static_shapes=config.batch_size is not None)
     except OpAuditError as exc:
@@ -106,7 +132,10 @@ def export_and_check(
             env_inputs(task, config.env_inputs, config.seed),
         ]
     )
-    parity = check_parity(policy, reference_actor(ckpt).deterministic, inputs, tolerance=config.tolerance)
+    # The graph against the torch module it was traced from (for MoE: the frozen routing; its
+    # distance to dynamic routing is the routing report's action error).
+    reference = freeze_policy(ckpt, routing) if routing is not None else reference_actor(ckpt).deterministic
+    parity = check_parity(policy, reference, inputs, tolerance=config.tolerance)
     latency = measure_latency(policy, num_calls=config.latency_calls, budget_ms=config.budget_ms)
     loop = closed_loop(policy, task, episodes=config.episodes, seed=config.seed)
-    return DeployReport(exported, audit, parity, latency, loop)
+    return DeployReport(exported, audit, parity, latency, loop, routing)

@@ -62,10 +62,17 @@ class MoELinear(nn.Module):
         self.last_gates: torch.Tensor | None = None
         self.last_logits: torch.Tensor | None = None
 
+    def route(self, gate_in: torch.Tensor) -> torch.Tensor:
+        """Gate weights [batch, experts]: softmax over each row's top_k logits, 0 elsewhere."""
+        return self._gates(self.gate(gate_in))
+
+    def _gates(self, logits: torch.Tensor) -> torch.Tensor:
+        kth = logits.topk(self.top_k, dim=-1).values[..., -1:]
+        return torch.softmax(logits.masked_fill(logits < kth, float("-inf")), dim=-1)
+
     def forward(self, x: torch.Tensor, gate_in: torch.Tensor) -> torch.Tensor:
         logits = self.gate(gate_in)
-        kth = logits.topk(self.top_k, dim=-1).values[..., -1:]
-        gates = torch.softmax(logits.masked_fill(logits < kth, float("-inf")), dim=-1)
+        gates = self._gates(logits)
         if self.training:  # kept for metrics; an exported (eval) module stores nothing
             self.last_gates, self.last_logits = gates, logits
         experts = torch.einsum("bi,eoi->beo", x, self.weight) + self.bias
@@ -155,17 +162,17 @@ class SquashedGaussianActor(nn.Module):
         mean, log_std = self.body(x, x, task).chunk(2, dim=-1)
         return mean, log_std.clamp(LOG_STD_MIN, LOG_STD_MAX)
 
-    def sample(self, obs_goal: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def sample(self, obs_goal: torch.Tensor, task: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Reparameterized action and its log-probability (SAC paper, appendix C, eq. 21)."""
-        mean, log_std = self(obs_goal)
+        mean, log_std = self(obs_goal, task)
         normal = torch.distributions.Normal(mean, log_std.exp())
         pre_tanh = normal.rsample()
         action = torch.tanh(pre_tanh)
         log_prob = normal.log_prob(pre_tanh) - torch.log1p(-action.pow(2) + 1e-6)
         return action, log_prob.sum(-1)
 
-    def deterministic(self, obs_goal: torch.Tensor) -> torch.Tensor:
-        mean, _ = self(obs_goal)
+    def deterministic(self, obs_goal: torch.Tensor, task: torch.Tensor | None = None) -> torch.Tensor:
+        mean, _ = self(obs_goal, task)
         return torch.tanh(mean)
 
 

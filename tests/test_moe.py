@@ -87,22 +87,6 @@ def test_a_spec_from_before_the_moe_fields_is_dense_and_a_bad_one_is_refused():
         ModelSpec(5, 3, 2, kind="moe", top_k=9)
 
 
-def test_exporting_a_moe_checkpoint_says_it_is_not_supported_yet(tmp_path):
-    from deploy_npu.freeze import CheckpointError, PolicyCheckpoint, freeze_policy
-
-    model = _model()
-    ckpt = PolicyCheckpoint(
-        source=str(tmp_path / "ckpt"),
-        spec=MOE,
-        actor=model.get_flat("actor"),
-        obs_norm=model.get_flat("obs_norm"),
-        version=1,
-        task="FetchReach-v4",
-    )
-    with pytest.raises(CheckpointError, match="a moe policy; its frozen-routing export"):
-        freeze_policy(ckpt)
-
-
 def _batch(n: int = 64, seed: int = 4) -> Batch:
     rng = np.random.default_rng(seed)
 
@@ -115,6 +99,7 @@ def _batch(n: int = 64, seed: int = 4) -> Batch:
 def test_the_balancing_loss_is_one_when_even_and_grows_as_one_pair_takes_every_input():
     from learner.sac import balance_loss, expert_load
 
+    torch.manual_seed(0)
     layer = MoELinear(4, 6, experts=8, top_k=2, gate_dim=5)
     x, gate_in = torch.randn(4000, 4), torch.randn(4000, 5)
     with torch.no_grad():
@@ -127,9 +112,9 @@ def test_the_balancing_loss_is_one_when_even_and_grows_as_one_pair_takes_every_i
     assert load["moe/actor/l0/share_e0"] == 0.5 and load["moe/actor/l0/load_max_over_mean"] == pytest.approx(4.0)
     with torch.no_grad():
         layer.gate.bias.zero_()
-        layer.gate.weight.normal_()
+        layer.gate.weight.normal_(0.0, 0.3)  # weak gates: each expert about as likely
     layer(x, gate_in)
-    assert balance_loss([layer]).item() == pytest.approx(1.0, abs=0.15)
+    assert balance_loss([layer]).item() == pytest.approx(1.0, abs=0.1)
 
 
 def test_router_decay_scales_the_balancing_gradient_which_reaches_only_the_routers():
@@ -156,3 +141,59 @@ def test_router_decay_scales_the_balancing_gradient_which_reaches_only_the_route
     }
     assert full.metrics["moe/actor/l0/load_std_over_mean"] >= 0.0
     assert full.metrics["moe/actor/l1/load_max_over_mean"] >= 1.0
+
+
+REACH_MOE = ModelSpec(10, 3, 4, (32, 32), kind="moe", experts=4, top_k=2)
+
+
+def _reach_checkpoint(favour: tuple[int, int] | None = None) -> dict:
+    """A MoE AggregatorCore state with FetchReach's dims; `favour`: gates that always pick those
+    two experts with equal weight (state-independent routing)."""
+    from aggregator.core import AggregatorCore
+    from fleetrl.config import AggregatorConfig
+
+    core = AggregatorCore(REACH_MOE, AggregatorConfig(seed=1), 1, 1, "FetchReach-v4")
+    state = core.state()
+    if favour is not None:
+        model = SACModel(REACH_MOE)
+        model.set_flat("actor", state["weights"]["actor"])
+        with torch.no_grad():
+            for layer in model.actor.body.moe_layers():
+                layer.gate.weight.zero_()
+                layer.gate.bias.fill_(-3.0)
+                layer.gate.bias[list(favour)] = 3.0
+        state["weights"]["actor"] = model.get_flat("actor")
+    return state
+
+
+def test_routing_that_never_depends_on_the_state_freezes_exactly():
+    from deploy_npu.freeze import load_policy_checkpoint, reference_actor
+    from deploy_npu.routing import FrozenRoutingPolicy, freeze_routing
+
+    ckpt = load_policy_checkpoint(_reach_checkpoint(favour=(2, 3)))
+    states = np.random.default_rng(5).normal(size=(300, 13)).astype(np.float32)
+    table = freeze_routing(reference_actor(ckpt), "FetchReach-v4", states)
+    assert [set(layer.experts) for layer in table.layers] == [{2, 3}, {2, 3}]
+    assert table.agreement == 1.0 and all(layer.gates == pytest.approx((0.5, 0.5)) for layer in table.layers)
+    assert table.action_error_max < 1e-5
+    frozen = FrozenRoutingPolicy(reference_actor(ckpt), table)
+    assert len(frozen.experts) == 4  # two per layer: the unselected experts are not in the network
+
+
+def test_fleetrl_export_freezes_a_moe_policys_routing_into_a_graph_the_audit_passes(tmp_path):
+    import onnx
+
+    from deploy_npu.pipeline import DeployCheckConfig, export_and_check
+
+    config = DeployCheckConfig(
+        task="FetchReach-v4", episodes=1, calibration_episodes=2, latency_calls=200, random_inputs=64, env_inputs=64
+    )
+    report = export_and_check(_reach_checkpoint(), tmp_path / "moe.onnx", config)
+    assert report.audit.passed, report.summary()
+    assert "TopK" not in report.audit.op_histogram and report.audit.op_histogram["Gemm"] == 2 * 2 + 1
+    assert report.parity.passed and report.parity.max_abs_error <= 1e-5, report.summary()
+    routing = report.routing
+    assert routing is not None and routing.states == 2 * 50 and 0.0 <= routing.agreement <= 1.0
+    assert np.isfinite(routing.action_error_max) and "agreement" in report.summary()
+    props = {p.key: p.value for p in onnx.load(tmp_path / "moe.onnx").metadata_props}
+    assert json.loads(props["fleetrl.routing"])["layers"][0]["experts"] == list(routing.layers[0].experts)

@@ -1,0 +1,139 @@
+"""Frozen routing: a MoE policy's per-task expert table, and the static network built from it.
+
+    states = calibration_states(ckpt, task, episodes=10)        # fresh rollouts of the task
+    table = freeze_routing(ckpt, task, states)                   # per layer: experts, fixed gates
+    table.agreement, table.action_error_max                      # how faithful the freeze is
+    module = FrozenRoutingPolicy(reference_actor(ckpt), table)   # what export_onnx traces
+
+A MoE actor's gates see only the normalized state and the task's embedding, so one task's
+routing is a function of its states. Freezing keeps, per hidden layer, the top_k experts with
+the largest mean gate weight over the calibration states and their mean weights, renormalized
+to sum to 1. The frozen network then computes only those experts, mixed by constants: Gemm,
+Mul, Add and Relu, no TopK and nothing that depends on data. `agreement` is the share of
+calibration states whose dynamic top-k equals the frozen set in every layer; the action error
+is |frozen - dynamic| over the same states.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from fleetrl.policy import ModelSpec, NumpyActor
+from learner.models import MoELinear, SquashedGaussianActor
+from sampler.worker import Policy, rollout
+from sim.registry import TaskSpec, make_env
+
+
+@dataclass(frozen=True)
+class LayerRoute:
+    experts: tuple[int, ...]  # the frozen set, by mean gate weight, largest first
+    gates: tuple[float, ...]  # their fixed weights (sum 1)
+    agreement: float  # share of calibration states whose dynamic top-k is exactly this set
+
+
+@dataclass(frozen=True)
+class RoutingTable:
+    task: str
+    task_index: int
+    layers: tuple[LayerRoute, ...]
+    states: int  # calibration states
+    agreement: float  # share of states routed exactly as frozen in every layer
+    action_error_max: float  # |frozen - dynamic action| over the calibration states
+    action_error_mean: float
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+
+def calibration_states(
+    spec: ModelSpec, actor: np.ndarray, obs_norm: np.ndarray, task: TaskSpec, episodes: int, seed: int = 0
+) -> np.ndarray:
+    """observation ++ desired_goal of every step of `episodes` fresh deterministic rollouts of
+    the dynamic-routing policy in the nominal task (seeds `seed`, `seed + 1`, ...)."""
+    policy = Policy()
+    policy.actor, policy.version = NumpyActor(spec, actor, obs_norm), 0
+    env = make_env(task)
+    rng = np.random.default_rng(seed)
+    rows = []
+    try:
+        for i in range(episodes):
+            episode, _ = rollout(env, policy, seed=seed + i, rng=rng, deterministic=True)
+            rows.append(np.concatenate([episode.obs, episode.desired_goal], axis=1))
+    finally:
+        env.close()
+    return np.concatenate(rows).astype(np.float32)
+
+
+def _gates(actor: SquashedGaussianActor, states: torch.Tensor, task_index: int) -> list[torch.Tensor]:
+    """The dynamic gate weights [states, experts] of every MoE layer."""
+    body = actor.body
+    x = actor.norm(states)
+    gate_in = torch.cat([x, body.task_embed[task_index].expand(len(x), -1)], dim=-1)
+    return [layer.route(gate_in) for layer in body.moe_layers()]
+
+
+def freeze_routing(actor: SquashedGaussianActor, task: str, states: np.ndarray, task_index: int = 0) -> RoutingTable:
+    """The per-layer frozen routing of `task` over `states`, with its agreement and action error."""
+    with torch.no_grad():
+        x = torch.from_numpy(np.asarray(states, np.float32))
+        layers, exact = [], torch.ones(len(x), dtype=torch.bool)
+        for gates, layer in zip(_gates(actor, x, task_index), actor.body.moe_layers(), strict=True):
+            mean = gates.mean(0)
+            chosen = torch.argsort(mean, descending=True)[: layer.top_k]
+            weights = mean[chosen] / mean[chosen].sum()
+            frozen = torch.zeros(gates.shape[-1], dtype=torch.bool)
+            frozen[chosen] = True
+            same = ((gates > 0) == frozen).all(dim=1)
+            exact &= same
+            route = LayerRoute(tuple(chosen.tolist()), tuple(weights.tolist()), float(same.float().mean()))
+            layers.append(route)
+        table = RoutingTable(task, task_index, tuple(layers), len(x), float(exact.float().mean()), 0.0, 0.0)
+        frozen_action = FrozenRoutingPolicy(actor, table)(x)
+        dynamic = actor.deterministic(x, torch.full((len(x),), task_index))
+        error = (frozen_action - dynamic).abs()
+    return RoutingTable(
+        task, task_index, tuple(layers), len(x), table.agreement, float(error.max()), float(error.mean())
+    )
+
+
+class FrozenRoutingPolicy(nn.Module):
+    """obs_goal [B, input_dim] -> tanh(mean) [B, act_dim] with one task's routing frozen: each
+    hidden layer is its selected experts (plain Linear layers) mixed by constant gates."""
+
+    def __init__(self, actor: SquashedGaussianActor, table: RoutingTable) -> None:
+        super().__init__()
+        self.norm = copy.deepcopy(actor.norm)
+        self.experts = nn.ModuleList()  # flat: layer by layer, each layer's selected experts in order
+        self.gates: list[tuple[float, ...]] = []
+        for layer, route in zip(actor.body.moe_layers(), table.layers, strict=True):
+            self.experts.extend(_expert(layer, e) for e in route.experts)
+            self.gates.append(route.gates)
+        head = actor.body.out
+        act_dim = head.out_features // 2
+        self.head = nn.Linear(head.in_features, act_dim)
+        with torch.no_grad():
+            self.head.weight.copy_(head.weight[:act_dim])
+            self.head.bias.copy_(head.bias[:act_dim])
+
+    def forward(self, obs_goal: torch.Tensor) -> torch.Tensor:
+        x = self.norm(obs_goal)
+        experts = iter(self.experts)
+        for gates in self.gates:
+            mixed = sum(gate * next(experts)(x) for gate in gates)
+            x = torch.relu(mixed)
+        return torch.tanh(self.head(x))
+
+
+def _expert(layer: MoELinear, index: int) -> nn.Linear:
+    fan_out, fan_in = layer.weight.shape[1:]
+    linear = nn.Linear(fan_in, fan_out)
+    with torch.no_grad():
+        linear.weight.copy_(layer.weight[index])
+        linear.bias.copy_(layer.bias[index])
+    return linear
