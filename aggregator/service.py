@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import pathlib
 import threading
 import time
@@ -469,8 +470,10 @@ def run_aggregator(
             )
             if writer is not None and core.version != logged:
                 logged = core.version
-                for key, value in dict(server.servicer.metrics).items():
+                metrics = dict(server.servicer.metrics)
+                for key, value in metrics.items():
                     writer.add_scalar(f"learner/{key}", value, logged)
+                _write_expert_load(run_dir, logged, metrics)
                 writer.add_scalar("aggregator/gradients_stale", server.servicer.counts["stale"], logged)
                 writer.add_scalar("aggregator/steps_skipped", core.steps_skipped, logged)
                 writer.add_scalar("aggregator/gradients_clipped", core.clipped, logged)
@@ -480,6 +483,18 @@ def run_aggregator(
     if writer is not None:
         writer.close()
     return core.version
+
+
+def _write_expert_load(run_dir: str | None, version: int, metrics: dict[str, float]) -> None:
+    """A MoE run's newest router metrics (beta, balancing loss, expert shares per layer) as
+    <run_dir>/expert_load.json: the launcher puts them in summary.json."""
+    moe = {k.removeprefix("moe/"): v for k, v in metrics.items() if k.startswith("moe/")}
+    if run_dir is None or not moe:
+        return
+    path = pathlib.Path(run_dir) / "expert_load.json"
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps({"version": version, **moe}, indent=1, sort_keys=True))
+    os.replace(tmp, path)
 
 
 def _summary_writer(run_dir: str | None, name: str) -> ScalarWriter | None:

@@ -88,6 +88,7 @@ class Summary:
     fleet_overhead_share: float | None = None  # aggregator+buffer+evaluator+redis+launcher CPU / machine
     checkpoints: list[str] = field(default_factory=list)
     mode: str = "async"  # or "sync": fleetrl train --mode sync (fleetrl/sync.py)
+    expert_load: dict = field(default_factory=dict)  # a MoE run: routers' newest metrics (expert_load.json)
 
 
 class LocalFleet:
@@ -265,6 +266,9 @@ class LocalFleet:
             fleet_overhead_share=cpu["overhead_share"],
             checkpoints=sorted(str(p) for p in (self.run_dir / "checkpoints").glob("ckpt_*.pt")),
         )
+        load = self.run_dir / "expert_load.json"
+        if load.exists():  # a MoE run: beta, balancing loss and each layer's expert shares
+            summary.expert_load = json.loads(load.read_text())
         if final is not None:
             summary.final_success_version, result = final
             summary.final_success, summary.final_success_episodes = result.success_rate, result.episodes

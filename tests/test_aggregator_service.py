@@ -536,3 +536,13 @@ def test_a_step_waiting_for_a_departed_learner_closes_at_its_deadline(tmp_path):
         assert core.deadline_steps == 1
         ack = agg.push_gradients(push(core, 1, seed=1))  # the next step opens as usual
         assert watcher.wait_newer_than(1, timeout=30).version == 2
+
+
+def test_a_moe_runs_router_metrics_are_kept_for_the_summary(tmp_path):
+    from aggregator.service import _write_expert_load
+
+    _write_expert_load(str(tmp_path), 7, {"loss/critic": 1.0})  # a dense run: nothing to keep
+    assert not (tmp_path / "expert_load.json").exists()
+    _write_expert_load(str(tmp_path), 9, {"loss/critic": 1.0, "moe/actor_beta": 0.5, "moe/actor/l0/share_e1": 0.25})
+    kept = json.loads((tmp_path / "expert_load.json").read_text())
+    assert kept == {"version": 9, "actor_beta": 0.5, "actor/l0/share_e1": 0.25}
