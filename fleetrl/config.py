@@ -47,6 +47,9 @@ class RandomizationConfig:
 class SimConfig:
     task: str = config_field("FetchReach-v4", "task name from the sim registry (sim/registry.py)")
     randomization: RandomizationConfig = field(default_factory=RandomizationConfig)
+    control_hz: float = config_field(
+        0.0, "decisions per simulated second (sim/rate.py: same seconds and hand speed); 0 = Fetch's own 25 Hz"
+    )
 
 
 @dataclass(frozen=True)
@@ -296,6 +299,7 @@ class RunConfig:
                 "one of " + ", ".join(repr(name) for name in REPLAY_SAMPLING),
             ),
             (self.learner.recency_half_life >= 1, "learner.recency_half_life", ">= 1"),
+            (self.sim.control_hz >= 0, "sim.control_hz", ">= 0 (0 = the task's own rate)"),
             (self.model.kind in ("dense", "moe"), "model.kind", "one of 'dense', 'moe'"),
             (self.model.experts >= 1, "model.experts", ">= 1"),
             (1 <= self.model.top_k <= self.model.experts, "model.top_k", "in 1..model.experts"),

@@ -92,8 +92,10 @@ class SyncRun:
         self.replay = MemoryReplay(config.buffer.capacity_transitions, seed=config.aggregator.seed + 7919)
         self.limit = rate_limit(config)
         self.inserted = self.sampled = 0  # rows stored and drawn: what flow control counts
-        self.env = make_env(task, config.sim.randomization)
-        self.eval_env = make_env(task, config.sim.randomization if config.eval.randomize else None)
+        self.env = make_env(task, config.sim.randomization, config.sim.control_hz)
+        self.eval_env = make_env(
+            task, config.sim.randomization if config.eval.randomize else None, config.sim.control_hz
+        )
         streams = np.random.SeedSequence([config.sampler.seed, 0]).spawn(3)
         self.rng, self.seeds = np.random.default_rng(streams[0]), np.random.default_rng(streams[1])
         seed = int(streams[2].generate_state(1)[0])

@@ -108,7 +108,7 @@ def score_checkpoint(path: str | os.PathLike, config: RunConfig, episodes: int) 
     policy = Policy()
     policy.refresh(WeightsSnapshot(int(state["version"]), tensors, ModelSpec.from_json(state["spec"])))
     task = get_task(state.get("task") or config.sim.task)
-    env = make_env(task, config.sim.randomization if config.eval.randomize else None)
+    env = make_env(task, config.sim.randomization if config.eval.randomize else None, config.sim.control_hz)
     try:
         return policy.version, evaluate(env, policy, config.eval, until=episodes)
     finally:
@@ -157,7 +157,7 @@ def run_evaluator(
     """Score versions until `stop` is set; returns how many versions were scored."""
     os.nice(config.eval.nice)  # scoring uses spare CPU first; training loops keep priority
     task = get_task(config.sim.task)
-    env = make_env(task, config.sim.randomization if config.eval.randomize else None)
+    env = make_env(task, config.sim.randomization if config.eval.randomize else None, config.sim.control_hz)
     heartbeat = Heartbeat(heartbeat_path)
     policy = Policy()
     scored = 0

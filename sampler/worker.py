@@ -210,7 +210,7 @@ def run_sampler(config: RunConfig, sampler_id: int, endpoints: SamplerEndpoints,
     """Collect and push until `stop` is set; returns env steps acked."""
     cfg = config.sampler
     task = get_task(config.sim.task)
-    env = make_env(task, config.sim.randomization)
+    env = make_env(task, config.sim.randomization, config.sim.control_hz)
     report = harden(sampler_id, pin=cfg.pin_cpus, mlock=cfg.mlock)
     log.info("sampler %d: task %s, cpu %s, mlocked %s", sampler_id, task.name, report.cpu, report.mlocked)
     heartbeat = Heartbeat(endpoints.heartbeat_path)

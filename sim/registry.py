@@ -31,6 +31,7 @@ import numpy as np
 from fleetrl.config import RandomizationConfig
 from fleetrl.wire import TransitionSchema
 from sim.randomization import DomainRandomization
+from sim.rate import NATIVE_HZ, ControlRate, episode_steps
 
 # gymnasium_robotics prints an unrelated Adroit reward-change notice to stderr on import
 # (via farama_notifications). Every sampler process would print it; swallow that one import.
@@ -115,17 +116,24 @@ def get_task(name_or_id: str | int) -> TaskSpec:
     return spec
 
 
-def make_env(task: str | int | TaskSpec, randomization: RandomizationConfig | None = None) -> gym.Env:
+def make_env(
+    task: str | int | TaskSpec, randomization: RandomizationConfig | None = None, control_hz: float = 0.0
+) -> gym.Env:
     """Build a task's env: dict observations, Box(-1, 1, (act_dim,)) actions, time limit.
 
     With `randomization` given and enabled, the env is wrapped in DomainRandomization;
     with None or `enabled=False` it is the nominal task (the evaluator's default).
+    `control_hz` (0: Fetch's own 25 Hz) runs the task at another decision rate (sim/rate.py).
 
         >>> env = make_env("FetchReach-v4")                          # nominal
         >>> env = make_env(0, RandomizationConfig(obs_noise_std=0.0))  # randomized dynamics
     """
     spec = task if isinstance(task, TaskSpec) else get_task(task)
-    env = gym.make(spec.gym_id, max_episode_steps=spec.max_episode_steps)
+    if control_hz and control_hz != NATIVE_HZ:  # sim/rate.py: the same seconds at another rate
+        env = gym.make(spec.gym_id, max_episode_steps=episode_steps(spec.max_episode_steps, control_hz))
+        env = ControlRate(env, control_hz)
+    else:
+        env = gym.make(spec.gym_id, max_episode_steps=spec.max_episode_steps)
     if randomization is not None and randomization.enabled:
         env = DomainRandomization(env, randomization)
     return env

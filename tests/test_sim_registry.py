@@ -161,3 +161,29 @@ def test_import_prints_nothing() -> None:
         [sys.executable, "-c", "import sim"], capture_output=True, text=True, timeout=60, check=True
     )
     assert result.stdout == "" and result.stderr == ""
+
+
+def test_a_task_at_120_hz_keeps_its_seconds_and_its_hand_speed():
+    """Fetch decides at 25 Hz; at 120 Hz a decision is exactly 1/120 s of simulated time, an
+    episode lasts as long (240 steps), and a constant action moves the hand as far per second."""
+    import numpy as np
+
+    from sim.registry import make_env
+
+    def hand_after(env, seconds: float) -> tuple[np.ndarray, int]:
+        obs, _ = env.reset(seed=0)
+        start = obs["observation"][:3].copy()
+        steps = round(seconds / env.unwrapped.dt)
+        for _ in range(steps):
+            obs, *_ = env.step(np.array([1.0, 0.0, 0.0, 0.0], np.float32))
+        return obs["observation"][:3] - start, steps
+
+    native, fast = make_env("FetchReach-v4"), make_env("FetchReach-v4", control_hz=120.0)
+    assert fast.unwrapped.dt == pytest.approx(1 / 120) and fast.spec.max_episode_steps == 240
+    # Calibrated over 0.4 s (sim/rate.py); checked here over twice as long.
+    moved_native, n_native = hand_after(native, 0.8)
+    moved_fast, n_fast = hand_after(fast, 0.8)
+    assert (n_native, n_fast) == (20, 96)
+    assert moved_native[0] > 0.05 and moved_fast[0] == pytest.approx(moved_native[0], rel=0.1)
+    with pytest.raises(ValueError, match="control_hz \\(-1"):
+        make_env("FetchReach-v4", control_hz=-1.0)
