@@ -10,6 +10,7 @@
     fleetrl evaluator  --config C --buffer B --aggregator A
     fleetrl export     --checkpoint CKPT --out policy.onnx
     fleetrl evaluate   RUN_DIR [--episodes 50]                  # score the run's last checkpoint
+    fleetrl deploy-check RUN_DIR --hz 120 [--delay-ms 10]      # the exported policy as a 120 Hz controller
     fleetrl fleet up   fleet.yaml --host NAME                   # this host's share of a multi-host fleet
     fleetrl report     RUN_DIR [RUN_DIR ...] --out report.html   # curves, updates/s, CPU per role
     fleetrl certs      --out DIR [--hosts H1,H2]                 # a self-signed TLS set for a fleet
@@ -131,6 +132,15 @@ def _parser(export_args: bool = True) -> argparse.ArgumentParser:
     from fleetrl.report import add_arguments as add_report_arguments  # matplotlib loads only when writing
 
     add_report_arguments(report)
+    check = sub.add_parser(
+        "deploy-check", help="run a run's exported policy as a fixed-rate controller in the randomized sim"
+    )
+    check.add_argument("run_dir", help="a run directory (its config.json and newest checkpoint)")
+    check.add_argument("--hz", type=float, default=120.0, help="controller ticks per simulated second")
+    check.add_argument("--delay-ms", type=float, default=10.0, help="actuation delay, rounded to whole ticks")
+    check.add_argument("--episodes", type=int, default=20, help="episodes for the ONNX and for the torch policy")
+    check.add_argument("--seed", type=int, default=0, help="first episode seed")
+    check.add_argument("--onnx", help="where to write the graph (default: RUN_DIR/deploy/policy.onnx)")
     export = sub.add_parser("export", help="freeze a checkpoint into ONNX and check it for an NPU controller")
     if export_args:  # deploy_npu pulls in onnxruntime and torch: only for `fleetrl export`
         from deploy_npu.cli import add_arguments
@@ -359,6 +369,15 @@ def main(argv: list[str] | None = None) -> int:
             from deploy_npu.cli import run
 
             return run(args)
+        if args.command == "deploy-check":
+            from deploy_npu.controller import controller_check
+
+            report = controller_check(
+                args.run_dir, hz=args.hz, delay_ms=args.delay_ms, episodes=args.episodes, seed=args.seed,
+                onnx_path=args.onnx,
+            )  # fmt: skip
+            print(report.summary())
+            return 0 if report.passed else 1
         if args.command == "evaluate":
             return _evaluate(args)
         if args.command == "fleet":

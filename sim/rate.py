@@ -71,7 +71,7 @@ def _reach(gym_id: str, hz: float, scale: float, seconds: float = CALIBRATION_SE
         set_rate(fetch, hz)
     obs, _ = env.reset(seed=0)
     start = float(obs["observation"][0])
-    action = np.zeros(env.action_space.shape, np.float32)
+    action = np.zeros(4, np.float32)  # Fetch: dx, dy, dz, gripper
     action[0] = scale
     for _ in range(round(seconds * hz)):
         obs, *_ = env.step(action)

@@ -1,0 +1,163 @@
+"""`fleetrl deploy-check RUN_DIR --hz 120`: the exported policy as a fixed-rate controller.
+
+    report = controller_check("runs/r1", hz=120, delay_ms=10, episodes=20)
+    print(report.summary())
+
+The ONNX graph `fleetrl export` writes drives the simulated task at `hz` decisions per
+simulated second (sim/rate.py), with the run's domain randomization on, its action held until
+the next tick (zero-order hold: one env step per tick) and applied `delay_ms` late (rounded to
+whole ticks, a queue of actions: what a real actuator chain adds). The torch policy the run
+trained (dynamic routing for a MoE) drives the same episodes under the same delay, so the two
+success rates compare what export changed. Each ONNX call is timed: a call longer than one
+tick (1 / hz) is a deadline miss, the controller's real failure on hardware.
+
+A policy trained at another rate than `hz` sees other velocities and hand speeds (sim/rate.py);
+the report says so, and `sim.control_hz` trains one at the rate it will run at.
+"""
+
+from __future__ import annotations
+
+import collections
+import pathlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from deploy_npu.export import export_onnx
+from deploy_npu.freeze import load_policy_checkpoint, reference_actor
+from deploy_npu.parity import OnnxPolicy, task_for_spec
+from deploy_npu.routing import calibration_states, freeze_routing
+from fleetrl.config import RandomizationConfig, RunConfig
+from sim.rate import NATIVE_HZ
+from sim.registry import TaskSpec, goal_success, make_env
+
+Policy = Callable[[np.ndarray], np.ndarray]  # obs ++ goal [input_dim] -> action [act_dim]
+
+
+@dataclass(frozen=True)
+class ControllerReport:
+    task: str
+    hz: float
+    trained_hz: float
+    delay_ticks: int
+    episodes: int
+    onnx_successes: int
+    torch_successes: int
+    ticks: int
+    deadline_misses: int  # ONNX calls longer than one tick
+    p50_ms: float
+    p99_ms: float
+    max_ms: float
+
+    @property
+    def passed(self) -> bool:
+        return self.deadline_misses == 0
+
+    def summary(self) -> str:
+        tick_ms = 1000.0 / self.hz
+        lines = [
+            f"controller {self.task} at {self.hz:g} Hz (tick {tick_ms:.2f} ms), actuation delay {self.delay_ticks} "
+            f"tick(s), domain randomization on, {self.episodes} episodes",
+            f"success    onnx {self.onnx_successes}/{self.episodes}, torch {self.torch_successes}/{self.episodes}",
+            f"deadline   {'ok  ' if self.passed else 'FAIL'} {self.deadline_misses} of {self.ticks} calls over one "
+            f"tick; policy call p50 {self.p50_ms:.4f} ms, p99 {self.p99_ms:.4f} ms, max {self.max_ms:.4f} ms",
+        ]
+        if self.trained_hz != self.hz:
+            lines.append(
+                f"note       the policy was trained at {self.trained_hz:g} Hz: set sim.control_hz={self.hz:g} to "
+                "train one for this rate"
+            )
+        return "\n".join(lines)
+
+
+def drive(
+    policy: Policy,
+    task: TaskSpec,
+    hz: float,
+    randomization: RandomizationConfig,
+    *,
+    episodes: int,
+    delay_ticks: int,
+    seed: int,
+) -> tuple[int, list[float]]:
+    """(successes, per-call seconds) of `policy` as a `hz` controller with delayed actuation."""
+    env = make_env(task, randomization, hz)
+    successes, calls = 0, []
+    try:
+        for episode in range(episodes):
+            obs, _ = env.reset(seed=seed + episode)
+            pending = collections.deque([np.zeros(task.act_dim, np.float32)] * delay_ticks)
+            done = False
+            while not done:
+                x = np.concatenate([obs["observation"], obs["desired_goal"]]).astype(np.float32)
+                start = time.perf_counter()
+                action = policy(x)
+                calls.append(time.perf_counter() - start)
+                pending.append(action)
+                obs, _, terminated, truncated, _ = env.step(pending.popleft())  # held for the whole tick
+                done = terminated or truncated
+            successes += bool(goal_success(env, obs["achieved_goal"][None], obs["desired_goal"][None])[0])
+    finally:
+        env.close()
+    return successes, calls
+
+
+def controller_check(
+    run_dir: str | pathlib.Path,
+    *,
+    hz: float = 120.0,
+    delay_ms: float = 10.0,
+    episodes: int = 20,
+    seed: int = 0,
+    onnx_path: str | pathlib.Path | None = None,
+) -> ControllerReport:
+    """Export the run's newest checkpoint (MoE: routing frozen on fresh rollouts) and drive
+    the task with it and with the torch policy; see the module docstring."""
+    run_dir = pathlib.Path(run_dir)
+    config = RunConfig.load(run_dir / "config.json")
+    ckpt = load_policy_checkpoint(run_dir / "checkpoints")
+    task = task_for_spec(ckpt.spec, ckpt.task or config.sim.task)
+    trained_hz = config.sim.control_hz or NATIVE_HZ
+    routing = None
+    if ckpt.spec.kind == "moe":
+        states = calibration_states(ckpt.spec, ckpt.actor, ckpt.obs_norm, task, 10, seed)
+        routing = freeze_routing(reference_actor(ckpt), task.name, states)
+    out = pathlib.Path(onnx_path) if onnx_path else run_dir / "deploy" / "policy.onnx"
+    export_onnx(ckpt, out, routing=routing)
+    onnx_policy = OnnxPolicy(out)
+    actor = reference_actor(ckpt)
+
+    def torch_policy(x: np.ndarray) -> np.ndarray:
+        with torch.no_grad():
+            return actor.deterministic(torch.from_numpy(x[None])).numpy()[0]
+
+    delay_ticks = round(delay_ms * hz / 1000.0)
+    randomization = config.sim.randomization
+    onnx_ok, calls = drive(
+        lambda x: onnx_policy.run_batch(x[None])[0],
+        task,
+        hz,
+        randomization,
+        episodes=episodes,
+        delay_ticks=delay_ticks,
+        seed=seed,
+    )
+    torch_ok, _ = drive(torch_policy, task, hz, randomization, episodes=episodes, delay_ticks=delay_ticks, seed=seed)
+    ms = np.array(calls) * 1000.0
+    return ControllerReport(
+        task.name,
+        hz,
+        trained_hz,
+        delay_ticks,
+        episodes,
+        onnx_ok,
+        torch_ok,
+        len(calls),
+        int(np.sum(ms > 1000.0 / hz)),
+        float(np.percentile(ms, 50)),
+        float(np.percentile(ms, 99)),
+        float(ms.max()),
+    )
