@@ -46,8 +46,27 @@ def _changed(config: dict, defaults: dict, prefix: str = "") -> dict:
     return out
 
 
+def _reconstructed_summary(run_dir: pathlib.Path) -> dict:
+    """What summary.json would say, from progress.jsonl, when the launcher died before writing
+    it; the start time is config.json's (written as the run starts)."""
+    progress = _jsonl(run_dir / "progress.jsonl")
+    last = progress[-1] if progress else {}
+    config = json.loads((run_dir / "config.json").read_text())
+    return {
+        "reconstructed": True,
+        "task": config["sim"]["task"],
+        "stop_reason": "no summary.json: reconstructed from progress.jsonl",
+        "started_unix": (run_dir / "config.json").stat().st_mtime,
+        "wall_sec": last.get("wall_sec"),
+        "final_version": last.get("version"),
+        "final_env_steps": last.get("env_steps"),
+        "best_success": max((e["success_rate"] for e in _jsonl(run_dir / "evals.jsonl")), default=0.0),
+    }
+
+
 def collect(run_dir: pathlib.Path, minutes: list[float]) -> dict:
-    summary = json.loads((run_dir / "summary.json").read_text())
+    path = run_dir / "summary.json"
+    summary = json.loads(path.read_text()) if path.exists() else _reconstructed_summary(run_dir)
     started = summary.get("started_unix", 0.0)
     evals = _jsonl(run_dir / "evals.jsonl")
     for row in evals:
@@ -81,18 +100,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--commit", help="the commit the run used (default: this checkout's HEAD)")
     p.add_argument("--note", default="", help="anything a reader must know about the run")
     p.add_argument("--minutes", default="10,20,30,60", help="report the best curve success by these minutes")
+    p.add_argument(
+        "--scores", help='JSON of held-out scores taken apart (fleetrl evaluate), e.g. {"30": {"success_rate": ...}}'
+    )
     args = p.parse_args(argv)
-    if not (args.run_dir / "summary.json").exists():
-        p.error(f"{args.run_dir}: no summary.json (did the run finish?)")
+    if not (args.run_dir / "summary.json").exists() and not (args.run_dir / "progress.jsonl").exists():
+        p.error(f"{args.run_dir}: neither summary.json nor progress.jsonl: not a run directory")
     figures = collect(args.run_dir, [float(m) for m in args.minutes.split(",")])
     figures["note"] = args.note
+    if args.scores:
+        figures["scores"] = json.loads(args.scores)
     record = result_record("training_run", figures)
     record["command"] = args.command
     if args.commit:
         record["commit"] = args.commit
     write_result(record, args.out)
     s = figures["summary"]
-    print(f"{s['task']}: {s['stop_reason']}; best {s['best_success']:.2f}; {s['final_env_steps']} env steps")
+    print(f"{s['task']}: {s['stop_reason']}; best {s['best_success']:.2f}; {s.get('final_env_steps')} env steps")
     return 0
 
 

@@ -210,6 +210,10 @@ class LocalFleet:
         except (CheckpointError, OSError) as err:  # no checkpoint yet (a very short run)
             progress.note(f"no final score: {err}")
             return None
+        except Exception:  # the score is extra: whatever fails, the run's summary is still written
+            log.exception("final score failed; summary.json is written without it")
+            progress.note("no final score: it failed (see the traceback above)")
+            return None
         progress.note(f"final score: version {final[0]}, success {final[1].success_rate:.2f} over {episodes} episodes")
         return final
 
