@@ -13,7 +13,8 @@ a synchronous data-parallel learner group does). Arms, all in one run:
   all_reduce + Adam step). Seconds per round, aggregator / all-reduce.
 - straggler: learners compute real SAC gradients on in-memory batches; before each gradient,
   learner 0 pauses --pause-ms with probability --pause-prob. Aggregator: K = M with the
-  default step_deadline_ms, each learner pushing and going on with the newest weights it has;
+  default step_deadline_ms, each learner keeping one push in flight (as learner/worker.py does)
+  and going on with the newest weights it has;
   all-reduce: every rank waits for the slowest each step. Gradients applied per second over
   the group (each a batch of the preset's size), K-of-M / all-reduce (issue 9's goal: >= 1.4).
 
@@ -95,20 +96,25 @@ def aggregator_learner(index, address, config, seconds, compute, pause, barrier,
         snap = watcher.wait_newer_than(-1, timeout=60)
         barrier.wait()
         applied = pushed = 0
+        pending = None  # with compute: one push in flight, its step overlapping the next gradient (as learners do)
         start = time.monotonic()
         while time.monotonic() - start < seconds:
             pauser.maybe()
             result = compute_gradients(model, batch, hp) if compute else fixed
             push = GradientPush(index, snap.version, result.grads, result.norm_stats, config.learner.batch_size)
-            ack = client.push_gradients(push)
             pushed += 1
-            applied += int(ack.applied)
-            if compute:  # go on with the newest weights there are
-                snap = watcher.latest() or snap
-            else:  # a round: wait for the step this gradient is in
+            if compute:
+                if pending is not None:
+                    applied += int(pending.result().applied)
+                pending = client.push_gradients_async(push)
+                snap = watcher.latest() or snap  # go on with the newest weights there are
+            else:  # a round: push, then wait for the step this gradient is in
+                applied += int(client.push_gradients(push).applied)
                 snap = watcher.wait_newer_than(snap.version, timeout=60) or snap
             for group in GROUPS_SENT:
                 model.set_flat(group, snap.tensors[group])
+        if pending is not None:
+            applied += int(pending.result().applied)
         out.put({"index": index, "pushed": pushed, "applied": applied, "sec": time.monotonic() - start})
 
 
