@@ -7,7 +7,8 @@ For each seed, one after another on this machine (nothing else running), `fleetr
 - sync: `--mode sync`, one process alternating collection and training (fleetrl/sync.py);
 - async: the local fleet with one learner (the default);
 - async-2: the local fleet with two learners, each gradient its own version
-  (aggregator.grads_per_step=1), so flow control lets the samplers collect twice as fast.
+  (aggregator.grads_per_step=1, learner.max_grad_staleness=2), so flow control lets the
+  samplers collect twice as fast.
 All three keep the task preset's `sampler.max_env_steps_per_update`. Figures per run: env
 steps per second over the run and in steady state (from --steady-from seconds on, from
 progress.jsonl), updates per second, wall-clock and env steps to the target. Ratios of the
@@ -30,7 +31,9 @@ from common import REPO, result_record, write_result  # benchmarks/common.py (th
 ARMS = {
     "sync": ["--mode", "sync"],
     "async": [],
-    "async-2": ["--learners", "2", "--set", "aggregator.grads_per_step=1"],
+    # Each gradient its own version: while one learner computes, the other's gradient lands, so
+    # a gradient is one version older than with one learner (max_grad_staleness 2, not 1).
+    "async-2": ["--learners", "2", "--set", "aggregator.grads_per_step=1", "--set", "learner.max_grad_staleness=2"],
 }
 
 
