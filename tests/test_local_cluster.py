@@ -134,7 +134,7 @@ def test_fewer_than_three_primaries_is_refused():
 def test_nodes_bind_and_announce_the_given_host_on_fixed_ports():
     ports = []
     for _ in range(3):  # three free ports whose bus ports (+10000) are free too, on 127.0.0.2
-        ports.append(local_cluster._free_port_pair(set(ports), "127.0.0.2"))
+        ports.append(local_cluster.free_port_pair(set(ports), "127.0.0.2"))
     with LocalRedisCluster(host="127.0.0.2", ports=ports, appendonly=True) as cluster:
         assert cluster.nodes == [("127.0.0.2", p) for p in ports]
         client = cluster.client()
