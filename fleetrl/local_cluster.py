@@ -109,10 +109,17 @@ def _log_tail(path: Path) -> str:
     return "\n".join(lines[-_LOG_TAIL_LINES:])
 
 
-def _node_client(host: str, port: int, auth: Security) -> redis.Redis:
+def _node_client(host: str, port: int, auth: Security, timeout_sec: float = 5.0) -> redis.Redis:
     user: str | None = auth.redis_user if auth.redis_password else None
     password: str | None = auth.redis_password or None
-    return redis.Redis(host=host, port=port, socket_timeout=5.0, username=user, password=password)
+    return redis.Redis(
+        host=host,
+        port=port,
+        socket_timeout=timeout_sec,
+        socket_connect_timeout=timeout_sec,
+        username=user,
+        password=password,
+    )
 
 
 def _cluster_info(conn: redis.Redis) -> dict[str, str]:
@@ -125,15 +132,7 @@ def _cluster_info(conn: redis.Redis) -> dict[str, str]:
 def answers(host: str, port: int, auth: Security, timeout_sec: float = 0.5) -> bool:
     """True when the node answers at all within `timeout_sec` (a node still loading its
     append-only file answers with an error: alive, not hung)."""
-    user: str | None = auth.redis_user if auth.redis_password else None
-    conn = redis.Redis(
-        host=host,
-        port=port,
-        socket_timeout=timeout_sec,
-        socket_connect_timeout=timeout_sec,
-        username=user,
-        password=auth.redis_password or None,
-    )
+    conn = _node_client(host, port, auth, timeout_sec)
     try:
         conn.ping()
     except (redis.ConnectionError, redis.TimeoutError):
