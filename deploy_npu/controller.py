@@ -17,10 +17,7 @@ the report says so, and `sim.control_hz` trains one at the rate it will run at.
 
 from __future__ import annotations
 
-import collections
 import pathlib
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -28,13 +25,10 @@ import torch
 
 from deploy_npu.export import export_onnx
 from deploy_npu.freeze import load_policy_checkpoint, reference_actor
-from deploy_npu.parity import OnnxPolicy, task_for_spec
+from deploy_npu.parity import OnnxPolicy, drive, task_for_spec
 from deploy_npu.routing import calibration_states, freeze_routing
-from fleetrl.config import RandomizationConfig, RunConfig
+from fleetrl.config import RunConfig
 from sim.rate import NATIVE_HZ
-from sim.registry import TaskSpec, goal_success, make_env
-
-Policy = Callable[[np.ndarray], np.ndarray]  # obs ++ goal [input_dim] -> action [act_dim]
 
 
 @dataclass(frozen=True)
@@ -71,38 +65,6 @@ class ControllerReport:
                 "train one for this rate"
             )
         return "\n".join(lines)
-
-
-def drive(
-    policy: Policy,
-    task: TaskSpec,
-    hz: float,
-    randomization: RandomizationConfig,
-    *,
-    episodes: int,
-    delay_ticks: int,
-    seed: int,
-) -> tuple[int, list[float]]:
-    """(successes, per-call seconds) of `policy` as a `hz` controller with delayed actuation."""
-    env = make_env(task, randomization, hz)
-    successes, calls = 0, []
-    try:
-        for episode in range(episodes):
-            obs, _ = env.reset(seed=seed + episode)
-            pending = collections.deque([np.zeros(task.act_dim, np.float32)] * delay_ticks)
-            done = False
-            while not done:
-                x = np.concatenate([obs["observation"], obs["desired_goal"]]).astype(np.float32)
-                start = time.perf_counter()
-                action = policy(x)
-                calls.append(time.perf_counter() - start)
-                pending.append(action)
-                obs, _, terminated, truncated, _ = env.step(pending.popleft())  # held for the whole tick
-                done = terminated or truncated
-            successes += bool(goal_success(env, obs["achieved_goal"][None], obs["desired_goal"][None])[0])
-    finally:
-        env.close()
-    return successes, calls
 
 
 def controller_check(

@@ -13,6 +13,7 @@ whose own toolchain reports the real figure; a policy that misses the budget her
 
 from __future__ import annotations
 
+import collections
 import os
 import time
 from collections.abc import Callable
@@ -23,6 +24,7 @@ import onnxruntime as ort
 import torch
 
 from deploy_npu.freeze import PolicyCheckpoint
+from fleetrl.config import RandomizationConfig
 from learner.models import ModelSpec
 from sim import TASKS, TaskSpec, get_task, goal_success, make_env
 
@@ -191,17 +193,43 @@ def closed_loop(policy: OnnxPolicy, task: TaskSpec, *, episodes: int = 5, seed: 
     """Drive the nominal env with the ONNX policy; an episode succeeds if its last state reaches the goal."""
     if episodes < 0:
         raise ValueError(f"episodes ({episodes}) must be >= 0")
-    env = make_env(task)  # no randomization: the nominal task, as the evaluator scores it
-    successes = 0
+    # No randomization, the task's own rate, no delay: the nominal task, as the evaluator scores it.
+    nominal = RandomizationConfig(enabled=False)
+    successes, _ = drive(lambda x: policy(x)[0], task, 0.0, nominal, episodes=episodes, delay_ticks=0, seed=seed)
+    return ClosedLoopReport(task.name, episodes, successes)
+
+
+PolicyFn = Callable[[np.ndarray], np.ndarray]  # obs ++ goal [input_dim] -> action [act_dim]
+
+
+def drive(
+    policy: PolicyFn,
+    task: TaskSpec,
+    hz: float,
+    randomization: RandomizationConfig,
+    *,
+    episodes: int,
+    delay_ticks: int,
+    seed: int,
+) -> tuple[int, list[float]]:
+    """(successes, per-call seconds) of `policy` as a `hz` controller (0: the task's own rate)
+    whose actions take effect `delay_ticks` ticks late, each held for its whole tick."""
+    env = make_env(task, randomization, hz)
+    successes, calls = 0, []
     try:
         for episode in range(episodes):
             obs, _ = env.reset(seed=seed + episode)
+            pending = collections.deque([np.zeros(task.act_dim, np.float32)] * delay_ticks)
             done = False
             while not done:
-                action = policy(np.concatenate([obs["observation"], obs["desired_goal"]]))[0]
-                obs, _, terminated, truncated, _ = env.step(action)
+                x = np.concatenate([obs["observation"], obs["desired_goal"]]).astype(np.float32)
+                start = time.perf_counter()
+                action = policy(x)
+                calls.append(time.perf_counter() - start)
+                pending.append(action)
+                obs, _, terminated, truncated, _ = env.step(pending.popleft())  # held for the whole tick
                 done = terminated or truncated
             successes += bool(goal_success(env, obs["achieved_goal"][None], obs["desired_goal"][None])[0])
     finally:
         env.close()
-    return ClosedLoopReport(task.name, episodes, successes)
+    return successes, calls
