@@ -24,7 +24,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from fleetrl.policy import ModelSpec, NumpyActor
+from aggregator.client import WeightsSnapshot
+from fleetrl.policy import ModelSpec
 from learner.models import MoELinear, SquashedGaussianActor
 from sampler.worker import Policy, rollout
 from sim.registry import TaskSpec, make_env
@@ -57,7 +58,7 @@ def calibration_states(
     """observation ++ desired_goal of every step of `episodes` fresh deterministic rollouts of
     the dynamic-routing policy in the nominal task (seeds `seed`, `seed + 1`, ...)."""
     policy = Policy()
-    policy.actor, policy.version = NumpyActor(spec, actor, obs_norm), 0
+    policy.refresh(WeightsSnapshot(0, {"actor": actor, "obs_norm": obs_norm}, spec))
     env = make_env(task)
     rng = np.random.default_rng(seed)
     rows = []
@@ -72,10 +73,8 @@ def calibration_states(
 
 def _gates(actor: SquashedGaussianActor, states: torch.Tensor, task_index: int) -> list[torch.Tensor]:
     """The dynamic gate weights [states, experts] of every MoE layer."""
-    body = actor.body
-    x = actor.norm(states)
-    gate_in = torch.cat([x, body.task_embed[task_index].expand(len(x), -1)], dim=-1)
-    return [layer.route(gate_in) for layer in body.moe_layers()]
+    gate_in = actor.body.gate_input(actor.norm(states), torch.full((len(states),), task_index))
+    return [layer.route(gate_in) for layer in actor.body.moe_layers()]
 
 
 def freeze_routing(actor: SquashedGaussianActor, task: str, states: np.ndarray, task_index: int = 0) -> RoutingTable:

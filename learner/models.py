@@ -101,11 +101,15 @@ class Body(nn.Module):
         task ids (None: task 0)."""
         if not self.moe:
             return self.net(x)
-        embed = self.task_embed[task] if task is not None else self.task_embed[0].expand(len(x), -1)
-        gate_in = torch.cat([state, embed], dim=-1)
+        gate_in = self.gate_input(state, task)
         for layer in self.hidden:
             x = torch.relu(layer(x, gate_in))
         return self.out(x)
+
+    def gate_input(self, state: torch.Tensor, task: torch.Tensor | None = None) -> torch.Tensor:
+        """What every gate sees: the normalized state ++ the task's embedding (None: task 0)."""
+        embed = self.task_embed[task] if task is not None else self.task_embed[0].expand(len(state), -1)
+        return torch.cat([state, embed], dim=-1)
 
     def moe_layers(self) -> list[MoELinear]:
         return [layer for layer in self.hidden if isinstance(layer, MoELinear)] if self.moe else []
