@@ -39,6 +39,7 @@ from fleetrl.process import free_port
 from sim.registry import get_task
 
 GROUPS_SENT = ("actor", "critic", "log_alpha")
+WAIT_SEC = 300.0  # start-up barrier and joins: a stuck learner process fails the benchmark, never hangs it
 
 
 def _setup(config: RunConfig):
@@ -94,7 +95,7 @@ def aggregator_learner(index, address, config, seconds, compute, pause, barrier,
     fixed = compute_gradients(model, batch, hp)
     with AggregatorClient(address) as client, client.watch(f"learner-{index}") as watcher:
         snap = watcher.wait_newer_than(-1, timeout=60)
-        barrier.wait()
+        barrier.wait(WAIT_SEC)
         applied = pushed = 0
         pending = None  # with compute: one push in flight, its step overlapping the next gradient (as learners do)
         start = time.monotonic()
@@ -131,7 +132,7 @@ def allreduce_learner(index, world, port, config, seconds, compute, pause, barri
     optim = torch.optim.Adam(list(params.values()), lr=config.aggregator.lr)
     fixed = compute_gradients(model, batch, hp)
     sizes = [params[g].numel() for g in GROUPS_SENT]
-    barrier.wait()
+    barrier.wait(WAIT_SEC)
     rounds = 0
     start = time.monotonic()
     while True:
@@ -174,12 +175,12 @@ def run_aggregator_arm(config: RunConfig, learners: int, seconds: float, compute
         ]
         for p in procs:
             p.start()
-        barrier.wait()
+        barrier.wait(WAIT_SEC)
         v0 = core.version
         rows = [out.get(timeout=seconds + 120) for _ in procs]
         versions = core.version - v0
         for p in procs:
-            p.join()
+            p.join(WAIT_SEC)
     wall = max(r["sec"] for r in rows)
     return {
         "versions": versions,
@@ -201,10 +202,10 @@ def run_allreduce_arm(config: RunConfig, learners: int, seconds: float, compute:
     procs = [ctx.Process(target=allreduce_learner, args=(i, *args)) for i in range(learners)]
     for p in procs:
         p.start()
-    barrier.wait()
+    barrier.wait(WAIT_SEC)
     rows = [out.get(timeout=seconds + 120) for _ in procs]
     for p in procs:
-        p.join()
+        p.join(WAIT_SEC)
     wall = max(r["sec"] for r in rows)
     rounds = rows[0]["rounds"]
     return {
