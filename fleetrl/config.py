@@ -87,6 +87,12 @@ class BufferConfig:
 class SamplerConfig:
     num_samplers: int = config_field(1, "sampler worker processes the local launcher starts")
     her_k: int = config_field(4, "HER 'future' relabeled copies stored per transition (0 disables HER)")
+    her_k_unmoved: int = config_field(
+        -1,
+        "HER copies stored per transition of an episode whose achieved goal never left its first "
+        "success region (FetchPush: the object never moved); fewer make the episodes that moved "
+        "it a larger share of every batch; -1 = her_k",
+    )
     random_steps: int = config_field(500, "env steps per sampler with uniform random actions before the policy acts")
     random_action_prob: float = config_field(
         0.0,
@@ -358,6 +364,7 @@ class RunConfig:
             ),
             (0.0 <= self.target_success <= 1.0, "target_success", "in [0, 1]"),
             (self.sampler.her_k >= 0, "sampler.her_k", ">= 0"),
+            (self.sampler.her_k_unmoved >= -1, "sampler.her_k_unmoved", ">= -1 (-1: her_k)"),
             (0.0 <= self.sampler.random_action_prob <= 1.0, "sampler.random_action_prob", "in [0, 1]"),
             (self.sampler.max_env_steps_per_update >= 0, "sampler.max_env_steps_per_update", ">= 0"),
         ]

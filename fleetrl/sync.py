@@ -139,7 +139,8 @@ class SyncRun:
         seed = int(self.seeds.integers(TRAIN_SEEDS_FROM, 2**31))
         episode, success = rollout(self.env, acting, seed=seed, rng=self.rng)
         reward = lambda a, d: goal_reward(self.env, a, d)  # noqa: E731
-        transitions = relabel_future(episode, self.config.sampler.her_k, reward, self.rng)
+        cfg = self.config.sampler
+        transitions = relabel_future(episode, cfg.her_k, reward, self.rng, k_unmoved=cfg.her_k_unmoved)
         self.replay.add(transitions)
         self.inserted += len(transitions)
         self.env_steps, self.episodes = self.env_steps + len(episode), self.episodes + 1

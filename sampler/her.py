@@ -4,6 +4,11 @@ For an episode of T steps, every transition is stored once with its real goal an
 times with a goal achieved later in the same episode (uniform over steps t..T-1), its reward
 recomputed by the task's own reward function. Relabeling happens on the sampler, so the
 buffer and the learners only ever see ordinary transitions.
+
+An episode whose achieved goal never left the success region it started in (FetchPush's
+object untouched) can be given fewer copies (`k_unmoved`): its relabeled goals are all where
+the object already was, each a free success that says nothing about moving it. Fewer of them
+make the episodes that moved something a larger share of every batch.
 """
 
 from __future__ import annotations
@@ -33,8 +38,21 @@ class Episode:
         return int(self.action.shape[0])
 
 
-def relabel_future(episode: Episode, k: int, reward_fn: RewardFn, rng: np.random.Generator) -> Transitions:
-    """The episode's transitions plus k 'future' relabeled copies: (k + 1) * T rows."""
+def moved(episode: Episode, reward_fn: RewardFn) -> bool:
+    """Did the achieved goal ever leave the region where the task counts its first value as
+    achieved? (the task's own reward of being there is the reference)"""
+    start = np.broadcast_to(episode.achieved_goal[0], episode.achieved_goal.shape)
+    at_start = np.asarray(reward_fn(start[:1], start[:1]), np.float64).reshape(-1)[0]
+    return bool((np.asarray(reward_fn(episode.achieved_goal, start), np.float64) < at_start).any())
+
+
+def relabel_future(
+    episode: Episode, k: int, reward_fn: RewardFn, rng: np.random.Generator, k_unmoved: int = -1
+) -> Transitions:
+    """The episode's transitions plus k 'future' relabeled copies: (k + 1) * T rows; k_unmoved
+    copies instead (when 0 <= k_unmoved < k) for an episode whose achieved goal never moved."""
+    if 0 <= k_unmoved < k and not moved(episode, reward_fn):
+        k = k_unmoved
     T = len(episode)
     goals = [episode.desired_goal]
     for _ in range(k):

@@ -246,7 +246,9 @@ def run_sampler(config: RunConfig, sampler_id: int, endpoints: SamplerEndpoints,
                 seed = int(seeds.integers(TRAIN_SEEDS_FROM, 2**31))  # clear of the evaluator's held-out seeds
                 episode, success = rollout(env, acting, seed=seed, rng=rng)
             with heartbeat.phase("relabel"):
-                transitions = relabel_future(episode, cfg.her_k, lambda a, d: goal_reward(env, a, d), rng)
+                transitions = relabel_future(
+                    episode, cfg.her_k, lambda a, d: goal_reward(env, a, d), rng, k_unmoved=cfg.her_k_unmoved
+                )
             with heartbeat.phase("enqueue"):  # long only while flow control holds pushes back
                 pusher.put(
                     transitions, policy_version=max(policy.version, 0), env_steps=len(episode), successes=int(success)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from sampler.her import Episode, relabel_future
+from sampler.her import Episode, moved, relabel_future
 from sampler.worker import rollout
 from sim.registry import goal_reward, make_env
 
@@ -118,3 +118,38 @@ def test_real_rows_of_a_fetch_rollout_carry_the_env_rewards():
     # relabeling turns failures into successes: the real goal was missed, relabeled ones are hit
     assert out.reward[:50].mean() < out.reward[50:].mean()
     assert np.all(out.reward[50:].reshape(4, 50)[:, -1] == 0)
+
+
+def still_episode(length: int = T) -> Episode:
+    """The achieved goal jitters by 1 mm but never leaves its first 5 cm success region."""
+    episode = make_episode(length)
+    jitter = np.random.default_rng(1).normal(0.0, 0.001, (length, 3)).astype(np.float32)
+    episode.achieved_goal = np.array([0.5, 0.5, 0.4], np.float32) + jitter
+    return episode
+
+
+def test_an_episode_moved_when_its_achieved_goal_left_its_first_success_region():
+    assert moved(make_episode(), reach_reward)  # 1 unit per step
+    assert not moved(still_episode(), reach_reward)
+
+
+def test_an_unmoved_episode_gets_k_unmoved_copies_and_a_moved_one_k():
+    rng = np.random.default_rng(0)
+    assert len(relabel_future(still_episode(), 4, reach_reward, rng, k_unmoved=1)) == 2 * T
+    assert len(relabel_future(still_episode(), 4, reach_reward, rng, k_unmoved=0)) == T
+    assert len(relabel_future(make_episode(), 4, reach_reward, rng, k_unmoved=1)) == 5 * T
+    assert len(relabel_future(still_episode(), 4, reach_reward, rng)) == 5 * T  # -1: her_k for all
+    assert len(relabel_future(still_episode(), 2, reach_reward, rng, k_unmoved=6)) == 3 * T  # never more than k
+
+
+def test_an_untouched_fetchpush_object_is_an_unmoved_episode():
+    env = make_env("FetchPush-v4")
+    try:  # 50 random actions from this start never reach the object
+        episode, _ = rollout(env, None, seed=3, rng=np.random.default_rng(0))
+        reward = lambda a, d: goal_reward(env, a, d)  # noqa: E731
+        assert not moved(episode, reward)
+        pushed = Episode(**{**episode.__dict__, "achieved_goal": episode.achieved_goal.copy()})
+        pushed.achieved_goal[-10:] += np.array([0.1, 0.0, 0.0], np.float32)  # the object slid 10 cm
+        assert moved(pushed, reward)
+    finally:
+        env.close()
