@@ -99,6 +99,9 @@ class SamplerConfig:
         "share of acting steps taken uniformly at random (HER's epsilon exploration): keeps exploring "
         "after SAC's temperature has fallen",
     )
+    action_noise_std: float = config_field(
+        0.2, "learner.algo 'ddpg': std of the Gaussian noise added to the actor's action (the HER paper's 0.2)"
+    )
     push_timeout_sec: float = config_field(10.0, "deadline of one Push call; it is retried until acked")
     weights_interval_sec: float = config_field(0.2, "fetch new actor weights at most this often")
     max_env_steps_per_update: float = config_field(
@@ -115,6 +118,7 @@ class SamplerConfig:
 
 
 REPLAY_SAMPLING = ("uniform", "recency", "version")
+ALGOS = ("sac", "ddpg")
 
 
 @dataclass(frozen=True)
@@ -125,6 +129,12 @@ class LearnerConfig:
     gamma: float = config_field(0.95, "discount; 0.95 with 50-step Fetch episodes as in the HER paper")
     min_replay_transitions: int = config_field(1000, "learner waits until the buffer holds this many")
     max_grad_staleness: int = config_field(1, "learner waits for fresher weights past this many versions behind")
+    algo: str = config_field(
+        "sac",
+        "'sac', or 'ddpg' (the HER paper's: deterministic actor, one critic, action penalty, "
+        "samplers add sampler.action_noise_std Gaussian noise); same networks and weight groups",
+    )
+    action_l2: float = config_field(1.0, "'ddpg': weight of the actor's penalty on the squared action")
     target_entropy: float | None = config_field(None, "SAC target entropy; None = -action_dim")
     torch_threads: int = config_field(1, "torch intra-op threads in the learner")
     device: str = config_field("auto", "where the learner computes: 'cpu', 'cuda', or 'auto' (cuda when available)")
@@ -364,6 +374,8 @@ class RunConfig:
             ),
             (0.0 <= self.target_success <= 1.0, "target_success", "in [0, 1]"),
             (self.sampler.her_k >= 0, "sampler.her_k", ">= 0"),
+            (self.learner.algo in ALGOS, "learner.algo", f"one of {ALGOS}"),
+            (self.sampler.action_noise_std >= 0, "sampler.action_noise_std", ">= 0"),
             (self.sampler.her_k_unmoved >= -1, "sampler.her_k_unmoved", ">= -1 (-1: her_k)"),
             (0.0 <= self.sampler.random_action_prob <= 1.0, "sampler.random_action_prob", "in [0, 1]"),
             (self.sampler.max_env_steps_per_update >= 0, "sampler.max_env_steps_per_update", ">= 0"),

@@ -99,7 +99,7 @@ class SyncRun:
         streams = np.random.SeedSequence([config.sampler.seed, 0]).spawn(3)
         self.rng, self.seeds = np.random.default_rng(streams[0]), np.random.default_rng(streams[1])
         seed = int(streams[2].generate_state(1)[0])
-        self.policy = Policy(seed=seed, random_action_prob=config.sampler.random_action_prob)
+        self.policy = Policy.exploring(config, seed)
         self.scoring = Policy()  # deterministic, on the version being scored
         self.summary = Summary(str(self.run_dir), task.name, False, config.target_success, "", 0.0, mode="sync")
         self.env_steps = self.episodes = self.successes = 0

@@ -196,6 +196,11 @@ class TwinCritic(nn.Module):
         x = torch.cat([state, action], dim=-1)
         return self.q1(x, state, task).squeeze(-1), self.q2(x, state, task).squeeze(-1)
 
+    def q1_value(self, obs_goal: torch.Tensor, action: torch.Tensor, task: torch.Tensor | None = None) -> torch.Tensor:
+        """Q1 alone (DDPG's one critic), at half the cost of forward()."""
+        state = self.norm(obs_goal)
+        return self.q1(torch.cat([state, action], dim=-1), state, task).squeeze(-1)
+
 
 class SACModel(nn.Module):
     """Every network SAC needs, with flat-vector access per group."""

@@ -54,11 +54,19 @@ def row_fingerprint(row: np.ndarray) -> str:
 class Policy:
     """The newest actor this process has; acts stochastically or deterministically."""
 
-    def __init__(self, seed: int = 0, random_action_prob: float = 0.0) -> None:
+    def __init__(self, seed: int = 0, random_action_prob: float = 0.0, noise_std: float | None = None) -> None:
         self.version = -1
         self.actor: NumpyActor | None = None
         self.random_action_prob = random_action_prob  # stochastic acting only; see SamplerConfig
+        self.noise_std = noise_std  # None: SAC's own sampling; else tanh(mu) + N(0, noise_std) (DDPG)
         self._rng = np.random.default_rng(seed)
+
+    @classmethod
+    def exploring(cls, config: RunConfig, seed: int) -> Policy:
+        """The acting policy of a sampler: the algorithm's exploration plus epsilon-random steps."""
+        ddpg = config.learner.algo == "ddpg"
+        noise = config.sampler.action_noise_std if ddpg else None
+        return cls(seed=seed, random_action_prob=config.sampler.random_action_prob, noise_std=noise)
 
     def refresh(self, snapshot: WeightsSnapshot | None) -> bool:
         if snapshot is None or snapshot.version == self.version:
@@ -72,8 +80,12 @@ class Policy:
         if not deterministic and self.random_action_prob > 0 and self._rng.random() < self.random_action_prob:
             return self._rng.uniform(-1.0, 1.0, self.actor.spec.act_dim).astype(np.float32)
         x = np.concatenate([obs["observation"], obs["desired_goal"]]).astype(np.float32)[None]
-        action = self.actor.deterministic(x) if deterministic else self.actor.sample(x, self._rng)
-        return action[0]
+        if deterministic:
+            return self.actor.deterministic(x)[0]
+        if self.noise_std is not None:
+            noise = self._rng.normal(0.0, self.noise_std, self.actor.spec.act_dim)
+            return np.clip(self.actor.deterministic(x)[0] + noise, -1.0, 1.0).astype(np.float32)
+        return self.actor.sample(x, self._rng)[0]
 
 
 def rollout(env, policy: Policy | None, seed: int | None, rng: np.random.Generator, deterministic: bool = False):
@@ -231,7 +243,7 @@ def run_sampler(config: RunConfig, sampler_id: int, endpoints: SamplerEndpoints,
         # replay its previous life's episodes, and samplers never share episode seeds.
         streams = np.random.SeedSequence([cfg.seed, sampler_id, ingest.incarnation]).spawn(3)
         rng, seeds = np.random.default_rng(streams[0]), np.random.default_rng(streams[1])
-        policy = Policy(seed=int(streams[2].generate_state(1)[0]), random_action_prob=cfg.random_action_prob)
+        policy = Policy.exploring(config, seed=int(streams[2].generate_state(1)[0]))
         ledger = None
         if endpoints.ack_log_dir:
             ledger = AckLedger(endpoints.ack_log_dir, f"sampler-{sampler_id}", ingest.incarnation)

@@ -146,7 +146,10 @@ BAD_OVERRIDES: list[tuple[str, str]] = [
     ("run_id=5", "RunConfig.run_id must be a string, got 5"),
     ("learner=3", "RunConfig.learner must be an object, got 3"),
     ("learner.target_entropy=low", "LearnerConfig.target_entropy must be a number, got 'low'"),
-    ("learner.batchsize=3", "unknown config field 'learner.batchsize'; did you mean 'batch_size'? valid: batch_size,"),
+    (
+        "learner.batchsize=3",
+        "unknown config field 'learner.batchsize'; did you mean 'batch_size'? valid: action_l2, algo, batch_size,",
+    ),
     ("lerner.batch_size=3", "unknown config section 'lerner.batch_size'; did you mean 'learner'?"),
 ]
 

@@ -179,3 +179,51 @@ def test_a_few_hundred_sac_steps_reduce_the_critic_loss(one_thread):
                 t.mul_(0.95).add_(s, alpha=0.05)
     final = critic_loss_on_all()
     assert final < 0.25 * initial, (initial, final)
+
+
+DDPG = SACHyperparams(gamma=0.9, target_entropy=-2.0, algo="ddpg")
+
+
+def test_ddpg_gradients_touch_the_mean_head_and_q1_only():
+    """One weight layout for both algorithms: DDPG leaves log_std, Q2 and the temperature at 0."""
+    model = _model()
+    result = compute_gradients(model, _batch(), DDPG)
+    sizes = model.group_sizes()
+    assert {g: v.shape for g, v in result.grads.items()} == {g: (sizes[g],) for g in GRADIENT_GROUPS}
+    q1 = sum(p.numel() for p in model.critic.q1.parameters())
+    critic = result.grads["critic"]
+    assert np.abs(critic[:q1]).max() > 0 and not critic[q1:].any()
+    assert not result.grads["log_alpha"].any()
+    out = model.actor.body.net[-1]  # rows [0, act_dim) are the mean, [act_dim, 2 act_dim) log_std
+    w_end = sum(p.numel() for p in model.actor.parameters()) - out.bias.numel()
+    w = result.grads["actor"][w_end - out.weight.numel() : w_end].reshape(out.weight.shape)
+    b = result.grads["actor"][w_end:]
+    assert np.abs(w[: SPEC.act_dim]).max() > 0 and not w[SPEC.act_dim :].any() and not b[SPEC.act_dim :].any()
+
+
+def test_a_few_hundred_ddpg_steps_learn_to_move_toward_the_goal(one_thread):
+    spec = ModelSpec(obs_dim=1, goal_dim=1, act_dim=1, hidden_sizes=(32, 32))
+    hp = SACHyperparams(gamma=0.5, target_entropy=-1.0, algo="ddpg", action_l2=0.1)
+    torch.manual_seed(0)
+    rng = np.random.default_rng(0)
+    model = SACModel(spec)
+    data = _reach_dataset(4096, rng)
+    optims = {g: torch.optim.Adam(model.group_parameters(g), lr=3e-3) for g in ("actor", "critic")}
+    for _ in range(400):
+        idx = rng.integers(0, len(data[0]), 128)
+        result = compute_gradients(model, Batch.from_numpy(*(a[idx] for a in data)), hp)
+        for group, optim in optims.items():
+            params = model.group_parameters(group)
+            grads = torch.from_numpy(result.grads[group]).split([p.numel() for p in params])
+            for param, grad in zip(params, grads, strict=True):
+                param.grad = grad.reshape(param.shape).clone()
+            optim.step()
+        with torch.no_grad():
+            for t, s in zip(model.critic_target.parameters(), model.critic.parameters(), strict=True):
+                t.mul_(0.95).add_(s, alpha=0.05)
+    obs, goal = rng.uniform(-1, 1, (512, 1)), rng.uniform(-1, 1, (512, 1))
+    far = np.abs(goal - obs)[:, 0] > 0.2
+    with torch.no_grad():
+        action = model.actor.deterministic(Batch.from_numpy(obs, goal, obs, obs[:, 0], obs, obs[:, 0]).obs_goal)
+    toward = np.sign(action.numpy()[:, 0]) == np.sign((goal - obs)[:, 0])
+    assert toward[far].mean() > 0.9, toward[far].mean()

@@ -1,4 +1,4 @@
-"""The sampler's Policy: epsilon-random exploration only when acting stochastically."""
+"""The sampler's Policy: epsilon-random exploration and DDPG's action noise only when acting stochastically."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from sampler.worker import Policy
 SPEC = ModelSpec(obs_dim=3, goal_dim=2, act_dim=4, hidden_sizes=(8,))
 
 
-def _policy(random_action_prob: float) -> Policy:
-    policy = Policy(seed=0, random_action_prob=random_action_prob)
+def _policy(random_action_prob: float, noise_std: float | None = None) -> Policy:
+    policy = Policy(seed=0, random_action_prob=random_action_prob, noise_std=noise_std)
     # Zero weights and a log_std bias of -5: the actor's own actions are tanh(N(0, 0.007)), ~0.
     obs_norm = np.concatenate([np.zeros(SPEC.input_dim), np.ones(SPEC.input_dim)]).astype(np.float32)
     actor = np.zeros(SPEC.actor_size(), np.float32)
@@ -40,3 +40,22 @@ def test_random_action_prob_sets_the_share_of_uniform_actions():
     assert far_share(0.0) == 0.0
     assert 0.95 * 0.3 - 0.04 < far_share(0.3) < 0.95 * 0.3 + 0.04
     assert far_share(1.0) > 0.92
+
+
+def test_ddpg_noise_is_gaussian_around_the_deterministic_action_and_clipped():
+    policy = _policy(0.0, noise_std=0.2)  # deterministic action 0: the noise alone
+    actions = np.array([policy.act(OBS, deterministic=False) for _ in range(4000)])
+    assert abs(actions.std() - 0.2) < 0.01 and abs(actions.mean()) < 0.01
+    assert actions.dtype == np.float32
+    wide = _policy(0.0, noise_std=3.0)
+    actions = np.array([wide.act(OBS, deterministic=False) for _ in range(500)])
+    assert actions.min() == -1.0 and actions.max() == 1.0  # clipped to the action space
+    np.testing.assert_array_equal(wide.act(OBS, deterministic=True), np.zeros(4, np.float32))
+
+
+def test_the_exploring_policy_follows_the_algorithm():
+    from fleetrl.config import RunConfig, with_overrides
+
+    sac = Policy.exploring(RunConfig(), seed=0)
+    ddpg = Policy.exploring(with_overrides(RunConfig(), ['learner.algo="ddpg"', "sampler.action_noise_std=0.3"]), 0)
+    assert sac.noise_std is None and ddpg.noise_std == 0.3
