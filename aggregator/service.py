@@ -40,7 +40,7 @@ from fleetrl.proto import fleetrl_pb2_grpc as pb_grpc
 from fleetrl.tb import ScalarWriter
 from fleetrl.transport import GRPC_OPTIONS, NO_SECURITY, RefusalCounter, Security, StandardServices, parse_hostport
 from fleetrl.wire import WireError, cap, from_tensor, to_tensor
-from sim.registry import get_task
+from sim.tasks import TaskSet
 
 log = logging.getLogger("fleetrl.aggregator")
 
@@ -284,6 +284,10 @@ class AggregatorServicer(pb_grpc.AggregatorServicer):
         if request.kind not in EVAL_KINDS:
             self.counts["eval_rejected"] += 1
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"kind: {request.kind[:40]!r} not one of {EVAL_KINDS}")
+        for task, rate in request.task_success.items():
+            if not 0.0 <= rate <= 1.0 or not np.isfinite(rate):
+                self.counts["eval_rejected"] += 1
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"task_success[{task[:40]!r}]: {rate} not in [0, 1]")
         with self._lock:
             if request.version >= self.last_eval.version:
                 self.last_eval = request
@@ -301,6 +305,8 @@ class AggregatorServicer(pb_grpc.AggregatorServicer):
                 "kind": request.kind,
                 "time": time.time(),
             }
+            if request.task_success:  # a multi-task run: each task's rate beside the mean
+                row["task_success"] = dict(sorted(request.task_success.items()))
             with open(self.run_dir / "evals.jsonl", "a") as f:
                 f.write(json.dumps(row) + "\n")
         return pb.EvalAck()
@@ -442,10 +448,10 @@ def run_aggregator(
     It beats every second while its step lock can be taken: a stopped (SIGSTOP) or wedged
     aggregator goes silent, and the watchdog replaces it."""
     torch.set_num_threads(1)  # small vectors: one thread; spare cores belong to learners and samplers
-    task = get_task(config.sim.task)
-    spec = model_spec(config, task)
+    tasks = TaskSet.for_run(config)
+    spec = model_spec(config, tasks)
     grads_per_step = config.aggregator.grads_per_step or config.learner.num_learners
-    core = AggregatorCore(spec, config.aggregator, grads_per_step, config.learner.max_grad_staleness, task.name)
+    core = AggregatorCore(spec, config.aggregator, grads_per_step, config.learner.max_grad_staleness, tasks.label)
     writer = _summary_writer(run_dir, "aggregator")
     host, port = parse_hostport(listen, "--listen")
     with AggregatorServer(core, config.aggregator, run_dir, host=host, port=port, security=security) as server:

@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
         config = AggregatorConfig(checkpoint_every_versions=1000)
         core = AggregatorCore(SPEC, config, grads_per_step=1, max_staleness=1)
         with (
-            IngestServer(storage, task_id=0, schema=SCHEMA, run_id=RUN, config=BUFFER, security=fleet) as ingest,
+            IngestServer(storage, task_ids=(0,), schema=SCHEMA, run_id=RUN, config=BUFFER, security=fleet) as ingest,
             AggregatorServer(core, config, run_dir=run_dir, security=fleet) as aggregator,
         ):
             seq = iter(range(1, 1000))

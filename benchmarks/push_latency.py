@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
         client = cluster.client()
         storage = TemporalStorage(client, "lat", schema, config)
         with (
-            IngestServer(storage, task_id=task.task_id, schema=schema, run_id="lat", config=config) as server,
+            IngestServer(storage, task_ids=(task.task_id,), schema=schema, run_id="lat", config=config) as server,
             IngestClient(server.address, sampler_id=1, run_id="lat") as ingest,
         ):
             for seq in range(1, args.pushes + 1):

@@ -65,6 +65,10 @@ class ReplaySampler:
     time-ordered and versions rise with time, so the eligible rows are a suffix of the ring,
     found by bisection and then checked row by row. When no row is young enough (samplers far
     behind), the newest rows stand in and `lag_fallbacks` counts it.
+
+    `balance_tasks` (a multi-task run's registry task ids): every batch holds batch_size / n
+    rows of each task (the remainder to the first ones), whatever each task's share of the
+    buffer. A task with no row yet leaves its quota to the others.
     """
 
     def __init__(
@@ -79,10 +83,12 @@ class ReplaySampler:
         half_life: int = 200_000,
         max_policy_lag: int = 20_000,
         limit: SampleToInsertRatio | None = None,
+        balance_tasks: tuple[int, ...] = (),
     ) -> None:
         if sampling not in REPLAY_SAMPLING:
             raise ValueError(f"sampling {sampling!r}: expected one of {REPLAY_SAMPLING}")
         self.sampling, self.half_life, self.max_policy_lag = sampling, half_life, max_policy_lag
+        self.balance_tasks = tuple(balance_tasks) if len(balance_tasks) > 1 else ()
         self.lag_fallbacks = 0  # 'version' batches drawn from the newest rows: none was young enough
         self.limit = limit  # flow control: sampling waits while samplers lag (buffer/ratelimit.py)
         self.rate_limited_sec = 0.0
@@ -217,16 +223,24 @@ class ReplaySampler:
         oldest = version - self.max_policy_lag if self.sampling == "version" else None
         first = self._first_at_least(oldest, low, high) if oldest is not None else low
         # Rejection sampling: draw positions, redraw the few that are invalid (skipped, unwritten
-        # or, by version, too old).
+        # or, by version, too old), and with balance_tasks those past their task's quota.
+        quota = self._quota(batch_size)
         slots = np.empty(0, np.int64)
         for _ in range(100 if first < high else 0):
-            draws = self._positions(first, high, 2 * (batch_size - len(slots)) + 8) % len(self._ring)
+            wanted = batch_size - len(slots) if quota is None else int(quota.sum())
+            draws = self._positions(first, high, 2 * wanted * (1 if quota is None else len(quota)) + 8)
+            draws %= len(self._ring)
             ok = self._ring["valid"][draws] != 0
             if oldest is not None:
                 ok &= self._ring["policy_version"][draws].astype(np.int64) >= oldest
+            if quota is not None:
+                draws, quota = self._fill_quota(draws[ok], quota)
+                ok = np.ones(len(draws), bool)
             slots = np.concatenate([slots, draws[ok]])
-            if len(slots) >= batch_size:
+            if len(slots) >= batch_size or (quota is not None and not quota.any()):
                 break
+        if quota is not None and 0 < len(slots) < batch_size:  # a task without rows: others fill in
+            slots = np.concatenate([slots, self._rng.choice(slots, batch_size - len(slots))])
         if len(slots) < batch_size:  # no valid row young enough: the newest valid rows stand in
             self.lag_fallbacks += 1
             newest = self._slots(low, high - low)[::-1]
@@ -239,6 +253,24 @@ class ReplaySampler:
             policy_version=records["policy_version"].astype(np.int64),
             task_id=records["task_id"].astype(np.int64),
         )
+
+    def _quota(self, batch_size: int) -> np.ndarray | None:
+        """Rows still wanted per task of balance_tasks (None: no balancing)."""
+        if not self.balance_tasks:
+            return None
+        n = len(self.balance_tasks)
+        return np.array([batch_size // n + (i < batch_size % n) for i in range(n)], np.int64)
+
+    def _fill_quota(self, draws: np.ndarray, quota: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The draws each task still has room for, and the quota left after them. A task not
+        hit once in 500 uniform draws (absent, or under ~1% of the rows) gives up its quota."""
+        task = self._ring["task_id"][draws]
+        kept, left = [], quota.copy()
+        for i, task_id in enumerate(self.balance_tasks):
+            mine = draws[task == task_id][: left[i]]
+            kept.append(mine)
+            left[i] = 0 if (len(mine) == 0 and len(draws) >= 500) else left[i] - len(mine)
+        return np.concatenate(kept), left
 
     def _positions(self, low: int, high: int, n: int) -> np.ndarray:
         """`n` positions in [low, high): uniform, or by an exponential draw of their age."""

@@ -1,7 +1,7 @@
 """The ingest service: a thin gRPC adapter that validates pushes and hands them to storage.
 
     storage = TemporalStorage(redis_client, run_id, schema, config)
-    with IngestServer(storage, task_id=0, schema=schema, run_id=run_id, config=config) as server:
+    with IngestServer(storage, task_ids=(0,), schema=schema, run_id=run_id, config=config) as server:
         ...  # samplers: IngestClient(server.address, ...)
 
 `run_ingest_service(...)` is the same, blocking, for the CLI's ingest role process.
@@ -49,7 +49,7 @@ def validate_batch(
     batch: pb.TransitionBatch,
     *,
     run_id: str,
-    task_id: int,
+    task_ids: tuple[int, ...],
     schema: TransitionSchema,
     max_batch_transitions: int,
 ) -> Transitions:
@@ -60,8 +60,8 @@ def validate_batch(
         raise WireError("incarnation", "0: every sampler process start draws a new nonzero incarnation")
     if batch.seq == 0:
         raise WireError("seq", "0: a sampler incarnation numbers its batches from 1")
-    if batch.task_id != task_id:
-        raise WireError("task_id", f"{batch.task_id}, but this service stores task {task_id} only")
+    if batch.task_id not in task_ids:
+        raise WireError("task_id", f"{batch.task_id}, but this service stores the run's tasks {list(task_ids)} only")
     n = batch.num_transitions
     if not 1 <= n <= max_batch_transitions:
         raise WireError("num_transitions", f"{n} is outside [1, max_batch_transitions={max_batch_transitions}]")
@@ -101,6 +101,7 @@ class IngestCounters:
     episodes: int = 0
     train_success: float = 0.0  # over the last TRAIN_SUCCESS_EPISODES episodes
     rate_limited: int = 0  # pushes answered RESOURCE_EXHAUSTED by flow control (retried by the sampler)
+    env_steps_by_task: dict[int, int] = field(default_factory=dict)  # registry task id -> env steps
 
     @property
     def rejected(self) -> int:
@@ -119,7 +120,7 @@ class ReplayIngestServicer(pb_grpc.ReplayIngestServicer):
         self,
         storage: TemporalStorage,
         *,
-        task_id: int,
+        task_ids: tuple[int, ...],
         schema: TransitionSchema,
         run_id: str,
         config: BufferConfig,
@@ -127,7 +128,7 @@ class ReplayIngestServicer(pb_grpc.ReplayIngestServicer):
     ) -> None:
         self.storage = storage
         self.limit = limit  # flow control: inserts wait while learners lag (buffer/ratelimit.py)
-        self.task_id = task_id
+        self.task_ids = tuple(task_ids)  # the run's tasks: a multi-task run stores them all
         self.schema = schema
         self.run_id = run_id
         self.config = config
@@ -146,14 +147,14 @@ class ReplayIngestServicer(pb_grpc.ReplayIngestServicer):
             if self.refused.total:
                 reasons["authorization"] = self.refused.total
             counts = (c.head, c.env_steps, c.batches, c.duplicates, reasons, c.episodes, success, c.rate_limited)
-            return IngestCounters(*counts)
+            return IngestCounters(*counts, dict(c.env_steps_by_task))
 
     def Push(self, request: pb.TransitionBatch, context: grpc.ServicerContext) -> pb.PushAck:
         try:
             transitions = validate_batch(
                 request,
                 run_id=self.run_id,
-                task_id=self.task_id,
+                task_ids=self.task_ids,
                 schema=self.schema,
                 max_batch_transitions=self.config.max_batch_transitions,
             )
@@ -188,6 +189,8 @@ class ReplayIngestServicer(pb_grpc.ReplayIngestServicer):
         with self._lock:
             self._counters.head = max(self._counters.head, head)
             self._counters.env_steps += request.env_steps
+            by_task = self._counters.env_steps_by_task
+            by_task[request.task_id] = by_task.get(request.task_id, 0) + request.env_steps
             self._counters.batches += 1
             self._counters.episodes += request.episodes
             failures = request.episodes - request.successes
@@ -210,6 +213,7 @@ class ReplayIngestServicer(pb_grpc.ReplayIngestServicer):
             newest_window=max(0, self.storage.layout.windows_below(head) - 1),
             episodes=c.episodes,
             train_success=c.train_success,
+            env_steps_by_task=c.env_steps_by_task,
         )
 
 
@@ -224,7 +228,7 @@ class IngestServer:
         self,
         storage: TemporalStorage | Callable[[], TemporalStorage],
         *,
-        task_id: int,
+        task_ids: tuple[int, ...],
         schema: TransitionSchema,
         run_id: str,
         config: BufferConfig,
@@ -237,7 +241,7 @@ class IngestServer:
         self.limit = limit
         self.security = security
         self.refused = RefusalCounter()  # calls without the fleet token
-        self.task_id = task_id
+        self.task_ids = tuple(task_ids)  # the run's tasks: a multi-task run stores them all
         self.schema = schema
         self.run_id = run_id
         self.config = config
@@ -269,7 +273,12 @@ class IngestServer:
             raise RuntimeError("IngestServer.start() called twice")
         storage = self._storage if isinstance(self._storage, TemporalStorage) else self._storage()
         self.servicer = ReplayIngestServicer(
-            storage, task_id=self.task_id, schema=self.schema, run_id=self.run_id, config=self.config, limit=self.limit
+            storage,
+            task_ids=self.task_ids,
+            schema=self.schema,
+            run_id=self.run_id,
+            config=self.config,
+            limit=self.limit,
         )
         pool = futures.ThreadPoolExecutor(max_workers=self.config.grpc_workers)
         self.servicer.refused = self.refused
@@ -301,7 +310,7 @@ class IngestService:
 
     config: BufferConfig
     run_id: str
-    task_id: int
+    task_ids: tuple[int, ...]
     schema: TransitionSchema
     listen: str = "127.0.0.1:0"  # HOST:PORT to bind
     advertise: str | None = None  # HOST:PORT others reach it at (default: the bound address)
@@ -329,7 +338,7 @@ def run_ingest_service(
         storage = TemporalStorage(client, s.run_id, s.schema, s.config)
         with IngestServer(
             storage,
-            task_id=s.task_id,
+            task_ids=s.task_ids,
             schema=s.schema,
             run_id=s.run_id,
             config=s.config,

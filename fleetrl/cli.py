@@ -43,6 +43,11 @@ def _common(p: argparse.ArgumentParser) -> None:
         help="override one config field, value parsed as JSON (repeatable)",
     )
     p.add_argument("--task", help="shorthand for --set sim.task=TASK")
+    p.add_argument(
+        "--tasks",
+        metavar="TASK,TASK,...",
+        help="a multi-task run (sim.tasks; the first task names the run and picks the preset)",
+    )
     p.add_argument("--run-id", help="shorthand for --set run_id=ID")
 
 
@@ -166,6 +171,9 @@ def _config(args: argparse.Namespace):
         value = getattr(args, attr, None)
         if value is not None:
             overrides.append(f"{dotted}={json.dumps(value)}")
+    if getattr(args, "tasks", None):
+        tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
+        overrides += [f"sim.tasks={json.dumps(tasks)}", f"sim.task={json.dumps(tasks[0])}"]
     if getattr(args, "seed", None) is not None:
         overrides += [f"sampler.seed={args.seed}", f"aggregator.seed={args.seed}"]
     if getattr(args, "run_dir", None) and args.command == "train":
@@ -191,6 +199,10 @@ def _train(args: argparse.Namespace) -> int:
         args.config = str(run_dir / "config.json")  # the run's own config; --set still overrides
         args.run_dir = str(run_dir)
     config = _config(args)
+    if config.sim.tasks:
+        from sim.tasks import TaskSet
+
+        TaskSet.for_run(config)  # a bad task list fails here, not in every role
     if not args.run_dir and not any(s.startswith("run_dir=") for s in args.set):
         stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
         config = dataclasses.replace(config, run_dir=f"runs/{config.sim.task}-{stamp}")
@@ -234,15 +246,14 @@ def _role(args: argparse.Namespace) -> int:
         except OSError as err:  # a taken port costs the metrics, never the role
             logging.getLogger("fleetrl").warning("no Prometheus metrics on %s: %s", args.metrics, err)
     if args.command == "buffer":
-        from buffer.service import IngestService, run_ingest_service
-        from sim.registry import get_task
-
-        task = get_task(config.sim.task)
-        listen, advertise = _listen(args)
         from buffer.ratelimit import rate_limit
+        from buffer.service import IngestService, run_ingest_service
+        from sim.tasks import TaskSet
 
+        tasks = TaskSet.for_run(config)
+        listen, advertise = _listen(args)
         service = IngestService(
-            config.buffer, config.run_id, task.task_id, task.schema(), listen, advertise, rate_limit(config)
+            config.buffer, config.run_id, tasks.ids, tasks.schema(), listen, advertise, rate_limit(config)
         )
         run_ingest_service(service, args.redis, args.ready_file, security, args.heartbeat)
     elif args.command == "aggregator":

@@ -46,6 +46,11 @@ class RandomizationConfig:
 @dataclass(frozen=True)
 class SimConfig:
     task: str = config_field("FetchReach-v4", "task name from the sim registry (sim/registry.py)")
+    tasks: tuple[str, ...] = config_field(
+        (),
+        "a multi-task run's tasks (sim/tasks.py: observations padded to one width plus a task one-hot); "
+        "() = sim.task alone",
+    )
     randomization: RandomizationConfig = field(default_factory=RandomizationConfig)
     control_hz: float = config_field(
         0.0, "decisions per simulated second (sim/rate.py: same seconds and hand speed); 0 = Fetch's own 25 Hz"

@@ -89,6 +89,11 @@ class Summary:
     checkpoints: list[str] = field(default_factory=list)
     mode: str = "async"  # or "sync": fleetrl train --mode sync (fleetrl/sync.py)
     expert_load: dict = field(default_factory=dict)  # a MoE run: routers' newest metrics (expert_load.json)
+    tasks: list[str] = field(default_factory=list)  # a multi-task run's tasks (success figures are their means)
+    # A multi-task run, per task: best (curve or complete full score), last (newest curve) and
+    # final (the final score) success.
+    task_success: dict = field(default_factory=dict)
+    task_env_steps: dict = field(default_factory=dict)  # a multi-task run: env steps acked per task
 
 
 class LocalFleet:
@@ -276,6 +281,18 @@ class LocalFleet:
         if final is not None:
             summary.final_success_version, result = final
             summary.final_success, summary.final_success_episodes = result.success_rate, result.episodes
+            for task, rate in result.task_success.items():
+                summary.task_success.setdefault(task, {})["final"] = rate
+        if self.config.sim.tasks:
+            summary.tasks = list(self.config.sim.tasks)
+            for task, rate in progress.best_task_success.items():
+                summary.task_success.setdefault(task, {})["best"] = rate
+            for task, rate in progress.last_task_success.items():
+                summary.task_success.setdefault(task, {})["last"] = rate
+            if last is not None:
+                from sim.registry import get_task  # a multi-task run only: the launcher needs no sim otherwise
+
+                summary.task_env_steps = {get_task(t).name: n for t, n in last.env_steps_by_task}
         target = progress.target
         if target is not None and target.full is not None:
             summary.wall_sec_to_target = target.wall_sec

@@ -28,6 +28,7 @@ import numpy as np
 if TYPE_CHECKING:
     from fleetrl.config import RunConfig
     from sim.registry import TaskSpec
+    from sim.tasks import TaskSet
 
 # Weight groups: one flat float32 vector each, versioned together by the aggregator.
 GROUPS = ("actor", "critic", "critic_target", "log_alpha", "obs_norm")
@@ -91,8 +92,9 @@ class ModelSpec:
         return cls(**data)
 
 
-def model_spec(config: RunConfig, task: TaskSpec) -> ModelSpec:
-    """The networks a run trains for `task`: its shapes, learner.hidden_sizes and model.*."""
+def model_spec(config: RunConfig, task: TaskSpec | TaskSet) -> ModelSpec:
+    """The networks a run trains for `task` (or a multi-task run's TaskSet, its padded width
+    and one task embedding row per task): shapes, learner.hidden_sizes and model.*."""
     m = config.model
     return ModelSpec(
         task.obs_dim,
@@ -102,6 +104,7 @@ def model_spec(config: RunConfig, task: TaskSpec) -> ModelSpec:
         kind=m.kind,
         experts=m.experts,
         top_k=m.top_k,
+        tasks=len(getattr(task, "tasks", ())) or 1,
         task_embed_dim=m.task_embed_dim,
     )
 
@@ -165,6 +168,7 @@ class NumpyActor:
         return mean, np.clip(log_std, LOG_STD_MIN, LOG_STD_MAX)
 
     def deterministic(self, obs_goal: np.ndarray, task: int = 0) -> np.ndarray:
+        """tanh(mean): the policy's action without exploration."""
         mean, _ = self.forward(obs_goal, task)
         return np.tanh(mean)
 

@@ -32,12 +32,14 @@ class EvalPoint:
     success: float
     env_steps: int
     episodes: int
+    tasks: tuple[tuple[str, float], ...] = ()  # a multi-task run: (task, success), success the mean
 
     @classmethod
     def of(cls, report: pb.EvalReport) -> EvalPoint | None:
         if report.episodes == 0:
             return None
-        return cls(report.version, report.success_rate, report.env_steps, report.episodes)
+        tasks = tuple(sorted(report.task_success.items()))
+        return cls(report.version, report.success_rate, report.env_steps, report.episodes, tasks)
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,7 @@ class Snapshot:
     train_episodes: int
     restarts: int
     rejected_by_learner: tuple[tuple[str, int], ...] = ()  # learners whose pushes were refused
+    env_steps_by_task: tuple[tuple[int, int], ...] = ()  # registry task id -> env steps acked
 
     @classmethod
     def take(cls, ingest, agg, wall_sec: float, restarts: int) -> Snapshot | None:
@@ -72,6 +75,7 @@ class Snapshot:
             train_episodes=buf.episodes,
             restarts=restarts,
             rejected_by_learner=tuple(sorted(ag.rejected_by_learner.items())),
+            env_steps_by_task=tuple(sorted(buf.env_steps_by_task.items())),
         )
 
 
@@ -92,6 +96,8 @@ class Progress:
         self.first: Snapshot | None = None  # the first snapshot: a resumed run's versions start there
         self.target: Snapshot | None = None
         self.best_success = 0.0  # best curve or complete full score
+        self.best_task_success: dict[str, float] = {}  # a multi-task run: the same, per task
+        self.last_task_success: dict[str, float] = {}  # a multi-task run: the newest curve score
         self.rates = Rates()
         self._prev: Snapshot | None = None
         self._last_log = -LOG_EVERY_SEC
@@ -148,10 +154,17 @@ class Progress:
             complete = point.episodes >= self.config.eval.episodes  # early-stopped full scores never count
             if kind == "curve" or complete:
                 self.best_success = max(self.best_success, point.success)
+                for task, rate in point.tasks:
+                    self.best_task_success[task] = max(self.best_task_success.get(task, 0.0), rate)
+            if kind == "curve" and point.tasks:
+                self.last_task_success = dict(point.tasks)
             self.writer.add_scalar(f"eval/{kind}_success", point.success, point.env_steps)
+            for task, rate in point.tasks:
+                self.writer.add_scalar(f"eval/{kind}_success/{task}", rate, point.env_steps)
+            per_task = "".join(f", {task} {rate:.2f}" for task, rate in point.tasks)
             self.console.log(
-                f"eval v{point.version}: {kind} success {point.success:.2f} over {point.episodes} episodes "
-                f"at {point.env_steps} env steps"
+                f"eval v{point.version}: {kind} success {point.success:.2f}{per_task} over {point.episodes} "
+                f"episodes{' per task' if point.tasks else ''} at {point.env_steps} env steps"
             )
             if kind == "full" and complete and self.target is None and point.success >= self.config.target_success:
                 self.target = snap
@@ -174,6 +187,7 @@ class Progress:
             "version": snap.version,
             **{k: round(v, 3) for k, v in asdict(self.rates).items()},
             "eval_success": snap.curve.success if snap.curve else None,
+            **({"eval_task_success": dict(snap.curve.tasks)} if snap.curve and snap.curve.tasks else {}),
             "eval_version": snap.curve.version if snap.curve else None,
             "train_success": snap.train_success if snap.train_episodes else None,
             "restarts": snap.restarts,

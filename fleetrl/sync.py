@@ -28,7 +28,7 @@ from aggregator.client import WeightsSnapshot
 from aggregator.core import AggregatorCore
 from buffer.ratelimit import rate_limit
 from fleetrl.checkpoint import save_checkpoint
-from fleetrl.config import RunConfig
+from fleetrl.config import ConfigError, RunConfig
 from fleetrl.launch import Summary
 from fleetrl.policy import ACTOR_GROUPS, model_spec
 from fleetrl.wire import Transitions
@@ -79,6 +79,8 @@ def run_sync(config: RunConfig, started_at: float, stop: threading.Event) -> Sum
 
 class SyncRun:
     def __init__(self, config: RunConfig, started_at: float) -> None:
+        if len(config.sim.tasks) > 1:
+            raise ConfigError("--mode sync trains one task; a multi-task run (sim.tasks) needs the fleet")
         self.config, self.started_at = config, started_at
         self.run_dir = pathlib.Path(config.run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)

@@ -41,9 +41,12 @@ class Batch:
     reward: torch.Tensor
     next_obs_goal: torch.Tensor
     done: torch.Tensor
+    task: torch.Tensor | None = None  # each row's place in a multi-task run (None: one task)
 
     @classmethod
-    def from_numpy(cls, obs, goal, action, reward, next_obs, done, device: str | torch.device = "cpu") -> Batch:
+    def from_numpy(
+        cls, obs, goal, action, reward, next_obs, done, device: str | torch.device = "cpu", task=None
+    ) -> Batch:
         def t(x: np.ndarray) -> torch.Tensor:
             return torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)).to(device)
 
@@ -53,6 +56,7 @@ class Batch:
             reward=t(reward),
             next_obs_goal=t(np.concatenate([next_obs, goal], axis=1)),
             done=t(done),
+            task=None if task is None else torch.as_tensor(np.asarray(task, np.int64), device=device),
         )
 
 
@@ -91,19 +95,19 @@ class GradientResult:
 def critic_loss(model: SACModel, batch: Batch, hp: SACHyperparams) -> torch.Tensor:
     alpha = model.log_alpha.detach().exp()
     with torch.no_grad():
-        next_action, next_log_prob = model.actor.sample(batch.next_obs_goal)
-        tq1, tq2 = model.critic_target(batch.next_obs_goal, next_action)
+        next_action, next_log_prob = model.actor.sample(batch.next_obs_goal, batch.task)
+        tq1, tq2 = model.critic_target(batch.next_obs_goal, next_action, batch.task)
         soft_value = torch.min(tq1, tq2) - alpha * next_log_prob
         target = batch.reward + hp.gamma * (1.0 - batch.done) * soft_value
         if hp.clip_return:
             target = target.clamp(-1.0 / (1.0 - hp.gamma), 0.0)
-    q1, q2 = model.critic(batch.obs_goal, batch.action)
+    q1, q2 = model.critic(batch.obs_goal, batch.action, batch.task)
     return ((q1 - target) ** 2).mean() + ((q2 - target) ** 2).mean()
 
 
 def actor_and_alpha_loss(model: SACModel, batch: Batch, hp: SACHyperparams) -> tuple[torch.Tensor, torch.Tensor]:
-    action, log_prob = model.actor.sample(batch.obs_goal)
-    q1, q2 = model.critic(batch.obs_goal, action)
+    action, log_prob = model.actor.sample(batch.obs_goal, batch.task)
+    q1, q2 = model.critic(batch.obs_goal, action, batch.task)
     alpha = model.log_alpha.detach().exp()
     actor_loss = (alpha * log_prob - torch.min(q1, q2)).mean()
     alpha_loss = -(model.log_alpha * (log_prob.detach() + hp.target_entropy)).mean()
@@ -112,17 +116,18 @@ def actor_and_alpha_loss(model: SACModel, batch: Batch, hp: SACHyperparams) -> t
 
 def ddpg_critic_loss(model: SACModel, batch: Batch, hp: SACHyperparams) -> torch.Tensor:
     with torch.no_grad():
-        next_action = model.actor.deterministic(batch.next_obs_goal)
-        next_q = model.critic_target.q1_value(batch.next_obs_goal, next_action)
+        next_action = model.actor.deterministic(batch.next_obs_goal, batch.task)
+        next_q = model.critic_target.q1_value(batch.next_obs_goal, next_action, batch.task)
         target = batch.reward + hp.gamma * (1.0 - batch.done) * next_q
         if hp.clip_return:
             target = target.clamp(-1.0 / (1.0 - hp.gamma), 0.0)
-    return ((model.critic.q1_value(batch.obs_goal, batch.action) - target) ** 2).mean()
+    return ((model.critic.q1_value(batch.obs_goal, batch.action, batch.task) - target) ** 2).mean()
 
 
 def ddpg_actor_loss(model: SACModel, batch: Batch, hp: SACHyperparams) -> torch.Tensor:
-    action = model.actor.deterministic(batch.obs_goal)
-    return (-model.critic.q1_value(batch.obs_goal, action) + hp.action_l2 * action.pow(2).mean(-1)).mean()
+    action = model.actor.deterministic(batch.obs_goal, batch.task)
+    q = model.critic.q1_value(batch.obs_goal, action, batch.task)
+    return (-q + hp.action_l2 * action.pow(2).mean(-1)).mean()
 
 
 def _flat(grads: tuple[torch.Tensor | None, ...], params: list[torch.Tensor] | None = None) -> np.ndarray:

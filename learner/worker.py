@@ -30,7 +30,7 @@ from fleetrl.proto import fleetrl_pb2 as pb
 from fleetrl.transport import Security
 from learner.models import GROUPS, SACModel
 from learner.sac import Batch, SACHyperparams, compute_gradients
-from sim.registry import get_task
+from sim.tasks import TaskSet
 
 log = logging.getLogger("fleetrl.learner")
 
@@ -74,8 +74,11 @@ class Batches:
     Every wait is bounded and re-checks `stop`.
     """
 
-    def __init__(self, replay: ReplaySampler, batch_size: int, device: torch.device, prefetch: bool) -> None:
+    def __init__(
+        self, replay: ReplaySampler, batch_size: int, device: torch.device, prefetch: bool, tasks: TaskSet | None = None
+    ) -> None:
         self.replay, self.batch_size, self.device = replay, batch_size, device
+        self.tasks = tasks if tasks is not None and tasks.multi else None  # rows' task places, multi-task only
         self.version = 0  # the learner's weights version ('version' sampling bounds the rows' lag by it)
         self._queue: queue.Queue[Batch | BaseException] = queue.Queue(maxsize=1)
         self._stop = threading.Event()
@@ -85,8 +88,11 @@ class Batches:
             self._thread.start()
 
     def _make(self) -> Batch:
-        t = self.replay.sample(self.batch_size, self.version).transitions
-        return Batch.from_numpy(t.obs, t.goal, t.action, t.reward, t.next_obs, t.done, device=self.device)
+        sampled = self.replay.sample(self.batch_size, self.version)
+        t, task = sampled.transitions, None
+        if self.tasks is not None:
+            task = self.tasks.indices(sampled.task_id)
+        return Batch.from_numpy(t.obs, t.goal, t.action, t.reward, t.next_obs, t.done, device=self.device, task=task)
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -128,7 +134,7 @@ class Batches:
 def run_learner(config: RunConfig, learner_id: int, endpoints: LearnerEndpoints, stop: threading.Event) -> int:
     """Loop until `stop` is set; returns the number of gradients pushed."""
     torch.set_num_threads(config.learner.torch_threads)
-    task = get_task(config.sim.task)
+    tasks = TaskSet.for_run(config)
     heartbeat = Heartbeat(endpoints.heartbeat_path)
     security = Security.from_config(config.security)
     redis_client = connect(endpoints.redis, security)
@@ -140,7 +146,7 @@ def run_learner(config: RunConfig, learner_id: int, endpoints: LearnerEndpoints,
             replay = ReplaySampler(
                 redis_client,
                 config.run_id,
-                task.schema(),
+                tasks.schema(),
                 config.buffer,
                 seed=config.aggregator.seed + 7919 * (learner_id + 1),
                 refresh_interval_sec=config.learner.buffer_refresh_sec,
@@ -148,6 +154,7 @@ def run_learner(config: RunConfig, learner_id: int, endpoints: LearnerEndpoints,
                 half_life=config.learner.recency_half_life,
                 max_policy_lag=config.learner.max_policy_lag,
                 limit=rate_limit(config),
+                balance_tasks=tasks.ids,  # a multi-task run: every batch holds each task equally
             )
             with agg.watch(f"learner-{learner_id}-start") as everything:  # the target critics, once
                 snapshot = _wait(lambda: everything.wait_newer_than(-1, timeout=1.0), stop, heartbeat)
@@ -164,9 +171,9 @@ def run_learner(config: RunConfig, learner_id: int, endpoints: LearnerEndpoints,
                 heartbeat.beat(replay=replay.size())
                 stop.wait(0.1)
             device = resolve_device(config.learner.device)
-            batches = Batches(replay, config.learner.batch_size, device, config.learner.prefetch)
+            batches = Batches(replay, config.learner.batch_size, device, config.learner.prefetch, tasks)
             try:
-                loop = _GradientLoop(config, learner_id, task.act_dim, agg, weights, batches, heartbeat)
+                loop = _GradientLoop(config, learner_id, tasks.act_dim, agg, weights, batches, heartbeat)
                 if endpoints.ack_log_dir:
                     loop.ledger = AckLedger(endpoints.ack_log_dir, f"learner-{learner_id}", agg.incarnation)
                 pushed = loop.run(snapshot, stop)

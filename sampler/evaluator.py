@@ -8,6 +8,8 @@
         aggregator.ReportEval(version, full, kind="full")     # only a complete full score reaches it
 
 Every version is scored on the same held-out seeds, so two versions' rates are comparable.
+A multi-task run scores every task on the same budget: its success rate is the mean over the
+tasks (each task's rate travels beside it, `task_success`), and a score's `episodes` is per task.
 `score_checkpoint` scores a saved policy the same way (`fleetrl evaluate`, and the final
 score the launcher runs when a run ends short of its target).
 Far from the target the evaluator scores rarely (a fraction of the run's age between scores,
@@ -35,7 +37,8 @@ from fleetrl.process import Heartbeat
 from fleetrl.proto import fleetrl_pb2 as pb
 from fleetrl.transport import Security
 from sampler.worker import Policy, rollout
-from sim.registry import get_task, goal_reward, make_env
+from sim.registry import goal_reward
+from sim.tasks import TaskSet
 
 log = logging.getLogger("fleetrl.evaluator")
 
@@ -44,7 +47,21 @@ log = logging.getLogger("fleetrl.evaluator")
 class EvalResult:
     success_rate: float
     mean_return: float
-    episodes: int
+    episodes: int  # per task, in a multi-task run
+    task_success: dict[str, float] = field(default_factory=dict)  # multi-task runs: per task name
+
+    @classmethod
+    def mean_of(cls, per_task: dict[str, EvalResult]) -> EvalResult:
+        """A multi-task score: the mean rate and return over tasks, the fewest episodes of any."""
+        if len(per_task) == 1:
+            return next(iter(per_task.values()))
+        results = list(per_task.values())
+        return cls(
+            float(np.mean([r.success_rate for r in results])),
+            float(np.mean([r.mean_return for r in results])),
+            min(r.episodes for r in results),
+            {name: r.success_rate for name, r in per_task.items()},
+        )
 
 
 @dataclass
@@ -68,14 +85,17 @@ def evaluate(
     should_stop: Callable[[], bool] = lambda: False,
     until: int | None = None,
     episodes: EpisodeLog | None = None,
+    task: int = 0,
+    give_up: Callable[[], bool] | None = None,
 ) -> EvalResult:
-    """Deterministic episodes on seeds config.seed + i, continuing `episodes` up to `until`
-    (default: config.episodes).
+    """Deterministic episodes of the run's task place `task` on seeds config.seed + i,
+    continuing `episodes` up to `until` (default: config.episodes).
 
     With `stop_below`, scoring ends as soon as a full score of config.episodes can no longer
-    reach that success rate; the result then covers fewer episodes. Early in training this cuts
-    a full score to a few episodes, and it never hides a version that would have reached the
-    target (measured: ~4.4 s per 20-episode score on a busy 2-core host).
+    reach that success rate (or once `give_up()` says so); the result then covers fewer
+    episodes. Early in training this cuts a full score to a few episodes, and it never hides a
+    version that would have reached the target (measured: ~4.4 s per 20-episode score on a
+    busy 2-core host).
     """
     done = episodes if episodes is not None else EpisodeLog()
     until = config.episodes if until is None else until
@@ -85,8 +105,10 @@ def evaluate(
             break
         if stop_below is not None and _best_possible(done, config.episodes) < stop_below:
             break
+        if give_up is not None and give_up():
+            break
         seed = config.seed + len(done.successes)
-        episode, success = rollout(env, policy, seed=seed, rng=rng, deterministic=True)
+        episode, success = rollout(env, policy, seed=seed, rng=rng, deterministic=True, task=task)
         done.successes.append(success)
         done.returns.append(float(goal_reward(env, episode.achieved_goal, episode.desired_goal).sum()))
     return done.result()
@@ -107,12 +129,23 @@ def score_checkpoint(path: str | os.PathLike, config: RunConfig, episodes: int) 
     tensors = {g: np.asarray(weights[g], np.float32) for g in ACTOR_GROUPS}
     policy = Policy()
     policy.refresh(WeightsSnapshot(int(state["version"]), tensors, ModelSpec.from_json(state["spec"])))
-    task = get_task(state.get("task") or config.sim.task)
-    env = make_env(task, config.sim.randomization if config.eval.randomize else None, config.sim.control_hz)
+    tasks = TaskSet.parse(state["task"]) if state.get("task") else TaskSet.for_run(config)
+    envs = eval_envs(tasks, config)
     try:
-        return policy.version, evaluate(env, policy, config.eval, until=episodes)
+        per_task = {
+            name: evaluate(env, policy, config.eval, until=episodes, task=i)
+            for i, (name, env) in enumerate(zip(tasks.names, envs, strict=True))
+        }
+        return policy.version, EvalResult.mean_of(per_task)
     finally:
-        env.close()
+        for env in envs:
+            env.close()
+
+
+def eval_envs(tasks: TaskSet, config: RunConfig) -> list:
+    """One env per task of the run: the nominal task unless eval.randomize."""
+    randomization = config.sim.randomization if config.eval.randomize else None
+    return [tasks.make_env(i, randomization, config.sim.control_hz) for i in range(len(tasks))]
 
 
 def _best_possible(done: EpisodeLog, budget: int) -> float:
@@ -156,8 +189,8 @@ def run_evaluator(
 ) -> int:
     """Score versions until `stop` is set; returns how many versions were scored."""
     os.nice(config.eval.nice)  # scoring uses spare CPU first; training loops keep priority
-    task = get_task(config.sim.task)
-    env = make_env(task, config.sim.randomization if config.eval.randomize else None, config.sim.control_hz)
+    tasks = TaskSet.for_run(config)
+    envs = dict(zip(tasks.names, eval_envs(tasks, config), strict=True))
     heartbeat = Heartbeat(heartbeat_path)
     policy = Policy()
     scored = 0
@@ -187,37 +220,50 @@ def run_evaluator(
                 break
             policy.refresh(snapshot)
             with heartbeat.phase("evaluate"):
-                curve = _score(agg, env, policy, config, name, env_steps, stop, heartbeat)
+                curve = _score(agg, envs, policy, config, name, env_steps, stop, heartbeat)
             if curve is None:
                 break
             scored += 1
             age = time.monotonic() - started
             next_at = time.monotonic() + next_interval_sec(config.eval, config.target_success, curve, age)
             heartbeat.beat(scored=scored, version=policy.version, success=curve)
-    env.close()
+    for env in envs.values():
+        env.close()
     return scored
 
 
 def scores(
-    env, policy: Policy, config: RunConfig, should_stop: Callable[[], bool] = lambda: False
+    envs, policy: Policy, config: RunConfig, should_stop: Callable[[], bool] = lambda: False
 ) -> Iterator[tuple[str, EvalResult, float]]:
     """(kind, result, seconds): the curve score, then, while the target is within reach, the
-    full score continuing the same episodes. Ends early (nothing more) once `should_stop`."""
-    episodes = EpisodeLog()
-    stop_below = config.target_success if config.eval.stop_early else None
+    full score continuing the same episodes. Ends early (nothing more) once `should_stop`.
+
+    `envs`: {task name: env} in the run's task order (or one env). Every task gets the same
+    budget; a multi-task result is EvalResult.mean_of the tasks', and the full score gives up
+    once the mean can no longer reach the target."""
+    envs = envs if isinstance(envs, dict) else {"": envs}
+    logs = {name: EpisodeLog() for name in envs}
+    target = config.target_success if config.eval.stop_early else None
+
+    def out_of_reach() -> bool:
+        best = np.mean([_best_possible(log, config.eval.episodes) for log in logs.values()])
+        return target is not None and best < target
+
     for kind, until in (("curve", config.eval.curve_episodes), ("full", config.eval.episodes)):
         start = time.monotonic()
-        bound = stop_below if kind == "full" else None  # a curve score is never cut short
-        result = evaluate(env, policy, config.eval, bound, should_stop, until, episodes)
-        if should_stop():
-            return
-        if kind == "full" and result.episodes <= config.eval.curve_episodes:
+        for place, (name, env) in enumerate(envs.items()):
+            cut = out_of_reach if kind == "full" else None  # a curve score is never cut short
+            evaluate(env, policy, config.eval, None, should_stop, until, logs[name], task=place, give_up=cut)
+            if should_stop():
+                return
+        result = EvalResult.mean_of({name: log.result() for name, log in logs.items()})
+        if kind == "full" and max(len(log.successes) for log in logs.values()) <= config.eval.curve_episodes:
             return  # out of reach after the curve episodes (or no more to run): nothing new
         yield kind, result, time.monotonic() - start
 
 
 def _score(
-    agg, env, policy: Policy, config: RunConfig, name: str, env_steps: int, stop, heartbeat: Heartbeat
+    agg, envs, policy: Policy, config: RunConfig, name: str, env_steps: int, stop, heartbeat: Heartbeat
 ) -> float | None:
     """Curve score, then (while the target is within reach) the full score, each reported.
     Returns the curve success rate; None if asked to stop midway."""
@@ -227,7 +273,7 @@ def _score(
         return stop.is_set()
 
     curve: float | None = None
-    for kind, result, sec in scores(env, policy, config, should_stop):
+    for kind, result, sec in scores(envs, policy, config, should_stop):
         report = pb.EvalReport(
             version=policy.version,
             episodes=result.episodes,
@@ -237,6 +283,7 @@ def _score(
             wall_sec=sec,
             evaluator=name,
             kind=kind,
+            task_success=result.task_success,
         )
         try:
             agg.report_eval(report, should_stop=stop.is_set, on_wait=heartbeat.beat)

@@ -15,6 +15,7 @@ gradient), the pusher's short queue fills and put() waits; the wait is in the he
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import queue
@@ -33,7 +34,8 @@ from fleetrl.process import Heartbeat
 from fleetrl.transport import Security
 from sampler.hardening import harden
 from sampler.her import Episode, relabel_future
-from sim.registry import TaskSpec, get_task, goal_reward, make_env
+from sim.registry import TaskSpec, goal_reward
+from sim.tasks import TaskSet
 
 log = logging.getLogger("fleetrl.sampler")
 TRAIN_SEEDS_FROM = 2**21  # evaluation seeds start at EvalConfig.seed (1e6 by default), below this
@@ -75,21 +77,25 @@ class Policy:
         self.version = snapshot.version
         return True
 
-    def act(self, obs: dict[str, np.ndarray], deterministic: bool) -> np.ndarray:
+    def act(self, obs: dict[str, np.ndarray], deterministic: bool, task: int = 0) -> np.ndarray:
+        """An action for `obs` of the run's task place `task` (multi-task runs; 0 otherwise)."""
         assert self.actor is not None, "refresh() with weights before acting"
         if not deterministic and self.random_action_prob > 0 and self._rng.random() < self.random_action_prob:
             return self._rng.uniform(-1.0, 1.0, self.actor.spec.act_dim).astype(np.float32)
         x = np.concatenate([obs["observation"], obs["desired_goal"]]).astype(np.float32)[None]
         if deterministic:
-            return self.actor.deterministic(x)[0]
+            return self.actor.deterministic(x, task)[0]
         if self.noise_std is not None:
             noise = self._rng.normal(0.0, self.noise_std, self.actor.spec.act_dim)
-            return np.clip(self.actor.deterministic(x)[0] + noise, -1.0, 1.0).astype(np.float32)
-        return self.actor.sample(x, self._rng)[0]
+            return np.clip(self.actor.deterministic(x, task)[0] + noise, -1.0, 1.0).astype(np.float32)
+        return self.actor.sample(x, self._rng, task)[0]
 
 
-def rollout(env, policy: Policy | None, seed: int | None, rng: np.random.Generator, deterministic: bool = False):
-    """One episode; policy None means uniform random actions. Returns (Episode, success)."""
+def rollout(
+    env, policy: Policy | None, seed: int | None, rng: np.random.Generator, deterministic: bool = False, task: int = 0
+):
+    """One episode of the run's task place `task`; policy None means uniform random actions.
+    Returns (Episode, success)."""
     obs, _ = env.reset(seed=seed)
     rows: dict[str, list[np.ndarray | float]] = {k: [] for k in ("obs", "ag", "dg", "action", "next_obs", "term")}
     info: dict = {}
@@ -97,7 +103,7 @@ def rollout(env, policy: Policy | None, seed: int | None, rng: np.random.Generat
         if policy is None:
             action = rng.uniform(-1.0, 1.0, env.action_space.shape).astype(np.float32)
         else:
-            action = policy.act(obs, deterministic)
+            action = policy.act(obs, deterministic, task)
         next_obs, _, terminated, truncated, info = env.step(action)
         for key, value in (
             ("obs", obs["observation"]),
@@ -147,13 +153,17 @@ class Pusher:
         self._thread = threading.Thread(target=self._run, name="pusher", daemon=True)
         self._thread.start()
 
-    def put(self, transitions, policy_version: int, env_steps: int, successes: int | None = None) -> None:
+    def put(
+        self, transitions, policy_version: int, env_steps: int, successes: int | None = None, task_id: int | None = None
+    ) -> None:
         """Queue one batch; `successes` (0 or 1 for one whole episode, None for no episode end)
-        feeds the buffer's training-success curve."""
+        feeds the buffer's training-success curve; `task_id` (default: the pusher's task) is the
+        registry id of the task the batch came from."""
         if self.error is not None:
             raise RuntimeError("pusher thread failed") from self.error
         self._seq += 1
-        item = (transitions, self._seq, policy_version, env_steps, successes)
+        task_id = self.task.task_id if task_id is None else task_id
+        item = (transitions, self._seq, policy_version, env_steps, successes, task_id)
         while not (self._stopping.is_set() or self._halt.is_set()):  # a full queue waits, never past a stop
             try:
                 self.queue.put(item, timeout=0.5)
@@ -187,13 +197,13 @@ class Pusher:
                 continue
             if item is None:
                 return
-            transitions, seq, version, env_steps, successes = item
+            transitions, seq, version, env_steps, successes, task_id = item
             try:
                 ack = self.ingest.push(
                     transitions,
                     seq=seq,
                     policy_version=version,
-                    task_id=self.task.task_id,
+                    task_id=task_id,
                     env_steps=env_steps,
                     episodes=0 if successes is None else 1,
                     successes=successes or 0,
@@ -221,10 +231,12 @@ class Pusher:
 def run_sampler(config: RunConfig, sampler_id: int, endpoints: SamplerEndpoints, stop: threading.Event) -> int:
     """Collect and push until `stop` is set; returns env steps acked."""
     cfg = config.sampler
-    task = get_task(config.sim.task)
-    env = make_env(task, config.sim.randomization, config.sim.control_hz)
+    tasks = TaskSet.for_run(config)
+    mine = tasks.assigned(sampler_id, cfg.num_samplers)  # task places, episodes taken in turn
+    envs = [tasks.make_env(i, config.sim.randomization, config.sim.control_hz) for i in mine]
     report = harden(sampler_id, pin=cfg.pin_cpus, mlock=cfg.mlock)
-    log.info("sampler %d: task %s, cpu %s, mlocked %s", sampler_id, task.name, report.cpu, report.mlocked)
+    names = ", ".join(tasks.names[i] for i in mine)
+    log.info("sampler %d: task %s, cpu %s, mlocked %s", sampler_id, names, report.cpu, report.mlocked)
     heartbeat = Heartbeat(endpoints.heartbeat_path)
     steps, episodes, successes = 0, 0, 0
     security = Security.from_config(config.security)
@@ -250,21 +262,22 @@ def run_sampler(config: RunConfig, sampler_id: int, endpoints: SamplerEndpoints,
         # Flow control is the buffer's (buffer/ratelimit.py): while learners lag, the ingest
         # service holds pushes back, this queue fills and put() waits. Two batches queued at most:
         # an episode collected while it waits is at most two episodes old when stored.
-        pusher = Pusher(ingest, task, max_pending=2, ledger=ledger, halt=stop)
+        pusher = Pusher(ingest, tasks.tasks[mine[0]], max_pending=2, ledger=ledger, halt=stop)
         while not stop.is_set():
             policy.refresh(watcher.latest())
             acting = policy if (steps >= cfg.random_steps and policy.actor is not None) else None
+            turn = episodes % len(mine)
+            env, place = envs[turn], mine[turn]
             with heartbeat.phase("rollout"):
                 seed = int(seeds.integers(TRAIN_SEEDS_FROM, 2**31))  # clear of the evaluator's held-out seeds
-                episode, success = rollout(env, acting, seed=seed, rng=rng)
+                episode, success = rollout(env, acting, seed=seed, rng=rng, task=place)
             with heartbeat.phase("relabel"):
-                transitions = relabel_future(
-                    episode, cfg.her_k, lambda a, d: goal_reward(env, a, d), rng, k_unmoved=cfg.her_k_unmoved
-                )
+                reward = functools.partial(goal_reward, env)
+                transitions = relabel_future(episode, cfg.her_k, reward, rng, k_unmoved=cfg.her_k_unmoved)
             with heartbeat.phase("enqueue"):  # long only while flow control holds pushes back
-                pusher.put(
-                    transitions, policy_version=max(policy.version, 0), env_steps=len(episode), successes=int(success)
-                )
+                version = max(policy.version, 0)
+                task_id = tasks.tasks[place].task_id
+                pusher.put(transitions, version, env_steps=len(episode), successes=int(success), task_id=task_id)
             steps += len(episode)
             episodes += 1
             successes += success
@@ -279,7 +292,8 @@ def run_sampler(config: RunConfig, sampler_id: int, endpoints: SamplerEndpoints,
         pusher.close(timeout=3.0)  # bounded, whatever the buffer does
         if ledger is not None:
             ledger.close()
-    env.close()
+    for env in envs:
+        env.close()
     log.info(
         "sampler %d: stopped after %d env steps (%d acked, %d batches dropped unacked)",
         sampler_id,

@@ -147,7 +147,7 @@ def test_wait_for_returns_once_enough_is_stored(storage, sampler, make_transitio
 
 def test_push_waits_for_a_service_that_starts_late(storage, make_transitions):
     port = _unused_port()
-    server = IngestServer(storage, task_id=0, schema=SCHEMA, run_id=RUN, config=CONFIG, port=port)
+    server = IngestServer(storage, task_ids=(0,), schema=SCHEMA, run_id=RUN, config=CONFIG, port=port)
     timer = threading.Timer(0.5, server.start)
     timer.start()
     try:
@@ -183,7 +183,7 @@ def test_batch_over_the_message_limit_fails_instead_of_retrying_forever():
 
 
 def test_invalid_push_raises_at_once_without_retry(storage, make_transitions):
-    with IngestServer(storage, task_id=0, schema=SCHEMA, run_id=RUN, config=CONFIG) as server:
+    with IngestServer(storage, task_ids=(0,), schema=SCHEMA, run_id=RUN, config=CONFIG) as server:
         with IngestClient(server.address, sampler_id=1, run_id=RUN, push_timeout_sec=1.0) as client:
             with pytest.raises(PushRejected, match="task_id: 4") as err:
                 client.push(make_transitions(2), seq=1, policy_version=0, task_id=4, env_steps=2)
@@ -230,6 +230,31 @@ def test_version_sampling_draws_only_rows_within_the_policy_lag(redis_client, ma
     assert set(stale.policy_version.tolist()) <= {14, 15} and sampler.lag_fallbacks == 1
 
 
+def test_balanced_sampling_gives_every_task_its_share_whatever_the_buffer_holds(redis_client, make_transitions):
+    storage = TemporalStorage(redis_client, RUN, SCHEMA, BIG)
+    storage.write(make_transitions(1800, first_id=0), task_id=0, policy_version=0)  # 90% of the rows
+    storage.write(make_transitions(150, first_id=1800), task_id=2, policy_version=0)
+    storage.write(make_transitions(50, first_id=1950), task_id=5, policy_version=0)  # 2.5%
+    balanced = ReplaySampler(redis_client, RUN, SCHEMA, BIG, seed=0, refresh_interval_sec=0.0, balance_tasks=(0, 2, 5))
+    batch = balanced.sample(256)
+    assert np.bincount(batch.task_id, minlength=6)[[0, 2, 5]].tolist() == [86, 85, 85]
+    ids = batch.transitions.reward.astype(np.int64)  # make_transitions: reward = the row's id
+    assert np.all((batch.task_id == 5) == (ids >= 1950))  # each row is its task's own
+    assert len(set(ids[batch.task_id == 5].tolist())) > 40  # drawn over the task's rows, not one
+    uniform = ReplaySampler(redis_client, RUN, SCHEMA, BIG, seed=0, refresh_interval_sec=0.0)
+    assert np.mean(uniform.sample(4000).task_id == 0) > 0.85  # the contrast: the buffer's own shares
+
+
+def test_balanced_sampling_gives_an_absent_tasks_share_to_the_others(redis_client, make_transitions):
+    storage = TemporalStorage(redis_client, RUN, SCHEMA, BIG)
+    storage.write(make_transitions(600, first_id=0), task_id=0, policy_version=0)
+    storage.write(make_transitions(600, first_id=600), task_id=1, policy_version=0)
+    balanced = ReplaySampler(redis_client, RUN, SCHEMA, BIG, seed=0, refresh_interval_sec=0.0, balance_tasks=(0, 1, 2))
+    batch = balanced.sample(300)  # task 2 has no row yet
+    counts = np.bincount(batch.task_id, minlength=3)
+    assert len(batch) == 300 and counts[2] == 0 and counts[0] >= 100 and counts[1] >= 100
+
+
 def test_an_unknown_sampling_strategy_is_refused(redis_client):
     with pytest.raises(ValueError, match="sampling 'newest': expected one of"):
         ReplaySampler(redis_client, RUN, SCHEMA, BIG, seed=0, sampling="newest")
@@ -240,7 +265,7 @@ def test_flow_control_holds_a_push_back_until_a_learner_has_sampled(storage, red
     push is answered 'rate limited' (counted, retried, never stored early) until a learner's
     ReplaySampler draws and reports rows; then it is stored once."""
     limit = SampleToInsertRatio(samples_per_insert=1.0, min_size_to_sample=10, error_buffer=10.0)
-    server = IngestServer(storage, task_id=0, schema=SCHEMA, run_id=RUN, config=BIG, limit=limit)
+    server = IngestServer(storage, task_ids=(0,), schema=SCHEMA, run_id=RUN, config=BIG, limit=limit)
     stop = threading.Event()
     with server, IngestClient(server.address, sampler_id=1, run_id=RUN) as client:
         client.push(make_transitions(20), seq=1, policy_version=0, task_id=0, env_steps=20)

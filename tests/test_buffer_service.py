@@ -34,7 +34,7 @@ REPO = Path(__file__).resolve().parents[1]
 @pytest.fixture
 def server(redis_client):
     storage = TemporalStorage(redis_client, RUN, SCHEMA, CONFIG)
-    with IngestServer(storage, task_id=TASK, schema=SCHEMA, run_id=RUN, config=CONFIG) as srv:
+    with IngestServer(storage, task_ids=(TASK,), schema=SCHEMA, run_id=RUN, config=CONFIG) as srv:
         yield srv
 
 
@@ -254,7 +254,7 @@ def test_run_ingest_service_serves_until_sigterm(clean_redis_cluster, tmp_path, 
         from buffer.service import IngestService, run_ingest_service
         from fleetrl.config import BufferConfig
         from fleetrl.wire import TransitionSchema
-        service = IngestService(BufferConfig(), {RUN!r}, {TASK}, TransitionSchema(3, 2, 2), "127.0.0.1:0")
+        service = IngestService(BufferConfig(), {RUN!r}, ({TASK},), TransitionSchema(3, 2, 2), "127.0.0.1:0")
         run_ingest_service(service, {clean_redis_cluster.addresses!r}, {str(ready)!r})
         """
     )

@@ -25,7 +25,7 @@ class Reacher:
         self.first_goals: list[np.ndarray] = []
         self._last_goal: np.ndarray | None = None
 
-    def act(self, obs: dict[str, np.ndarray], deterministic: bool) -> np.ndarray:
+    def act(self, obs: dict[str, np.ndarray], deterministic: bool, task: int = 0) -> np.ndarray:
         self.modes.append(deterministic)
         goal = obs["desired_goal"]
         if self._last_goal is None or not np.array_equal(goal, self._last_goal):

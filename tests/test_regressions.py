@@ -72,7 +72,7 @@ class FailsOn:
     def __init__(self, failing: set[int]) -> None:
         self.failing, self.episode, self._goal = failing, -1, None
 
-    def act(self, obs, deterministic):
+    def act(self, obs, deterministic, task=0):
         if self._goal is None or not np.array_equal(obs["desired_goal"], self._goal):
             self.episode += 1
             self._goal = obs["desired_goal"].copy()

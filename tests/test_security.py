@@ -33,7 +33,7 @@ BUFFER = BufferConfig(window_size_transitions=8, capacity_transitions=64)
 def ingest(redis_client):
     storage = TemporalStorage(redis_client, RUN, SMALL_SCHEMA, BUFFER)
     with IngestServer(
-        storage, task_id=0, schema=storage.layout.schema, run_id=RUN, config=BUFFER, security=TOKEN
+        storage, task_ids=(0,), schema=storage.layout.schema, run_id=RUN, config=BUFFER, security=TOKEN
     ) as server:
         yield server
 

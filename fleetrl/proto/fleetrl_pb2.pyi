@@ -61,7 +61,14 @@ class BufferStatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class BufferStats(_message.Message):
-    __slots__ = ("head", "env_steps", "batches", "rejected", "duplicates", "oldest_window", "newest_window", "episodes", "train_success")
+    __slots__ = ("head", "env_steps", "batches", "rejected", "duplicates", "oldest_window", "newest_window", "episodes", "train_success", "env_steps_by_task")
+    class EnvStepsByTaskEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: int
+        value: int
+        def __init__(self, key: _Optional[int] = ..., value: _Optional[int] = ...) -> None: ...
     HEAD_FIELD_NUMBER: _ClassVar[int]
     ENV_STEPS_FIELD_NUMBER: _ClassVar[int]
     BATCHES_FIELD_NUMBER: _ClassVar[int]
@@ -71,6 +78,7 @@ class BufferStats(_message.Message):
     NEWEST_WINDOW_FIELD_NUMBER: _ClassVar[int]
     EPISODES_FIELD_NUMBER: _ClassVar[int]
     TRAIN_SUCCESS_FIELD_NUMBER: _ClassVar[int]
+    ENV_STEPS_BY_TASK_FIELD_NUMBER: _ClassVar[int]
     head: int
     env_steps: int
     batches: int
@@ -80,7 +88,8 @@ class BufferStats(_message.Message):
     newest_window: int
     episodes: int
     train_success: float
-    def __init__(self, head: _Optional[int] = ..., env_steps: _Optional[int] = ..., batches: _Optional[int] = ..., rejected: _Optional[int] = ..., duplicates: _Optional[int] = ..., oldest_window: _Optional[int] = ..., newest_window: _Optional[int] = ..., episodes: _Optional[int] = ..., train_success: _Optional[float] = ...) -> None: ...
+    env_steps_by_task: _containers.ScalarMap[int, int]
+    def __init__(self, head: _Optional[int] = ..., env_steps: _Optional[int] = ..., batches: _Optional[int] = ..., rejected: _Optional[int] = ..., duplicates: _Optional[int] = ..., oldest_window: _Optional[int] = ..., newest_window: _Optional[int] = ..., episodes: _Optional[int] = ..., train_success: _Optional[float] = ..., env_steps_by_task: _Optional[_Mapping[int, int]] = ...) -> None: ...
 
 class Gradients(_message.Message):
     __slots__ = ("learner_id", "base_version", "tensors", "metrics", "batch_size", "incarnation", "seq")
@@ -187,7 +196,14 @@ class EvalAck(_message.Message):
     def __init__(self) -> None: ...
 
 class EvalReport(_message.Message):
-    __slots__ = ("version", "episodes", "success_rate", "mean_return", "env_steps", "wall_sec", "evaluator", "kind")
+    __slots__ = ("version", "episodes", "success_rate", "mean_return", "env_steps", "wall_sec", "evaluator", "kind", "task_success")
+    class TaskSuccessEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
     VERSION_FIELD_NUMBER: _ClassVar[int]
     EPISODES_FIELD_NUMBER: _ClassVar[int]
     SUCCESS_RATE_FIELD_NUMBER: _ClassVar[int]
@@ -196,6 +212,7 @@ class EvalReport(_message.Message):
     WALL_SEC_FIELD_NUMBER: _ClassVar[int]
     EVALUATOR_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
+    TASK_SUCCESS_FIELD_NUMBER: _ClassVar[int]
     version: int
     episodes: int
     success_rate: float
@@ -204,4 +221,5 @@ class EvalReport(_message.Message):
     wall_sec: float
     evaluator: str
     kind: str
-    def __init__(self, version: _Optional[int] = ..., episodes: _Optional[int] = ..., success_rate: _Optional[float] = ..., mean_return: _Optional[float] = ..., env_steps: _Optional[int] = ..., wall_sec: _Optional[float] = ..., evaluator: _Optional[str] = ..., kind: _Optional[str] = ...) -> None: ...
+    task_success: _containers.ScalarMap[str, float]
+    def __init__(self, version: _Optional[int] = ..., episodes: _Optional[int] = ..., success_rate: _Optional[float] = ..., mean_return: _Optional[float] = ..., env_steps: _Optional[int] = ..., wall_sec: _Optional[float] = ..., evaluator: _Optional[str] = ..., kind: _Optional[str] = ..., task_success: _Optional[_Mapping[str, float]] = ...) -> None: ...
