@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 import onnx
 import torch
 
-from deploy_npu.freeze import CheckpointSource, freeze_policy, load_policy_checkpoint
+from deploy_npu.freeze import CheckpointSource, TaskInput, freeze_policy, load_policy_checkpoint
 from learner.models import ModelSpec
 
 if TYPE_CHECKING:
@@ -45,13 +45,14 @@ class ExportReport:
     spec: ModelSpec
     opset: int
     batch_size: int | None
+    input_dim: int = 0  # the graph's input width (a multi-task run's task: its own); 0 = spec.input_dim
 
     input_name = INPUT_NAME
     output_name = OUTPUT_NAME
 
     @property
     def input_shape(self) -> tuple[int | None, int]:
-        return (self.batch_size, self.spec.input_dim)
+        return (self.batch_size, self.input_dim or self.spec.input_dim)
 
     @property
     def output_shape(self) -> tuple[int | None, int]:
@@ -88,19 +89,22 @@ def export_onnx(
     opset: int = 17,
     batch_size: int | None = 1,
     routing: RoutingTable | None = None,
+    task_input: TaskInput | None = None,
 ) -> ExportReport:
     """Write the checkpoint's deterministic policy as ONNX at `out_path`, checked by onnx.checker.
 
     `checkpoint` is a ckpt_<version>.pt path, a directory of them (newest wins) or an
     AggregatorCore.state() dict. The file is written atomically (temporary name, then rename),
-    and carries the checkpoint version and model spec in its metadata_props.
+    and carries the checkpoint version and model spec in its metadata_props. A multi-task
+    run's policy is exported for one task (`task_input`), on that task's own input.
     """
     if opset < MIN_OPSET:
         raise ValueError(f"opset ({opset}) must be >= {MIN_OPSET}: the op audit reads axes as opset-13 inputs")
     if batch_size is not None and batch_size < 1:
         raise ValueError(f"batch_size ({batch_size}) must be >= 1, or None for a dynamic batch axis")
     ckpt = load_policy_checkpoint(checkpoint)
-    model = _trace_to_onnx(freeze_policy(ckpt, routing), ckpt.spec.input_dim, opset, batch_size)
+    input_dim = task_input.input_dim if task_input is not None else ckpt.spec.input_dim
+    model = _trace_to_onnx(freeze_policy(ckpt, routing, task_input), input_dim, opset, batch_size)
     model.doc_string = "fleetrl deterministic policy: action = tanh(mean(normalize(observation ++ desired_goal)))"
     onnx.helper.set_model_props(
         model,
@@ -109,6 +113,7 @@ def export_onnx(
             "fleetrl.model_spec": ckpt.spec.to_json(),
             "fleetrl.input_layout": "observation ++ desired_goal",
             **({"fleetrl.routing": routing.to_json()} if routing is not None else {}),
+            **({"fleetrl.task": task_input.name} if task_input is not None else {}),
         },
     )
     # full_check also runs strict shape inference, so a graph whose shapes do not resolve fails here.
@@ -118,4 +123,4 @@ def export_onnx(
     tmp = out_path.with_name(out_path.name + ".tmp")
     onnx.save(model, tmp)
     os.replace(tmp, out_path)
-    return ExportReport(out_path, ckpt.version, ckpt.spec, opset, batch_size)
+    return ExportReport(out_path, ckpt.version, ckpt.spec, opset, batch_size, input_dim)

@@ -25,10 +25,11 @@ import torch
 from torch import nn
 
 from fleetrl.checkpoint import load_checkpoint
-from learner.models import ACTOR_GROUPS, ModelSpec, SquashedGaussianActor, build_actor
+from learner.models import ACTOR_GROUPS, ModelSpec, Normalizer, SquashedGaussianActor, build_actor
 
 if TYPE_CHECKING:
     from deploy_npu.routing import RoutingTable
+    from sim.tasks import TaskSet
 
 
 class CheckpointError(ValueError):
@@ -132,10 +133,80 @@ class DeterministicPolicy(nn.Module):
     def forward(self, obs_goal: torch.Tensor) -> torch.Tensor:
         return torch.tanh(self.net(self.norm(obs_goal)))
 
+    def first_layers(self) -> list[nn.Linear]:
+        """The layers that read the normalized input."""
+        return [self.net[0]]
 
-def freeze_policy(ckpt: PolicyCheckpoint, routing: RoutingTable | None = None) -> nn.Module:
+
+@dataclass(frozen=True)
+class TaskInput:
+    """One task of a multi-task run, exported on its own observation ++ desired_goal.
+
+    The run's networks read the padded input of sim/tasks.py: [task's observation | zeros |
+    task one-hot | desired_goal]. For one task every column but its observation and goal is a
+    constant, so `fold_task_input` moves them into the first layer's bias: the exported graph
+    takes the task's own observation and gains no op (no Pad, Concat or Gather).
+    """
+
+    tasks: TaskSet
+    index: int
+
+    @property
+    def name(self) -> str:
+        return self.tasks.names[self.index]
+
+    @property
+    def input_dim(self) -> int:
+        return self.tasks.tasks[self.index].obs_dim + self.tasks.goal_dim
+
+    def columns(self) -> np.ndarray:
+        """The padded input's columns this task's own input fills, in order."""
+        obs, width = self.tasks.tasks[self.index].obs_dim, self.tasks.obs_dim
+        return np.r_[np.arange(obs), width + np.arange(self.tasks.goal_dim)]
+
+    def pad(self, obs_goal: np.ndarray) -> np.ndarray:
+        """Rows of this task's own input [n, input_dim] at the run's padded width."""
+        obs_goal = np.asarray(obs_goal, np.float32)
+        obs = obs_goal[:, : self.tasks.tasks[self.index].obs_dim]
+        return np.concatenate([self.tasks.pad(obs, self.index), obs_goal[:, obs.shape[1] :]], axis=1)
+
+
+def fold_task_input(module: nn.Module, task: TaskInput) -> nn.Module:
+    """`module` (a DeterministicPolicy or FrozenRoutingPolicy of the padded input) narrowed to
+    `task`'s own input, the constant columns folded into its first layers' biases: exact,
+    since the normalizer is per column (clip((x - mean) / std)) and the first layers linear."""
+    real = torch.from_numpy(task.columns())
+    width = module.norm.mean.numel()
+    constant = torch.ones(width, dtype=torch.bool)
+    constant[real] = False
+    probe = np.zeros((1, task.input_dim), np.float32)
+    values = torch.from_numpy(task.pad(probe)[0])  # zeros where the task's input goes, else the constants
+    with torch.no_grad():
+        folded = module.norm(values[None])[0][constant]  # the constants as the first layers see them
+        norm = Normalizer(len(real))
+        norm.mean.copy_(module.norm.mean[real])
+        norm.std.copy_(module.norm.std[real])
+        module.norm = norm
+        for layer in module.first_layers():
+            bias = layer.bias + layer.weight[:, constant] @ folded
+            narrowed = nn.Linear(len(real), layer.out_features)
+            narrowed.weight.copy_(layer.weight[:, real])
+            narrowed.bias.copy_(bias)
+            layer.in_features, layer.weight, layer.bias = len(real), narrowed.weight, narrowed.bias
+    return module
+
+
+def freeze_policy(
+    ckpt: PolicyCheckpoint, routing: RoutingTable | None = None, task_input: TaskInput | None = None
+) -> nn.Module:
     """The module to export: deterministic, eval mode, gradients off. A MoE policy needs its
-    task's frozen routing (deploy_npu/routing.py): only the selected experts, fixed gates."""
+    task's frozen routing (deploy_npu/routing.py): only the selected experts, fixed gates.
+    A multi-task run's policy is exported per task (`task_input`): that task's own input."""
+    module = _frozen(ckpt, routing)
+    return fold_task_input(module, task_input) if task_input is not None else module
+
+
+def _frozen(ckpt: PolicyCheckpoint, routing: RoutingTable | None) -> nn.Module:
     if ckpt.spec.kind == "moe":
         if routing is None:
             raise CheckpointError(

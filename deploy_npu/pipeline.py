@@ -15,10 +15,11 @@ import os
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 from deploy_npu.audit import AuditReport, OpAuditError, audit_onnx
 from deploy_npu.export import ExportReport, export_onnx
-from deploy_npu.freeze import CheckpointSource, freeze_policy, load_policy_checkpoint, reference_actor
+from deploy_npu.freeze import CheckpointSource, TaskInput, freeze_policy, load_policy_checkpoint, reference_actor
 from deploy_npu.parity import (
     CONTROL_BUDGET_MS,
     PARITY_TOLERANCE,
@@ -35,6 +36,8 @@ from deploy_npu.parity import (
 )
 from deploy_npu.routing import RoutingTable, calibration_states, freeze_routing
 from fleetrl.config import config_field
+from sim.registry import TaskSpec, get_task
+from sim.tasks import TaskSet
 
 
 @dataclass(frozen=True)
@@ -107,34 +110,59 @@ class DeployReport:
         ]
 
 
+def resolve_task(ckpt, named: str | None) -> tuple[TaskSpec, TaskInput | None]:
+    """The task to export and check: the one named, else the checkpoint's, else by dims. A
+    multi-task checkpoint needs one of its tasks named, and exports it on its own input."""
+    if ckpt.task and "," in ckpt.task:
+        tasks = TaskSet.parse(ckpt.task)
+        if named is None:
+            raise ValueError(
+                f"checkpoint {ckpt.source} is of a multi-task run: name one of {list(tasks.names)} (--task)"
+            )
+        found = get_task(named)
+        if found.name not in tasks.names:
+            raise ValueError(f"task {found.name} is not one of the checkpoint's tasks {list(tasks.names)}")
+        return found, TaskInput(tasks, tasks.names.index(found.name))
+    # The task named on the command line, else the one the checkpoint records, else by dims.
+    return task_for_spec(ckpt.spec, named if named is not None else ckpt.task), None
+
+
 def export_and_check(
     checkpoint: CheckpointSource, out_path: str | os.PathLike, config: DeployCheckConfig = DeployCheckConfig()
 ) -> DeployReport:
     """Export, then run every check on the written file; a failed audit is reported, not raised."""
     ckpt = load_policy_checkpoint(checkpoint)
-    # The task named on the command line, else the one the checkpoint records, else by dims.
-    task = task_for_spec(ckpt.spec, config.task if config.task is not None else ckpt.task)
+    task, task_input = resolve_task(ckpt, config.task)
+    tasks = task_input.tasks if task_input is not None else None
     routing = None
     if ckpt.spec.kind == "moe":  # freeze the task's routing over fresh rollouts of it
         states = calibration_states(
-            ckpt.spec, ckpt.actor, ckpt.obs_norm, task, config.calibration_episodes, config.seed
+            ckpt.spec, ckpt.actor, ckpt.obs_norm, task, config.calibration_episodes, config.seed, tasks
         )
-        routing = freeze_routing(reference_actor(ckpt), task.name, states)
-    exported = export_onnx(ckpt, out_path, opset=config.opset, batch_size=config.batch_size, routing=routing)
+        place = task_input.index if task_input is not None else 0
+        routing = freeze_routing(reference_actor(ckpt), task.name, states, task_index=place)
+    exported = export_onnx(
+        ckpt, out_path, opset=config.opset, batch_size=config.batch_size, routing=routing, task_input=task_input
+    )
     try:
         audit = audit_onnx(exported.onnx_path, require_static_shapes=config.batch_size is not None)
     except OpAuditError as exc:
         audit = exc.report
     policy = OnnxPolicy(exported.onnx_path)
+    columns = task_input.columns() if task_input is not None else None
     inputs = np.concatenate(
         [
-            random_inputs(ckpt, config.random_inputs, config.seed),
+            random_inputs(ckpt, config.random_inputs, config.seed, columns),
             env_inputs(task, config.env_inputs, config.seed),
         ]
     )
     # The graph against the torch module it was traced from (for MoE: the frozen routing; its
-    # distance to dynamic routing is the routing report's action error).
+    # distance to dynamic routing is the routing report's action error); a multi-task run's
+    # graph on the task's own input against that module on the padded input.
     reference = freeze_policy(ckpt, routing) if routing is not None else reference_actor(ckpt).deterministic
+    if task_input is not None:
+        padded_reference = reference
+        reference = lambda x: padded_reference(torch.from_numpy(task_input.pad(x.numpy())))  # noqa: E731
     parity = check_parity(policy, reference, inputs, tolerance=config.tolerance)
     latency = measure_latency(policy, num_calls=config.latency_calls, budget_ms=config.budget_ms)
     loop = closed_loop(policy, task, episodes=config.episodes, seed=config.seed)

@@ -29,6 +29,7 @@ from fleetrl.policy import ModelSpec
 from learner.models import MoELinear, SquashedGaussianActor
 from sampler.worker import Policy, rollout
 from sim.registry import TaskSpec, make_env
+from sim.tasks import TaskSet
 
 
 @dataclass(frozen=True)
@@ -53,18 +54,26 @@ class RoutingTable:
 
 
 def calibration_states(
-    spec: ModelSpec, actor: np.ndarray, obs_norm: np.ndarray, task: TaskSpec, episodes: int, seed: int = 0
+    spec: ModelSpec,
+    actor: np.ndarray,
+    obs_norm: np.ndarray,
+    task: TaskSpec,
+    episodes: int,
+    seed: int = 0,
+    tasks: TaskSet | None = None,
 ) -> np.ndarray:
     """observation ++ desired_goal of every step of `episodes` fresh deterministic rollouts of
-    the dynamic-routing policy in the nominal task (seeds `seed`, `seed + 1`, ...)."""
+    the dynamic-routing policy in the nominal task (seeds `seed`, `seed + 1`, ...). A
+    multi-task run's policy acts (and its states are kept) at the run's padded width, `tasks`."""
     policy = Policy()
     policy.refresh(WeightsSnapshot(0, {"actor": actor, "obs_norm": obs_norm}, spec))
-    env = make_env(task)
+    place = tasks.names.index(task.name) if tasks is not None else 0
+    env = tasks.make_env(place) if tasks is not None else make_env(task)
     rng = np.random.default_rng(seed)
     rows = []
     try:
         for i in range(episodes):
-            episode, _ = rollout(env, policy, seed=seed + i, rng=rng, deterministic=True)
+            episode, _ = rollout(env, policy, seed=seed + i, rng=rng, deterministic=True, task=place)
             rows.append(np.concatenate([episode.obs, episode.desired_goal], axis=1))
     finally:
         env.close()
@@ -119,6 +128,10 @@ class FrozenRoutingPolicy(nn.Module):
         with torch.no_grad():
             self.head.weight.copy_(head.weight[:act_dim])
             self.head.bias.copy_(head.bias[:act_dim])
+
+    def first_layers(self) -> list[nn.Linear]:
+        """The layers that read the normalized input: the first MoE layer's selected experts."""
+        return list(self.experts[: len(self.gates[0])])
 
     def forward(self, obs_goal: torch.Tensor) -> torch.Tensor:
         x = self.norm(obs_goal)

@@ -1,0 +1,76 @@
+"""A multi-task run's policy exports per task, on that task's own input (deploy_npu)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+import torch
+
+from aggregator.core import AggregatorCore
+from deploy_npu.freeze import TaskInput, freeze_policy, load_policy_checkpoint, reference_actor
+from deploy_npu.pipeline import DeployCheckConfig, export_and_check
+from fleetrl.config import AggregatorConfig
+from learner.models import GRADIENT_GROUPS, ModelSpec, norm_stats
+from sim.tasks import TaskSet
+
+TASKS = TaskSet.of(("FetchReach-v4", "FetchPush-v4"))
+CHECK = DeployCheckConfig(episodes=1, calibration_episodes=2, latency_calls=100, random_inputs=64, env_inputs=64)
+
+
+def _checkpoint(kind: str) -> dict:
+    """A multi-task checkpoint after 3 steps, its normalizer far from identity."""
+    spec = ModelSpec(TASKS.obs_dim, TASKS.goal_dim, TASKS.act_dim, (32, 32), kind=kind, experts=4, tasks=2)
+    core = AggregatorCore(spec, AggregatorConfig(seed=2), 1, 1, TASKS.label)
+    rng = np.random.default_rng(0)
+    for _ in range(3):
+        grads = {g: rng.standard_normal(core.sizes[g]).astype(np.float32) * 0.1 for g in GRADIENT_GROUPS}
+        rows = rng.normal(0.5, 0.2, size=(256, spec.input_dim))
+        rows[:, TASKS.obs_dim - 2 : TASKS.obs_dim] = np.eye(2)[rng.integers(0, 2, 256)]  # the task one-hot
+        core.submit(core.version, grads, norm_stats(rows))
+    return core.state()
+
+
+@pytest.mark.parametrize("kind", ["dense", "moe"])
+def test_folding_the_padding_into_the_first_layer_is_exact(kind):
+    ckpt = load_policy_checkpoint(_checkpoint(kind))
+    for index, task in enumerate(TASKS.tasks):
+        task_input = TaskInput(TASKS, index)
+        own = np.random.default_rng(index).normal(0.5, 0.3, (200, task_input.input_dim)).astype(np.float32)
+        padded = torch.from_numpy(task_input.pad(own))
+        if kind == "moe":
+            from deploy_npu.routing import freeze_routing
+
+            routing = freeze_routing(reference_actor(ckpt), task.name, padded.numpy(), task_index=index)
+            full = freeze_policy(ckpt, routing)
+            folded = freeze_policy(ckpt, routing, task_input)
+        else:
+            full, folded = freeze_policy(ckpt), freeze_policy(ckpt, task_input=task_input)
+        with torch.no_grad():
+            np.testing.assert_allclose(folded(torch.from_numpy(own)), full(padded), atol=1e-6)
+        assert folded.norm.mean.numel() == task.obs_dim + 3
+
+
+@pytest.mark.parametrize("kind", ["dense", "moe"])
+def test_each_task_exports_on_its_own_input_and_passes_every_check(kind, tmp_path):
+    state = _checkpoint(kind)
+    for task, width in (("FetchReach-v4", 13), ("FetchPush-v4", 28)):
+        config = DeployCheckConfig(**{**CHECK.__dict__, "task": task})
+        report = export_and_check(state, tmp_path / f"{task}.onnx", config)
+        assert report.export.input_shape == (1, width), report.summary()
+        assert report.audit.passed and report.parity.passed, report.summary()
+        assert report.parity.max_abs_error <= 1e-5
+        props = {p.key: p.value for p in onnx.load(tmp_path / f"{task}.onnx").metadata_props}
+        assert props["fleetrl.task"] == task
+        if kind == "moe":
+            assert json.loads(props["fleetrl.routing"])["task_index"] == TASKS.names.index(task)
+
+
+def test_a_multi_task_checkpoint_needs_one_of_its_tasks_named(tmp_path):
+    state = _checkpoint("dense")
+    with pytest.raises(ValueError, match="multi-task run: name one of"):
+        export_and_check(state, tmp_path / "p.onnx", CHECK)
+    with pytest.raises(ValueError, match="not one of the checkpoint's tasks"):
+        export_and_check(state, tmp_path / "p.onnx", DeployCheckConfig(**{**CHECK.__dict__, "task": "FetchSlide-v4"}))
