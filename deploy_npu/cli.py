@@ -1,6 +1,12 @@
 """`fleetrl export`: export a checkpoint's policy to ONNX and run every deploy check on it.
 
     fleetrl export --checkpoint runs/r1/checkpoints --out policy.onnx --episodes 5
+    fleetrl export --checkpoint runs/mt/checkpoints --out deploy/     # a multi-task run: one graph
+        per task (<task>.onnx, on the task's own input) and multitask.onnx (task one-hot input)
+    fleetrl export --checkpoint ... --task FetchPush-v4 --task FetchReach-v4 --out deploy/
+
+Every ONNX file gets a manifest beside it (<file>.manifest.json): tasks, input and output
+spec, normalizer, routing, weight version, check figures and the file's sha256.
 
 fleetrl/cli.py mounts this as a subcommand:
 
@@ -14,11 +20,14 @@ Exit status: 0 all checks pass, 1 a check failed (the report says which), 2 bad 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import pathlib
 import sys
 from collections.abc import Sequence
 
-from deploy_npu.freeze import CheckpointError
+from deploy_npu.freeze import CheckpointError, load_policy_checkpoint
 from deploy_npu.pipeline import DeployCheckConfig, export_and_check
+from sim.tasks import TaskSet
 
 _DEFAULTS = DeployCheckConfig()
 
@@ -30,9 +39,17 @@ def _help(name: str) -> str:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the export subcommand's options to `parser`."""
     parser.add_argument("--checkpoint", required=True, help="ckpt_<version>.pt file, or a directory (newest wins)")
-    parser.add_argument("--out", required=True, help="path of the ONNX file to write")
+    parser.add_argument(
+        "--out",
+        required=True,
+        help="ONNX file to write; a directory when several tasks are exported (--task twice, or a multi-task run)",
+    )
     parser.add_argument("--episodes", type=int, default=_DEFAULTS.episodes, help=_help("episodes"))
-    parser.add_argument("--task", help="task the policy acts in (default: the only registered task whose dims fit)")
+    parser.add_argument(
+        "--task",
+        action="append",
+        help="task the policy acts in (repeatable; default: the checkpoint's task(s), else the one whose dims fit)",
+    )
     parser.add_argument("--opset", type=int, default=_DEFAULTS.opset, help=_help("opset"))
     parser.add_argument("--batch-size", type=int, default=_DEFAULTS.batch_size, help="static batch of the graph")
     parser.add_argument(
@@ -45,7 +62,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def config_from_args(args: argparse.Namespace) -> DeployCheckConfig:
     return DeployCheckConfig(
-        task=args.task,
+        task=args.task[0] if args.task else None,
         opset=args.opset,
         batch_size=None if args.dynamic_batch else args.batch_size,
         tolerance=args.tolerance,
@@ -58,12 +75,33 @@ def config_from_args(args: argparse.Namespace) -> DeployCheckConfig:
 def run(args: argparse.Namespace) -> int:
     """Run the checks, print the report; return the exit status."""
     try:
-        report = export_and_check(args.checkpoint, args.out, config_from_args(args))
+        reports = _export_all(args)
     except (FileNotFoundError, CheckpointError, ValueError) as exc:
         print(f"fleetrl export: error: {exc}", file=sys.stderr)
         return 2
-    print(report.summary())
-    return 0 if report.passed else 1
+    for report in reports:
+        print(report.summary())
+    return 0 if all(report.passed for report in reports) else 1
+
+
+def _export_all(args: argparse.Namespace) -> list:
+    """One file for one task; with several tasks (or a multi-task run), `--out` is a directory
+    of <task>.onnx files, plus multitask.onnx for a multi-task run."""
+    config = config_from_args(args)
+    ckpt = load_policy_checkpoint(args.checkpoint)
+    multi = bool(ckpt.task and "," in ckpt.task)
+    if not multi and len(args.task or []) <= 1:
+        return [export_and_check(ckpt, args.out, config)]
+    out = pathlib.Path(args.out)
+    if out.suffix == ".onnx":
+        raise ValueError(f"--out {out}: several tasks export to a directory, not one .onnx file")
+    names = args.task or list(TaskSet.parse(ckpt.task or "").names)
+    reports = [export_and_check(ckpt, out / f"{name}.onnx", dataclasses.replace(config, task=name)) for name in names]
+    if multi:
+        from deploy_npu.multitask import export_multitask
+
+        reports.append(export_multitask(ckpt, out / "multitask.onnx", config))
+    return reports
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 import onnx
 import torch
 
-from deploy_npu.freeze import CheckpointSource, TaskInput, freeze_policy, load_policy_checkpoint
+from deploy_npu.freeze import CheckpointSource, PolicyCheckpoint, TaskInput, freeze_policy, load_policy_checkpoint
 from learner.models import ModelSpec
 
 if TYPE_CHECKING:
@@ -105,6 +105,19 @@ def export_onnx(
     ckpt = load_policy_checkpoint(checkpoint)
     input_dim = task_input.input_dim if task_input is not None else ckpt.spec.input_dim
     model = _trace_to_onnx(freeze_policy(ckpt, routing, task_input), input_dim, opset, batch_size)
+    props = {"fleetrl.task": task_input.name} if task_input is not None else {}
+    path = write_model(model, ckpt, out_path, routing, props)
+    return ExportReport(path, ckpt.version, ckpt.spec, opset, batch_size, input_dim)
+
+
+def write_model(
+    model: onnx.ModelProto,
+    ckpt: PolicyCheckpoint,
+    out_path: str | os.PathLike,
+    routing: RoutingTable | None = None,
+    props: dict[str, str] | None = None,
+) -> pathlib.Path:
+    """Stamp the graph with where it came from, check it, and write it atomically."""
     model.doc_string = "fleetrl deterministic policy: action = tanh(mean(normalize(observation ++ desired_goal)))"
     onnx.helper.set_model_props(
         model,
@@ -113,7 +126,7 @@ def export_onnx(
             "fleetrl.model_spec": ckpt.spec.to_json(),
             "fleetrl.input_layout": "observation ++ desired_goal",
             **({"fleetrl.routing": routing.to_json()} if routing is not None else {}),
-            **({"fleetrl.task": task_input.name} if task_input is not None else {}),
+            **(props or {}),
         },
     )
     # full_check also runs strict shape inference, so a graph whose shapes do not resolve fails here.
@@ -123,4 +136,4 @@ def export_onnx(
     tmp = out_path.with_name(out_path.name + ".tmp")
     onnx.save(model, tmp)
     os.replace(tmp, out_path)
-    return ExportReport(out_path, ckpt.version, ckpt.spec, opset, batch_size, input_dim)
+    return out_path

@@ -11,7 +11,10 @@ checkpoint legitimately scores ~0, and the evaluator owns the success targets.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
+import pathlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -19,7 +22,14 @@ import torch
 
 from deploy_npu.audit import AuditReport, OpAuditError, audit_onnx
 from deploy_npu.export import ExportReport, export_onnx
-from deploy_npu.freeze import CheckpointSource, TaskInput, freeze_policy, load_policy_checkpoint, reference_actor
+from deploy_npu.freeze import (
+    CheckpointSource,
+    PolicyCheckpoint,
+    TaskInput,
+    freeze_policy,
+    load_policy_checkpoint,
+    reference_actor,
+)
 from deploy_npu.parity import (
     CONTROL_BUDGET_MS,
     PARITY_TOLERANCE,
@@ -67,6 +77,7 @@ class DeployReport:
     latency: LatencyReport
     closed_loop: ClosedLoopReport
     routing: RoutingTable | None = None  # a MoE policy's frozen routing and how faithful it is
+    input_layout: str = "observation ++ desired_goal"
 
     @property
     def passed(self) -> bool:
@@ -94,6 +105,40 @@ class DeployReport:
             f"result    {'PASS' if self.passed else 'FAIL'}",
         ]
         return "\n".join(lines)
+
+    def manifest(self, ckpt: PolicyCheckpoint, tasks: list[str]) -> dict:
+        """What a controller integrator needs beside the ONNX file (written as <file>.manifest.json)."""
+        ex, spec = self.export, ckpt.spec
+        dim = spec.input_dim
+        return {
+            "onnx": ex.onnx_path.name,
+            "sha256": hashlib.sha256(ex.onnx_path.read_bytes()).hexdigest(),
+            "tasks": tasks,
+            "checkpoint": ckpt.source,
+            "weight_version": ex.checkpoint_version,
+            "weights": "live",  # the aggregator's newest weights (no averaged policy is exported)
+            "input": {"name": ex.input_name, "shape": list(ex.input_shape), "layout": self.input_layout},
+            "output": {"name": ex.output_name, "shape": list(ex.output_shape), "range": [-1.0, 1.0]},
+            "model_spec": json.loads(spec.to_json()),
+            "normalizer": {"mean": ckpt.obs_norm[:dim].tolist(), "std": ckpt.obs_norm[dim:].tolist()},
+            "routing": json.loads(self.routing.to_json()) if self.routing is not None else None,
+            "checks": {
+                "audit_passed": self.audit.passed,
+                "ops": self.audit.op_histogram,
+                "parity_max_abs_error": self.parity.max_abs_error,
+                "parity_inputs": self.parity.num_inputs,
+                "latency_p50_ms": self.latency.p50_ms,
+                "latency_p99_ms": self.latency.p99_ms,
+                "latency_calls": self.latency.num_calls,
+                "closed_loop_success": self.closed_loop.success_rate,
+                "closed_loop_episodes": self.closed_loop.episodes,
+            },
+        }
+
+    def write_manifest(self, ckpt: PolicyCheckpoint, tasks: list[str]) -> pathlib.Path:
+        path = self.export.onnx_path.with_name(self.export.onnx_path.name + ".manifest.json")
+        path.write_text(json.dumps(self.manifest(ckpt, tasks), indent=2))
+        return path
 
     def _routing_lines(self) -> list[str]:
         r = self.routing
@@ -166,4 +211,7 @@ def export_and_check(
     parity = check_parity(policy, reference, inputs, tolerance=config.tolerance)
     latency = measure_latency(policy, num_calls=config.latency_calls, budget_ms=config.budget_ms)
     loop = closed_loop(policy, task, episodes=config.episodes, seed=config.seed)
-    return DeployReport(exported, audit, parity, latency, loop, routing)
+    layout = f"{task.name}: observation ({task.obs_dim}) ++ desired_goal ({task.goal_dim})"
+    report = DeployReport(exported, audit, parity, latency, loop, routing, layout)
+    report.write_manifest(ckpt, [task.name])
+    return report

@@ -74,3 +74,46 @@ def test_a_multi_task_checkpoint_needs_one_of_its_tasks_named(tmp_path):
         export_and_check(state, tmp_path / "p.onnx", CHECK)
     with pytest.raises(ValueError, match="not one of the checkpoint's tasks"):
         export_and_check(state, tmp_path / "p.onnx", DeployCheckConfig(**{**CHECK.__dict__, "task": "FetchSlide-v4"}))
+
+
+@pytest.mark.parametrize("kind", ["dense", "moe"])
+def test_fleetrl_export_writes_every_task_and_one_multi_task_graph_with_manifests(kind, tmp_path, capsys):
+    from deploy_npu import cli
+    from fleetrl.checkpoint import save_checkpoint
+
+    path = save_checkpoint(tmp_path / "ckpt", _checkpoint(kind), keep=1)
+    out = tmp_path / "deploy"
+    args = ["--checkpoint", str(path), "--out", str(out), "--episodes", "1", "--latency-calls", "100"]
+    assert cli.main(args) == 0, capsys.readouterr().out
+    names = {"FetchReach-v4.onnx", "FetchPush-v4.onnx", "multitask.onnx"}
+    assert {p.name for p in out.glob("*.onnx")} == names
+    for name in names:
+        manifest = json.loads((out / f"{name}.manifest.json").read_text())
+        assert manifest["sha256"] == __import__("hashlib").sha256((out / name).read_bytes()).hexdigest()
+        assert manifest["checks"]["audit_passed"] and manifest["checks"]["parity_max_abs_error"] <= 1e-5
+        assert manifest["weight_version"] == 3 and manifest["output"]["shape"] == [1, 4]
+    multi = json.loads((out / "multitask.onnx.manifest.json").read_text())
+    assert multi["tasks"] == list(TASKS.names) and multi["input"]["shape"] == [1, TASKS.obs_dim + 3]
+    if kind == "moe":  # every task's routing table, and the graph looks it up with no Gather
+        assert set(multi["routing"]) == set(TASKS.names)
+        assert "Gather" not in multi["checks"]["ops"] and "TopK" not in multi["checks"]["ops"]
+    own = json.loads((out / "FetchReach-v4.onnx.manifest.json").read_text())
+    assert own["tasks"] == ["FetchReach-v4"] and own["input"]["shape"] == [1, 13]
+
+
+def test_the_multi_task_graph_routes_each_row_by_its_task_one_hot():
+    from deploy_npu.multitask import MultiTaskPolicy
+    from deploy_npu.routing import FrozenRoutingPolicy, freeze_routing
+
+    ckpt = load_policy_checkpoint(_checkpoint("moe"))
+    actor = reference_actor(ckpt)
+    tables, rows = [], []
+    for index, task in enumerate(TASKS.tasks):
+        own = np.random.default_rng(index).normal(0.5, 0.3, (50, task.obs_dim + 3)).astype(np.float32)
+        rows.append(TaskInput(TASKS, index).pad(own))
+        tables.append(freeze_routing(actor, task.name, rows[-1], task_index=index))
+    module = MultiTaskPolicy(actor, TASKS, tables)
+    with torch.no_grad():
+        for index, table in enumerate(tables):  # each task's rows as that task's frozen policy acts
+            expected = FrozenRoutingPolicy(actor, table)(torch.from_numpy(rows[index]))
+            np.testing.assert_allclose(module(torch.from_numpy(rows[index])), expected, atol=1e-6)

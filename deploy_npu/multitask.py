@@ -1,0 +1,136 @@
+"""One ONNX graph for every task of a multi-task run, its routing table a constant indexed by task.
+
+    report = export_multitask(ckpt, "out/multitask.onnx", DeployCheckConfig(episodes=5))
+
+The graph's input is the run's padded input (sim/tasks.py): [the task's observation | zeros |
+task one-hot | desired_goal]. The one-hot is the task-id input: every MoE layer takes its gates
+from a constant table [tasks, experts] by one MatMul (one-hot @ table). No Gather, TopK or
+branch: the graph computes the union of the experts any task selected and mixes them with
+that row's gates (zero for the experts the task did not select). A dense policy's graph is its
+network on the padded input.
+
+The per-task graphs (`fleetrl export --task T`) are smaller and take the task's own input;
+this one serves a controller that switches tasks without loading another model.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+
+import numpy as np
+import torch
+from torch import nn
+
+from deploy_npu.audit import OpAuditError, audit_onnx
+from deploy_npu.export import ExportReport, _trace_to_onnx, write_model
+from deploy_npu.freeze import DeterministicPolicy, PolicyCheckpoint, TaskInput, reference_actor
+from deploy_npu.parity import ClosedLoopReport, OnnxPolicy, check_parity, drive, measure_latency, random_inputs
+from deploy_npu.routing import RoutingTable, _expert, calibration_states, freeze_routing
+from fleetrl.config import RandomizationConfig
+from learner.models import SquashedGaussianActor
+from sim.tasks import TaskSet
+
+
+class MultiTaskPolicy(nn.Module):
+    """padded obs_goal [B, input_dim] -> tanh(mean) [B, act_dim], each row routed by its task one-hot."""
+
+    def __init__(self, actor: SquashedGaussianActor, tasks: TaskSet, tables: list[RoutingTable] | None) -> None:
+        super().__init__()
+        self.norm = copy.deepcopy(actor.norm)
+        self.one_hot = (tasks.obs_dim - len(tasks), tasks.obs_dim)  # its columns in the padded input
+        self.dense = DeterministicPolicy(actor, tasks.act_dim) if tables is None else None
+        self.layers = nn.ModuleList()  # per MoE layer: the experts any task selected
+        self.tables: list[torch.Tensor] = []  # per MoE layer: gates [tasks, len(experts)]
+        if tables is None:
+            return
+        for depth, layer in enumerate(actor.body.moe_layers()):
+            used = sorted({e for table in tables for e in table.layers[depth].experts})
+            gates = torch.zeros(len(tables), len(used))
+            for t, table in enumerate(tables):
+                route = table.layers[depth]
+                for expert, gate in zip(route.experts, route.gates, strict=True):
+                    gates[t, used.index(expert)] = gate
+            self.layers.append(nn.ModuleList(_expert(layer, e) for e in used))
+            self.tables.append(gates)
+        head = actor.body.out
+        act_dim = head.out_features // 2
+        self.head = nn.Linear(head.in_features, act_dim)
+        with torch.no_grad():
+            self.head.weight.copy_(head.weight[:act_dim])
+            self.head.bias.copy_(head.bias[:act_dim])
+
+    def forward(self, obs_goal: torch.Tensor) -> torch.Tensor:
+        if self.dense is not None:
+            return self.dense(obs_goal)
+        task = obs_goal[:, self.one_hot[0] : self.one_hot[1]]
+        x = self.norm(obs_goal)
+        for experts, table in zip(self.layers, self.tables, strict=True):
+            gates = task @ table  # [B, experts]: the task's row of the routing table
+            x = torch.relu(sum(gates[:, j : j + 1] * expert(x) for j, expert in enumerate(experts)))
+        return torch.tanh(self.head(x))
+
+
+def export_multitask(ckpt: PolicyCheckpoint, out_path: str | os.PathLike, config):
+    """Export the multi-task graph and run every deploy check on it (per task where it acts):
+    audit, parity against the dynamic policy's torch module on each task's states, latency,
+    and closed-loop success in each task."""
+    from deploy_npu.pipeline import DeployReport
+
+    tasks = TaskSet.parse(ckpt.task or "")
+    actor = reference_actor(ckpt)
+    tables = None
+    if ckpt.spec.kind == "moe":
+        tables = []
+        for index, task in enumerate(tasks.tasks):
+            states = calibration_states(
+                ckpt.spec, ckpt.actor, ckpt.obs_norm, task, config.calibration_episodes, config.seed, tasks
+            )
+            tables.append(freeze_routing(actor, task.name, states, task_index=index))
+    module = MultiTaskPolicy(actor, tasks, tables).eval().requires_grad_(False)
+    model = _trace_to_onnx(module, ckpt.spec.input_dim, config.opset, config.batch_size)
+    props = {"fleetrl.tasks": tasks.label, "fleetrl.input_layout": "padded: observation | zeros | task one-hot | goal"}
+    exported = ExportReport(
+        write_model(model, ckpt, out_path, tables[0] if tables else None, props),
+        ckpt.version,
+        ckpt.spec,
+        config.opset,
+        config.batch_size,
+    )
+    try:
+        audit = audit_onnx(exported.onnx_path, require_static_shapes=config.batch_size is not None)
+    except OpAuditError as exc:
+        audit = exc.report
+    policy = OnnxPolicy(exported.onnx_path)
+    rows = []  # each task's own inputs, padded as its controller would feed them
+    for index in range(len(tasks)):
+        task_input = TaskInput(tasks, index)
+        rows.append(
+            task_input.pad(random_inputs(ckpt, config.random_inputs, config.seed + index, task_input.columns()))
+        )
+    inputs = np.concatenate(rows)
+    parity = check_parity(policy, module, inputs, tolerance=config.tolerance)
+    latency = measure_latency(policy, num_calls=config.latency_calls, budget_ms=config.budget_ms)
+    successes = 0
+    for index, task in enumerate(tasks.tasks):
+        pad = TaskInput(tasks, index).pad
+        won, _ = drive(
+            lambda x, pad=pad: policy(pad(x[None]))[0],
+            task,
+            0.0,
+            RandomizationConfig(enabled=False),
+            episodes=config.episodes,
+            delay_ticks=0,
+            seed=config.seed,
+        )
+        successes += won
+    loop = ClosedLoopReport(tasks.label, config.episodes * len(tasks), successes)
+    layout = f"padded: observation (zero-padded to {tasks.obs_dim - len(tasks)}) ++ task one-hot ({len(tasks)}) ++ goal"
+    report = DeployReport(exported, audit, parity, latency, loop, tables[0] if tables else None, layout)
+    manifest = report.write_manifest(ckpt, list(tasks.names))
+    if tables:  # every task's routing, not only the first's
+        data = json.loads(manifest.read_text())
+        data["routing"] = {t.task: json.loads(t.to_json()) for t in tables}
+        manifest.write_text(json.dumps(data, indent=2))
+    return report
