@@ -29,7 +29,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from aggregator.swa import LayeredSWA
 from fleetrl.config import AggregatorConfig
+from fleetrl.policy import SWA_GROUP
 from fleetrl.wire import cap
 from learner.models import GRADIENT_GROUPS, GROUPS, ModelSpec, SACModel, norm_from_stats
 
@@ -83,6 +85,13 @@ class AggregatorCore:
         self.steps_skipped = 0  # steps whose mean gradient was not finite: nothing applied
         self.clipped = 0  # steps whose mean gradient was clipped to max_grad_norm
         self.sizes = {g: self._flat[g].numel() for g in GROUPS}
+        # The actor's weight average (aggregator/swa.py), fed by the evaluator's scores.
+        self.swa = (
+            None
+            if config.swa == "off"
+            else LayeredSWA(spec, config.swa, config.swa_router_window, config.swa_expert_window)
+        )
+        self.live_score: float | None = None  # the evaluator's newest curve score of the live policy
         # Running totals behind the shared input normalizer: [count, sum..., sum of squares...].
         self._norm_totals = np.zeros(1 + 2 * spec.input_dim, np.float64)
 
@@ -246,12 +255,19 @@ class AggregatorCore:
             self._optim.load_state_dict(saved["optim"])
 
     def views(self, groups: tuple[str, ...] = GROUPS) -> dict[str, np.ndarray]:
-        """The live flat vectors, uncopied: read them before the next step (under a lock)."""
-        return {g: self._flat[g].detach().numpy() for g in groups}
+        """The live flat vectors, uncopied: read them before the next step (under a lock).
+        "actor_swa" is the weight average (the live actor until one exists)."""
+        return {g: self._view(g) for g in groups}
 
     def weights(self, groups: tuple[str, ...] = GROUPS) -> dict[str, np.ndarray]:
         """Copies of the current flat vectors (safe to serialize while the next step runs)."""
-        return {g: self._flat[g].detach().numpy().copy() for g in groups}
+        return {g: self._view(g).copy() for g in groups}
+
+    def _view(self, group: str) -> np.ndarray:
+        if group == SWA_GROUP:
+            average = self.swa.average() if self.swa is not None else None
+            return average if average is not None else self._flat["actor"].detach().numpy()
+        return self._flat[group].detach().numpy()
 
     def state(self) -> dict:
         return {
@@ -263,6 +279,7 @@ class AggregatorCore:
             # thread after this returns (it once could hold moments a few steps past its weights).
             "optim": copy.deepcopy(per_group_state(self._optim.state_dict())),
             "norm_totals": self._norm_totals.copy(),
+            **({"swa": self.swa.state() | {"live_score": self.live_score}} if self.swa is not None else {}),
         }
 
     def load_state(self, state: dict) -> None:
@@ -274,6 +291,10 @@ class AggregatorCore:
         self._optim.load_state_dict(merged_state(state["optim"]))
         self._norm_totals = np.array(state["norm_totals"], np.float64)
         self.version = int(state["version"])
+        saved = state.get("swa") or {}
+        if self.swa is not None and saved.get("actor") is not None:  # the window restarts from the average
+            self.swa.offer(self.version, saved["actor"], saved.get("score") or 0.0)
+            self.swa.score = saved.get("score")
         self._pending.clear()
         self._weights.clear()
 

@@ -25,7 +25,7 @@ import pathlib
 import sys
 from collections.abc import Sequence
 
-from deploy_npu.freeze import CheckpointError, load_policy_checkpoint
+from deploy_npu.freeze import WEIGHT_CHOICES, CheckpointError, load_policy_checkpoint
 from deploy_npu.pipeline import DeployCheckConfig, export_and_check
 from sim.tasks import TaskSet
 
@@ -58,6 +58,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tolerance", type=float, default=_DEFAULTS.tolerance, help=_help("tolerance"))
     parser.add_argument("--latency-calls", type=int, default=_DEFAULTS.latency_calls, help=_help("latency_calls"))
     parser.add_argument("--seed", type=int, default=_DEFAULTS.seed, help=_help("seed"))
+    parser.add_argument("--weights", choices=WEIGHT_CHOICES, default=_DEFAULTS.weights, help=_help("weights"))
 
 
 def config_from_args(args: argparse.Namespace) -> DeployCheckConfig:
@@ -69,6 +70,7 @@ def config_from_args(args: argparse.Namespace) -> DeployCheckConfig:
         latency_calls=args.latency_calls,
         episodes=args.episodes,
         seed=args.seed,
+        weights=args.weights,
     )
 
 
@@ -88,7 +90,7 @@ def _export_all(args: argparse.Namespace) -> list:
     """One file for one task; with several tasks (or a multi-task run), `--out` is a directory
     of <task>.onnx files, plus multitask.onnx for a multi-task run."""
     config = config_from_args(args)
-    ckpt = load_policy_checkpoint(args.checkpoint)
+    ckpt = load_policy_checkpoint(args.checkpoint, config.weights)
     multi = bool(ckpt.task and "," in ckpt.task)
     if not multi and len(args.task or []) <= 1:
         return [export_and_check(ckpt, args.out, config)]

@@ -45,7 +45,8 @@ class PolicyCheckpoint:
     actor: np.ndarray  # flat float32 actor parameters
     obs_norm: np.ndarray  # flat float32 input mean ++ std
     source: str  # where it came from, for reports and error messages
-    task: str | None = None  # task the run trained on (checkpoints record it); None if unknown
+    task: str | None = None  # task(s) the run trained on (checkpoints record it); None if unknown
+    weights: str = "live"  # "live": the aggregator's newest actor; "swa": its weight average
 
 
 CheckpointSource = str | os.PathLike | Mapping[str, Any] | PolicyCheckpoint
@@ -73,12 +74,20 @@ def _read_state(checkpoint: str | os.PathLike | Mapping[str, Any]) -> tuple[Mapp
     return state, str(path)
 
 
-def load_policy_checkpoint(checkpoint: CheckpointSource) -> PolicyCheckpoint:
+WEIGHT_CHOICES = ("best", "live", "swa")
+
+
+def load_policy_checkpoint(checkpoint: CheckpointSource, weights: str = "best") -> PolicyCheckpoint:
     """Read and validate a checkpoint (path, directory = newest in it, or AggregatorCore.state() dict).
 
+    `weights`: "live" the newest actor; "swa" the weight average of a run with aggregator.swa
+    on; "best" the average when the evaluator scored it above the live policy, else live.
     A PolicyCheckpoint is returned as it is, so callers can load once and pass it on.
     Raises FileNotFoundError for a missing path and CheckpointError for anything unusable.
     """
+    if weights not in WEIGHT_CHOICES:
+        raise ValueError(f"weights {weights!r}: expected one of {WEIGHT_CHOICES}")
+    choice = weights
     if isinstance(checkpoint, PolicyCheckpoint):
         return checkpoint
     state, source = _read_state(checkpoint)
@@ -94,11 +103,26 @@ def load_policy_checkpoint(checkpoint: CheckpointSource) -> PolicyCheckpoint:
     except (TypeError, ValueError, KeyError) as exc:
         raise CheckpointError(f"checkpoint {source}: unreadable model spec {state['spec']!r} ({exc})") from exc
     flats = {g: np.asarray(weights[g], np.float32) for g in ACTOR_GROUPS}
+    chosen = _choose_weights(state, choice, source)
+    if chosen == "swa":
+        flats["actor"] = np.asarray(state["swa"]["actor"], np.float32)
     for group, flat in flats.items():
         if not np.all(np.isfinite(flat)):
             raise CheckpointError(f"checkpoint {source}: weights[{group!r}] contain NaN or inf; the policy is unusable")
     task = state.get("task") or None
-    return PolicyCheckpoint(int(state["version"]), spec, flats["actor"], flats["obs_norm"], source, task)
+    return PolicyCheckpoint(int(state["version"]), spec, flats["actor"], flats["obs_norm"], source, task, chosen)
+
+
+def _choose_weights(state: Mapping[str, Any], choice: str, source: str) -> str:
+    swa = state.get("swa") or {}
+    has_average = swa.get("actor") is not None
+    if choice == "swa" and not has_average:
+        raise CheckpointError(f"checkpoint {source} holds no weight average (train with aggregator.swa on)")
+    if choice != "best":
+        return choice
+    score, live = swa.get("score"), swa.get("live_score")
+    better = has_average and score is not None and live is not None and score > live
+    return "swa" if better else "live"
 
 
 def reference_actor(ckpt: PolicyCheckpoint) -> SquashedGaussianActor:

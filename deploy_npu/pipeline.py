@@ -67,6 +67,9 @@ class DeployCheckConfig:
         10, "a MoE policy: fresh deterministic episodes of the task whose states its routing is frozen over"
     )
     seed: int = config_field(0, "seed of parity inputs and closed-loop episode resets")
+    weights: str = config_field(
+        "best", "'live', 'swa' (the weight average), or 'best': the average when it scored above live"
+    )
 
 
 @dataclass(frozen=True)
@@ -116,7 +119,7 @@ class DeployReport:
             "tasks": tasks,
             "checkpoint": ckpt.source,
             "weight_version": ex.checkpoint_version,
-            "weights": "live",  # the aggregator's newest weights (no averaged policy is exported)
+            "weights": ckpt.weights,  # "live" (the newest actor) or "swa" (the weight average)
             "input": {"name": ex.input_name, "shape": list(ex.input_shape), "layout": self.input_layout},
             "output": {"name": ex.output_name, "shape": list(ex.output_shape), "range": [-1.0, 1.0]},
             "model_spec": json.loads(spec.to_json()),
@@ -176,7 +179,7 @@ def export_and_check(
     checkpoint: CheckpointSource, out_path: str | os.PathLike, config: DeployCheckConfig = DeployCheckConfig()
 ) -> DeployReport:
     """Export, then run every check on the written file; a failed audit is reported, not raised."""
-    ckpt = load_policy_checkpoint(checkpoint)
+    ckpt = load_policy_checkpoint(checkpoint, config.weights)
     task, task_input = resolve_task(ckpt, config.task)
     tasks = task_input.tasks if task_input is not None else None
     routing = None

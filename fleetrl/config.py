@@ -203,6 +203,15 @@ class AggregatorConfig:
     max_input_abs: float = config_field(
         1e6, "normalizer statistics implying an input beyond this magnitude are rejected (a learner's bad batch)"
     )
+    swa: str = config_field(
+        "off",
+        "actor weight averaging (aggregator/swa.py): 'layered' (a version joins only when the evaluator "
+        "scored it at least as well as the average; routers over a short window, experts over a long one "
+        "weighted by their activation), 'plain' (every scored version), or 'off'. On, the evaluator "
+        "also scores the average (twice the curve episodes) and fleetrl export takes the better one",
+    )
+    swa_router_window: int = config_field(3, "'layered' SWA: admitted versions the routers average over")
+    swa_expert_window: int = config_field(15, "SWA: admitted versions experts (and a dense actor) average over")
     checkpoint_every_versions: int = config_field(500, "write a checkpoint every N versions")
     keep_checkpoints: int = config_field(3, "checkpoints kept on disk (the newest)")
     seed: int = config_field(0, "seed of the initial weights")
@@ -380,6 +389,12 @@ class RunConfig:
             (0.0 <= self.target_success <= 1.0, "target_success", "in [0, 1]"),
             (self.sampler.her_k >= 0, "sampler.her_k", ">= 0"),
             (self.learner.algo in ALGOS, "learner.algo", f"one of {ALGOS}"),
+            (self.aggregator.swa in ("off", "plain", "layered"), "aggregator.swa", "'off', 'plain' or 'layered'"),
+            (
+                1 <= self.aggregator.swa_router_window <= self.aggregator.swa_expert_window,
+                "aggregator.swa_router_window",
+                "in 1..aggregator.swa_expert_window",
+            ),
             (self.sampler.action_noise_std >= 0, "sampler.action_noise_std", ">= 0"),
             (self.sampler.her_k_unmoved >= -1, "sampler.her_k_unmoved", ">= -1 (-1: her_k)"),
             (0.0 <= self.sampler.random_action_prob <= 1.0, "sampler.random_action_prob", "in [0, 1]"),

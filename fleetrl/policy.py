@@ -37,6 +37,7 @@ ACTOR_GROUPS = ("actor", "obs_norm")  # all a sampler, evaluator or exporter nee
 # What a learner takes every version: it keeps its own Polyak copy of the target critics after
 # the first full snapshot, so 40% of the weights never travel per version.
 LEARNER_GROUPS = ("actor", "critic", "log_alpha", "obs_norm")
+SWA_GROUP = "actor_swa"  # served, not trained: the actor's weight average (aggregator/swa.py), for the evaluator
 LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0  # the range CleanRL and SB3 use for SAC
 NORM_CLIP = 5.0  # standardized inputs are clipped to +-5, as in the HER baselines
 MODEL_KINDS = ("dense", "moe")

@@ -32,10 +32,11 @@ from aggregator.client import AggregatorClient, WeightsSnapshot
 from buffer.client import IngestClient
 from fleetrl.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint
 from fleetrl.config import EvalConfig, RunConfig
-from fleetrl.policy import ACTOR_GROUPS, ModelSpec
+from fleetrl.policy import ACTOR_GROUPS, SWA_GROUP, ModelSpec
 from fleetrl.process import Heartbeat
 from fleetrl.proto import fleetrl_pb2 as pb
 from fleetrl.transport import Security
+from fleetrl.wire import to_tensor
 from sampler.worker import Policy, rollout
 from sim.registry import goal_reward
 from sim.tasks import TaskSet
@@ -195,13 +196,15 @@ def run_evaluator(
     policy = Policy()
     scored = 0
     name = f"evaluator-{evaluator_id}"
+    swa = config.aggregator.swa != "off"  # also score the weight average, beside the live policy
+    watched = (*ACTOR_GROUPS, SWA_GROUP) if swa else ACTOR_GROUPS
     security = Security.from_config(config.security)
     with (
         # Short calls, retried: a hung aggregator must not keep the evaluator from its heartbeat.
         AggregatorClient(aggregator, timeout_sec=5.0, security=security) as agg,
         # At most one version a second: the evaluator only needs the newest when it scores, and
         # every version streamed costs the aggregator a serialization (measured: 7% of a core).
-        agg.watch(name, ACTOR_GROUPS, min_interval_sec=1.0) as watcher,
+        agg.watch(name, watched, min_interval_sec=1.0) as watcher,
         IngestClient(buffer, sampler_id=0, run_id=config.run_id, security=security) as ingest,
     ):
         started, next_at = time.monotonic(), 0.0
@@ -220,7 +223,15 @@ def run_evaluator(
                 break
             policy.refresh(snapshot)
             with heartbeat.phase("evaluate"):
-                curve = _score(agg, envs, policy, config, name, env_steps, stop, heartbeat)
+                scored_actor = snapshot.tensors["actor"] if swa else None
+                curve = _score(agg, envs, policy, config, name, env_steps, stop, heartbeat, scored_actor)
+                if curve is not None and swa:
+                    average = Policy()
+                    tensors = {"actor": snapshot.tensors[SWA_GROUP], "obs_norm": snapshot.tensors["obs_norm"]}
+                    average.refresh(WeightsSnapshot(snapshot.version, tensors, snapshot.spec))
+                    kinds = ("swa_curve",)
+                    if _score(agg, envs, average, config, name, env_steps, stop, heartbeat, kinds=kinds) is None:
+                        break
             if curve is None:
                 break
             scored += 1
@@ -263,10 +274,21 @@ def scores(
 
 
 def _score(
-    agg, envs, policy: Policy, config: RunConfig, name: str, env_steps: int, stop, heartbeat: Heartbeat
+    agg,
+    envs,
+    policy: Policy,
+    config: RunConfig,
+    name: str,
+    env_steps: int,
+    stop,
+    heartbeat: Heartbeat,
+    scored_actor: np.ndarray | None = None,
+    kinds: tuple[str, ...] = ("curve", "full"),
 ) -> float | None:
     """Curve score, then (while the target is within reach) the full score, each reported.
-    Returns the curve success rate; None if asked to stop midway."""
+    Returns the curve success rate; None if asked to stop midway. `kinds=("swa_curve",)`
+    scores the weight average on the curve budget only (reported as swa_curve); the live curve
+    report carries `scored_actor` (the aggregator may admit it into the average)."""
 
     def should_stop() -> bool:  # asked between episodes: a long score keeps the heartbeat alive
         heartbeat.beat()
@@ -274,6 +296,7 @@ def _score(
 
     curve: float | None = None
     for kind, result, sec in scores(envs, policy, config, should_stop):
+        kind = "swa_curve" if kinds == ("swa_curve",) else kind
         report = pb.EvalReport(
             version=policy.version,
             episodes=result.episodes,
@@ -285,6 +308,8 @@ def _score(
             kind=kind,
             task_success=result.task_success,
         )
+        if kind == "curve" and scored_actor is not None:
+            report.actor.CopyFrom(to_tensor("actor", scored_actor))
         try:
             agg.report_eval(report, should_stop=stop.is_set, on_wait=heartbeat.beat)
         except grpc.RpcError:
@@ -295,4 +320,6 @@ def _score(
             "version %d: %s success %.2f over %d episodes", policy.version, kind, result.success_rate, result.episodes
         )
         curve = result.success_rate if curve is None else curve
+        if "full" not in kinds:  # the curve budget only: never run the full score's episodes
+            break
     return None if stop.is_set() else curve

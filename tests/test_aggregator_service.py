@@ -20,6 +20,7 @@ from fleetrl.policy import GRADIENT_GROUPS, GROUPS, ModelSpec
 from fleetrl.proto import fleetrl_pb2 as pb
 from fleetrl.proto import fleetrl_pb2_grpc as pb_grpc
 from fleetrl.transport import GRPC_OPTIONS
+from fleetrl.wire import to_tensor
 from learner.models import norm_stats
 
 SPEC = ModelSpec(obs_dim=3, goal_dim=2, act_dim=2, hidden_sizes=(8,))
@@ -339,10 +340,17 @@ def test_watch_with_a_negative_interval_is_invalid_argument(stub):
         (pb.EvalReport(version=0, success_rate=-0.1), "success_rate: -0.1 not in [0, 1]"),
         (pb.EvalReport(version=0, success_rate=float("nan")), "success_rate: nan"),
         (pb.EvalReport(version=5, success_rate=0.5), "version: 5 > 0"),
-        (pb.EvalReport(version=0, success_rate=0.5, kind="quick"), "kind: 'quick' not one of ('curve', 'full')"),
+        (
+            pb.EvalReport(version=0, success_rate=0.5, kind="quick"),
+            "kind: 'quick' not one of ('curve', 'full', 'swa_curve')",
+        ),
         (pb.EvalReport(version=0, success_rate=0.5), "kind: '' not one of"),
+        (
+            pb.EvalReport(version=0, success_rate=0.5, kind="curve", task_success={"FetchPush-v4": 2.0}),
+            "task_success['FetchPush-v4']: 2.0 not in [0, 1]",
+        ),
     ],
-    ids=["above 1", "below 0", "NaN", "future version", "unknown kind", "no kind"],
+    ids=["above 1", "below 0", "NaN", "future version", "unknown kind", "no kind", "task success"],
 )
 def test_bad_eval_report_is_invalid_argument(report, details, server, client, tmp_path):
     with pytest.raises(grpc.RpcError) as err:
@@ -546,3 +554,38 @@ def test_a_moe_runs_router_metrics_are_kept_for_the_summary(tmp_path):
     _write_expert_load(str(tmp_path), 9, {"loss/critic": 1.0, "moe/actor_beta": 0.5, "moe/actor/l0/share_e1": 0.25})
     kept = json.loads((tmp_path / "expert_load.json").read_text())
     assert kept == {"version": 9, "actor_beta": 0.5, "actor/l0/share_e1": 0.25}
+
+
+def test_scored_versions_feed_the_weight_average_which_watchers_can_take(tmp_path):
+    """aggregator.swa on: a live curve report carries the actor it scored; the aggregator admits
+    it (layered: only if it scored at least as well as the average), serves the average as the
+    actor_swa group, records the average's own score, and checkpoints both."""
+    config = dataclasses.replace(CONFIG, swa="layered")
+    core = AggregatorCore(SPEC, config, grads_per_step=1, max_staleness=1)
+    with AggregatorServer(core, config, run_dir=tmp_path) as server, AggregatorClient(server.address) as client:
+        actors = []
+        for v in range(3):
+            client.push_gradients(push(core, v, seed=v))
+            actors.append(core.weights(("actor",))["actor"])
+            rate = (0.5, 0.2, 0.6)[v]
+            report = pb.EvalReport(version=v + 1, episodes=10, success_rate=rate, kind="curve")
+            report.actor.CopyFrom(to_tensor("actor", actors[-1]))
+            client.report_eval(report)
+            if v == 0:  # the evaluator scores the average (version 1 alone) at 0.5
+                client.report_eval(pb.EvalReport(version=1, episodes=10, success_rate=0.5, kind="swa_curve"))
+        assert core.swa.versions == [1, 3]  # version 2 scored 0.2 < 0.5: left out
+        expected = (actors[0] + actors[2]) / 2
+        with client.watch("evaluator-0", ("actor_swa", "obs_norm")) as watcher:
+            snapshot = watcher.wait_newer_than(-1, timeout=5.0)
+        np.testing.assert_allclose(snapshot.tensors["actor_swa"], expected, rtol=1e-6)
+        assert client.stats().last_curve.success_rate == 0.6  # the average's score is not the live curve
+        bad = pb.EvalReport(version=3, episodes=10, success_rate=0.6, kind="curve")
+        bad.actor.CopyFrom(to_tensor("actor", np.zeros(5, np.float32)))
+        with pytest.raises(grpc.RpcError) as err:
+            client.report_eval(bad)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "actor: shape (5,)" in err.value.details()
+    state = core.state()
+    assert state["swa"]["versions"] == [1, 3] and state["swa"]["live_score"] == 0.6
+    np.testing.assert_allclose(state["swa"]["actor"], expected, rtol=1e-6)
+    rows = [json.loads(line) for line in (tmp_path / "evals.jsonl").read_text().splitlines()]
+    assert [r["kind"] for r in rows].count("swa_curve") == 1 and rows[1]["swa_versions"] == [1]

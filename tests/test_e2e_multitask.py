@@ -17,6 +17,8 @@ import sys
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from fleetrl.checkpoint import load_checkpoint
+
 pytestmark = pytest.mark.e2e
 
 TASKS = ("FetchReach-v4", "FetchPush-v4")
@@ -26,6 +28,7 @@ def test_a_multi_task_moe_run_scores_and_reports_every_task(tmp_path: pathlib.Pa
     run_dir = tmp_path / "run"
     settings = {
         "model.kind": '"moe"',  # the task embedding reaches the gates in every role
+        "aggregator.swa": '"layered"',  # the evaluator scores the weight average beside the live policy
         "eval.curve_episodes": "2",
         "eval.episodes": "4",
         "eval.final_episodes": "2",
@@ -68,3 +71,9 @@ def test_a_multi_task_moe_run_scores_and_reports_every_task(tmp_path: pathlib.Pa
     assert {f"eval/curve_success/{task}" for task in TASKS} <= tags, tags
     # The MoE routers saw both tasks: expert load is measured per layer as in a one-task run.
     assert summary["expert_load"], "no expert-load metrics from the MoE learner"
+    # Layered SWA: scored live versions were offered, the average was scored beside them, and
+    # the checkpoint carries it for fleetrl export.
+    averaged = [row for row in evals if row["kind"] == "swa_curve"]
+    assert averaged and all(row["swa_versions"] for row in averaged), evals
+    state = load_checkpoint(run_dir / "checkpoints")
+    assert state["swa"]["actor"] is not None and state["swa"]["admitted"] >= 1, state["swa"]

@@ -196,7 +196,7 @@ class EvalAck(_message.Message):
     def __init__(self) -> None: ...
 
 class EvalReport(_message.Message):
-    __slots__ = ("version", "episodes", "success_rate", "mean_return", "env_steps", "wall_sec", "evaluator", "kind", "task_success")
+    __slots__ = ("version", "episodes", "success_rate", "mean_return", "env_steps", "wall_sec", "evaluator", "kind", "task_success", "actor")
     class TaskSuccessEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -213,6 +213,7 @@ class EvalReport(_message.Message):
     EVALUATOR_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     TASK_SUCCESS_FIELD_NUMBER: _ClassVar[int]
+    ACTOR_FIELD_NUMBER: _ClassVar[int]
     version: int
     episodes: int
     success_rate: float
@@ -222,4 +223,5 @@ class EvalReport(_message.Message):
     evaluator: str
     kind: str
     task_success: _containers.ScalarMap[str, float]
-    def __init__(self, version: _Optional[int] = ..., episodes: _Optional[int] = ..., success_rate: _Optional[float] = ..., mean_return: _Optional[float] = ..., env_steps: _Optional[int] = ..., wall_sec: _Optional[float] = ..., evaluator: _Optional[str] = ..., kind: _Optional[str] = ..., task_success: _Optional[_Mapping[str, float]] = ...) -> None: ...
+    actor: Tensor
+    def __init__(self, version: _Optional[int] = ..., episodes: _Optional[int] = ..., success_rate: _Optional[float] = ..., mean_return: _Optional[float] = ..., env_steps: _Optional[int] = ..., wall_sec: _Optional[float] = ..., evaluator: _Optional[str] = ..., kind: _Optional[str] = ..., task_success: _Optional[_Mapping[str, float]] = ..., actor: _Optional[_Union[Tensor, _Mapping]] = ...) -> None: ...
