@@ -75,12 +75,23 @@ def _fetch(name: str, task_id: int, obs_dim: int) -> TaskSpec:
     return TaskSpec(name, task_id, name, obs_dim, goal_dim=3, act_dim=4, max_episode_steps=50)
 
 
+def _metaworld(env_name: str, task_id: int, max_episode_steps: int) -> TaskSpec:
+    # sim/metaworld.py: a Meta-World v3 task as a goal env (36-d observation, 3-d goal, 4-d
+    # action), built lazily so that metaworld is imported only by who runs it.
+    name = f"MetaWorld-{env_name}"
+    gym.register(id=f"fleetrl/{name}", entry_point="sim.metaworld:MetaWorldGoal", kwargs={"env_name": env_name})
+    return TaskSpec(name, task_id, f"fleetrl/{name}", 36, goal_dim=3, act_dim=4, max_episode_steps=max_episode_steps)
+
+
 # Ids are part of the wire format and of stored data: never renumber, only append.
 _SPECS = (
     _fetch("FetchReach-v4", 0, obs_dim=10),
     _fetch("FetchPush-v4", 1, obs_dim=25),
     _fetch("FetchPickAndPlace-v4", 2, obs_dim=25),
     _fetch("FetchSlide-v4", 3, obs_dim=25),
+    # Short horizons: Meta-World's hand moves up to 1 cm per step, its goals lie 10-30 cm away.
+    _metaworld("reach-v3", 4, max_episode_steps=100),
+    _metaworld("push-v3", 5, max_episode_steps=150),
 )
 
 TASKS: Mapping[str, TaskSpec] = types.MappingProxyType({s.name: s for s in _SPECS})

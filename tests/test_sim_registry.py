@@ -30,6 +30,8 @@ STABLE_IDS = [
     ("FetchPush-v4", 1),
     ("FetchPickAndPlace-v4", 2),
     ("FetchSlide-v4", 3),
+    ("MetaWorld-reach-v3", 4),
+    ("MetaWorld-push-v3", 5),
 ]
 
 
@@ -74,7 +76,7 @@ def test_check_env_passes_nominal(name: str) -> None:
     _quiet_check_env(make_env(name).unwrapped)
 
 
-@pytest.mark.parametrize("bad", ["FetchFly-v0", "fetchreach-v4", 4, -1, True, None, 1.0])
+@pytest.mark.parametrize("bad", ["FetchFly-v0", "fetchreach-v4", 99, -1, True, None, 1.0])
 def test_unknown_task_error_lists_known_tasks(bad: object) -> None:
     with pytest.raises(UnknownTaskError) as info:
         get_task(bad)  # type: ignore[arg-type]  # bad input on purpose
