@@ -85,12 +85,14 @@ class AggregatorCore:
         self.steps_skipped = 0  # steps whose mean gradient was not finite: nothing applied
         self.clipped = 0  # steps whose mean gradient was clipped to max_grad_norm
         self.sizes = {g: self._flat[g].numel() for g in GROUPS}
-        # The actor's weight average (aggregator/swa.py), fed by the evaluator's scores.
-        self.swa = (
-            None
-            if config.swa == "off"
-            else LayeredSWA(spec, config.swa, config.swa_router_window, config.swa_expert_window)
-        )
+        # The actor's weight average (aggregator/swa.py), fed by the evaluator's scores. A
+        # layered run also keeps the plain average of the same offers, never served or scored
+        # live: checkpoints hold both, so one run compares them (benchmarks/moe_ablation.py).
+        self.swa = self.swa_plain = None
+        if config.swa != "off":
+            self.swa = LayeredSWA(spec, config.swa, config.swa_router_window, config.swa_expert_window)
+        if config.swa == "layered":
+            self.swa_plain = LayeredSWA(spec, "plain", config.swa_expert_window, config.swa_expert_window)
         self.live_score: float | None = None  # the evaluator's newest curve score of the live policy
         # Running totals behind the shared input normalizer: [count, sum..., sum of squares...].
         self._norm_totals = np.zeros(1 + 2 * spec.input_dim, np.float64)
@@ -280,6 +282,7 @@ class AggregatorCore:
             "optim": copy.deepcopy(per_group_state(self._optim.state_dict())),
             "norm_totals": self._norm_totals.copy(),
             **({"swa": self.swa.state() | {"live_score": self.live_score}} if self.swa is not None else {}),
+            **({"swa_plain": self.swa_plain.state()} if self.swa_plain is not None else {}),
         }
 
     def load_state(self, state: dict) -> None:

@@ -330,7 +330,10 @@ class AggregatorServicer(pb_grpc.AggregatorServicer):
             swa.scored(request.success_rate)
         elif request.kind == "curve" and actor is not None:
             self.core.live_score = request.success_rate
-            swa.offer(request.version, actor, request.success_rate, expert_shares(self.metrics))
+            shares = expert_shares(self.metrics)
+            swa.offer(request.version, actor, request.success_rate, shares)
+            if self.core.swa_plain is not None:
+                self.core.swa_plain.offer(request.version, actor, request.success_rate, shares)
 
     def _log_eval(self, request: pb.EvalReport) -> None:
         if self.run_dir is not None:

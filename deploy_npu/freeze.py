@@ -74,14 +74,15 @@ def _read_state(checkpoint: str | os.PathLike | Mapping[str, Any]) -> tuple[Mapp
     return state, str(path)
 
 
-WEIGHT_CHOICES = ("best", "live", "swa")
+WEIGHT_CHOICES = ("best", "live", "swa", "swa_plain")
 
 
 def load_policy_checkpoint(checkpoint: CheckpointSource, weights: str = "best") -> PolicyCheckpoint:
     """Read and validate a checkpoint (path, directory = newest in it, or AggregatorCore.state() dict).
 
     `weights`: "live" the newest actor; "swa" the weight average of a run with aggregator.swa
-    on; "best" the average when the evaluator scored it above the live policy, else live.
+    on ("swa_plain": a layered run's plain average, for comparisons); "best" the average when
+    the evaluator scored it above the live policy, else live.
     A PolicyCheckpoint is returned as it is, so callers can load once and pass it on.
     Raises FileNotFoundError for a missing path and CheckpointError for anything unusable.
     """
@@ -104,8 +105,8 @@ def load_policy_checkpoint(checkpoint: CheckpointSource, weights: str = "best") 
         raise CheckpointError(f"checkpoint {source}: unreadable model spec {state['spec']!r} ({exc})") from exc
     flats = {g: np.asarray(weights[g], np.float32) for g in ACTOR_GROUPS}
     chosen = _choose_weights(state, choice, source)
-    if chosen == "swa":
-        flats["actor"] = np.asarray(state["swa"]["actor"], np.float32)
+    if chosen != "live":
+        flats["actor"] = np.asarray(state[chosen]["actor"], np.float32)
     for group, flat in flats.items():
         if not np.all(np.isfinite(flat)):
             raise CheckpointError(f"checkpoint {source}: weights[{group!r}] contain NaN or inf; the policy is unusable")
@@ -114,10 +115,10 @@ def load_policy_checkpoint(checkpoint: CheckpointSource, weights: str = "best") 
 
 
 def _choose_weights(state: Mapping[str, Any], choice: str, source: str) -> str:
+    if choice in ("swa", "swa_plain") and (state.get(choice) or {}).get("actor") is None:
+        raise CheckpointError(f"checkpoint {source} holds no {choice} weight average (train with aggregator.swa on)")
     swa = state.get("swa") or {}
     has_average = swa.get("actor") is not None
-    if choice == "swa" and not has_average:
-        raise CheckpointError(f"checkpoint {source} holds no weight average (train with aggregator.swa on)")
     if choice != "best":
         return choice
     score, live = swa.get("score"), swa.get("live_score")

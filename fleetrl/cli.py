@@ -133,6 +133,12 @@ def _parser(export_args: bool = True) -> argparse.ArgumentParser:
     evaluate.add_argument("--checkpoint", help="a ckpt_<version>.pt file instead of the run's newest")
     evaluate.add_argument("--episodes", type=int, default=50, help="deterministic episodes, never cut short")
     evaluate.add_argument("--json", action="store_true", help="print the result as JSON")
+    evaluate.add_argument(
+        "--weights",
+        choices=("live", "swa", "swa_plain"),
+        default="live",
+        help="the live actor, or a weight average the checkpoint holds (aggregator.swa)",
+    )
     report = sub.add_parser("report", help="one HTML page (PNG plots beside it) comparing run directories")
     from fleetrl.report import add_arguments as add_report_arguments  # matplotlib loads only when writing
 
@@ -328,13 +334,15 @@ def _evaluate(args: argparse.Namespace) -> int:
         raise ConfigError(f"--episodes: {args.episodes} < 1")
     config = RunConfig.load(str(run_dir / "config.json"))
     source = args.checkpoint or run_dir / "checkpoints"
-    version, result = score_checkpoint(source, config, args.episodes)
+    version, result = score_checkpoint(source, config, args.episodes, args.weights)
     outcome = {
         "run_dir": str(run_dir),
         "version": version,
+        "weights": args.weights,
         "episodes": result.episodes,
         "success_rate": result.success_rate,
         "mean_return": result.mean_return,
+        **({"task_success": result.task_success} if result.task_success else {}),
     }
     if args.json:
         print(json.dumps(outcome))

@@ -115,19 +115,27 @@ def evaluate(
     return done.result()
 
 
-def score_checkpoint(path: str | os.PathLike, config: RunConfig, episodes: int) -> tuple[int, EvalResult]:
+def score_checkpoint(
+    path: str | os.PathLike, config: RunConfig, episodes: int, weights: str = "live"
+) -> tuple[int, EvalResult]:
     """(version, result) of a checkpoint's deterministic policy over `episodes` held-out
-    episodes (seeds eval.seed + i, nominal task unless eval.randomize), never cut short.
-    `path` is a ckpt_<version>.pt file or a folder of them (the newest)."""
+    episodes (seeds eval.seed + i, nominal task unless eval.randomize), never cut short; a
+    multi-task run's every task. `path` is a ckpt_<version>.pt file or a folder of them (the
+    newest); `weights`: "live", or a weight average it holds ("swa", "swa_plain")."""
     found = latest_checkpoint(path) if os.path.isdir(path) else path
     if found is None:
         raise CheckpointError(f"{path}: no checkpoint in this folder")
     state = load_checkpoint(found)
-    weights = state.get("weights", {})
+    kind, weights = weights, state.get("weights", {})
     missing = [g for g in ACTOR_GROUPS if g not in weights] + (["spec"] if "spec" not in state else [])
     if missing:
         raise CheckpointError(f"{found}: lacks {missing}; not a policy checkpoint")
     tensors = {g: np.asarray(weights[g], np.float32) for g in ACTOR_GROUPS}
+    if kind != "live":
+        average = (state.get(kind) or {}).get("actor")
+        if average is None:
+            raise CheckpointError(f"{found}: holds no {kind} weight average (train with aggregator.swa on)")
+        tensors["actor"] = np.asarray(average, np.float32)
     policy = Policy()
     policy.refresh(WeightsSnapshot(int(state["version"]), tensors, ModelSpec.from_json(state["spec"])))
     tasks = TaskSet.parse(state["task"]) if state.get("task") else TaskSet.for_run(config)

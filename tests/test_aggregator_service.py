@@ -586,6 +586,7 @@ def test_scored_versions_feed_the_weight_average_which_watchers_can_take(tmp_pat
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "actor: shape (5,)" in err.value.details()
     state = core.state()
     assert state["swa"]["versions"] == [1, 3] and state["swa"]["live_score"] == 0.6
+    assert state["swa_plain"]["versions"] == [1, 2, 3]  # the plain average of the same offers, for comparison
     np.testing.assert_allclose(state["swa"]["actor"], expected, rtol=1e-6)
     rows = [json.loads(line) for line in (tmp_path / "evals.jsonl").read_text().splitlines()]
     assert [r["kind"] for r in rows].count("swa_curve") == 1 and rows[1]["swa_versions"] == [1]

@@ -75,7 +75,7 @@ def test_export_takes_the_average_only_when_it_scored_above_the_live_policy():
     spec = ModelSpec(10, 3, 4, (16,))
     state = AggregatorCore(spec, AggregatorConfig(), 1, 1, "FetchReach-v4").state()
     live = state["weights"]["actor"]
-    with pytest.raises(CheckpointError, match="holds no weight average"):
+    with pytest.raises(CheckpointError, match="holds no swa weight average"):
         load_policy_checkpoint(state, "swa")
     assert load_policy_checkpoint(state).weights == "live"
     average = live + 1.0
