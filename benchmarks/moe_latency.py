@@ -26,7 +26,7 @@ from common import result_record, write_result  # benchmarks/common.py (this scr
 
 from aggregator.core import AggregatorCore
 from deploy_npu.audit import OpAuditError, audit_onnx
-from deploy_npu.export import _trace_to_onnx, export_onnx
+from deploy_npu.export import export_onnx, trace_to_onnx
 from deploy_npu.freeze import load_policy_checkpoint, reference_actor
 from deploy_npu.parity import OnnxPolicy
 from deploy_npu.routing import calibration_states, freeze_routing
@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     paths = {"frozen": out / "frozen.onnx", "dynamic": out / "dynamic.onnx", "dense": out / "dense.onnx"}
     export_onnx(state, paths["frozen"], routing=table)
     (out / "dynamic.onnx").write_bytes(
-        _trace_to_onnx(DynamicPolicy(actor).eval(), spec.input_dim, 17, 1).SerializeToString()
+        trace_to_onnx(DynamicPolicy(actor).eval(), spec.input_dim, 17, 1).SerializeToString()
     )
     dense_spec = dataclasses.replace(spec, kind="dense")
     export_onnx(AggregatorCore(dense_spec, config.aggregator, 1, 1, task.name).state(), paths["dense"])

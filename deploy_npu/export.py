@@ -59,7 +59,7 @@ class ExportReport:
         return (self.batch_size, self.spec.act_dim)
 
 
-def _trace_to_onnx(module: torch.nn.Module, input_dim: int, opset: int, batch_size: int | None) -> onnx.ModelProto:
+def trace_to_onnx(module: torch.nn.Module, input_dim: int, opset: int, batch_size: int | None) -> onnx.ModelProto:
     buffer = io.BytesIO()
     dynamic_axes = {INPUT_NAME: {0: DYNAMIC_BATCH}, OUTPUT_NAME: {0: DYNAMIC_BATCH}} if batch_size is None else None
     with warnings.catch_warnings(), torch.no_grad():
@@ -104,7 +104,7 @@ def export_onnx(
         raise ValueError(f"batch_size ({batch_size}) must be >= 1, or None for a dynamic batch axis")
     ckpt = load_policy_checkpoint(checkpoint)
     input_dim = task_input.input_dim if task_input is not None else ckpt.spec.input_dim
-    model = _trace_to_onnx(freeze_policy(ckpt, routing, task_input), input_dim, opset, batch_size)
+    model = trace_to_onnx(freeze_policy(ckpt, routing, task_input), input_dim, opset, batch_size)
     props = {"fleetrl.task": task_input.name} if task_input is not None else {}
     path = write_model(model, ckpt, out_path, routing, props)
     return ExportReport(path, ckpt.version, ckpt.spec, opset, batch_size, input_dim)

@@ -149,11 +149,7 @@ class DeterministicPolicy(nn.Module):
         *trunk, head = (copy.deepcopy(layer) for layer in actor.body.net)
         if not isinstance(head, nn.Linear) or head.out_features != 2 * act_dim:
             raise CheckpointError(f"actor head {head} is not Linear(*, 2 * act_dim={2 * act_dim})")
-        mean_head = nn.Linear(head.in_features, act_dim)
-        with torch.no_grad():
-            mean_head.weight.copy_(head.weight[:act_dim])
-            mean_head.bias.copy_(head.bias[:act_dim])
-        self.net = nn.Sequential(*trunk, mean_head)
+        self.net = nn.Sequential(*trunk, mean_head(head))
 
     def forward(self, obs_goal: torch.Tensor) -> torch.Tensor:
         return torch.tanh(self.net(self.norm(obs_goal)))
@@ -161,6 +157,16 @@ class DeterministicPolicy(nn.Module):
     def first_layers(self) -> list[nn.Linear]:
         """The layers that read the normalized input."""
         return [self.net[0]]
+
+
+def mean_head(head: nn.Linear) -> nn.Linear:
+    """The actor's output layer (mean ++ log_std) without its log_std rows."""
+    act_dim = head.out_features // 2
+    linear = nn.Linear(head.in_features, act_dim)
+    with torch.no_grad():
+        linear.weight.copy_(head.weight[:act_dim])
+        linear.bias.copy_(head.bias[:act_dim])
+    return linear
 
 
 @dataclass(frozen=True)

@@ -24,10 +24,10 @@ import torch
 from torch import nn
 
 from deploy_npu.audit import OpAuditError, audit_onnx
-from deploy_npu.export import ExportReport, _trace_to_onnx, write_model
-from deploy_npu.freeze import DeterministicPolicy, PolicyCheckpoint, TaskInput, reference_actor
+from deploy_npu.export import ExportReport, trace_to_onnx, write_model
+from deploy_npu.freeze import DeterministicPolicy, PolicyCheckpoint, TaskInput, mean_head, reference_actor
 from deploy_npu.parity import ClosedLoopReport, OnnxPolicy, check_parity, drive, measure_latency, random_inputs
-from deploy_npu.routing import RoutingTable, _expert, calibration_states, freeze_routing
+from deploy_npu.routing import RoutingTable, calibration_states, expert_linear, freeze_routing
 from fleetrl.config import RandomizationConfig
 from learner.models import SquashedGaussianActor
 from sim.tasks import TaskSet
@@ -52,14 +52,9 @@ class MultiTaskPolicy(nn.Module):
                 route = table.layers[depth]
                 for expert, gate in zip(route.experts, route.gates, strict=True):
                     gates[t, used.index(expert)] = gate
-            self.layers.append(nn.ModuleList(_expert(layer, e) for e in used))
+            self.layers.append(nn.ModuleList(expert_linear(layer, e) for e in used))
             self.tables.append(gates)
-        head = actor.body.out
-        act_dim = head.out_features // 2
-        self.head = nn.Linear(head.in_features, act_dim)
-        with torch.no_grad():
-            self.head.weight.copy_(head.weight[:act_dim])
-            self.head.bias.copy_(head.bias[:act_dim])
+        self.head = mean_head(actor.body.out)
 
     def forward(self, obs_goal: torch.Tensor) -> torch.Tensor:
         if self.dense is not None:
@@ -89,7 +84,7 @@ def export_multitask(ckpt: PolicyCheckpoint, out_path: str | os.PathLike, config
             )
             tables.append(freeze_routing(actor, task.name, states, task_index=index))
     module = MultiTaskPolicy(actor, tasks, tables).eval().requires_grad_(False)
-    model = _trace_to_onnx(module, ckpt.spec.input_dim, config.opset, config.batch_size)
+    model = trace_to_onnx(module, ckpt.spec.input_dim, config.opset, config.batch_size)
     props = {"fleetrl.tasks": tasks.label, "fleetrl.input_layout": "padded: observation | zeros | task one-hot | goal"}
     exported = ExportReport(
         write_model(model, ckpt, out_path, tables[0] if tables else None, props),

@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from aggregator.client import WeightsSnapshot
+from deploy_npu.freeze import mean_head
 from fleetrl.policy import ModelSpec
 from learner.models import MoELinear, SquashedGaussianActor
 from sampler.worker import Policy, rollout
@@ -120,14 +121,9 @@ class FrozenRoutingPolicy(nn.Module):
         self.experts = nn.ModuleList()  # flat: layer by layer, each layer's selected experts in order
         self.gates: list[tuple[float, ...]] = []
         for layer, route in zip(actor.body.moe_layers(), table.layers, strict=True):
-            self.experts.extend(_expert(layer, e) for e in route.experts)
+            self.experts.extend(expert_linear(layer, e) for e in route.experts)
             self.gates.append(route.gates)
-        head = actor.body.out
-        act_dim = head.out_features // 2
-        self.head = nn.Linear(head.in_features, act_dim)
-        with torch.no_grad():
-            self.head.weight.copy_(head.weight[:act_dim])
-            self.head.bias.copy_(head.bias[:act_dim])
+        self.head = mean_head(actor.body.out)
 
     def first_layers(self) -> list[nn.Linear]:
         """The layers that read the normalized input: the first MoE layer's selected experts."""
@@ -142,7 +138,7 @@ class FrozenRoutingPolicy(nn.Module):
         return torch.tanh(self.head(x))
 
 
-def _expert(layer: MoELinear, index: int) -> nn.Linear:
+def expert_linear(layer: MoELinear, index: int) -> nn.Linear:
     fan_out, fan_in = layer.weight.shape[1:]
     linear = nn.Linear(fan_in, fan_out)
     with torch.no_grad():
