@@ -25,7 +25,8 @@ import torch
 
 from deploy_npu.export import export_onnx
 from deploy_npu.freeze import load_policy_checkpoint, reference_actor
-from deploy_npu.parity import OnnxPolicy, drive, task_for_spec
+from deploy_npu.parity import OnnxPolicy, drive
+from deploy_npu.pipeline import resolve_task
 from deploy_npu.routing import calibration_states, freeze_routing
 from fleetrl.config import RunConfig
 from sim.rate import NATIVE_HZ
@@ -67,6 +68,26 @@ class ControllerReport:
         return "\n".join(lines)
 
 
+def controller_checks(
+    run_dir: str | pathlib.Path,
+    *,
+    hz: float = 120.0,
+    delay_ms: float = 10.0,
+    episodes: int = 20,
+    seed: int = 0,
+    onnx_path: str | pathlib.Path | None = None,
+) -> list[ControllerReport]:
+    """controller_check of every task of the run (one for a one-task run; a multi-task run's
+    graphs are per task, each on its task's own input: deploy/<task>.onnx)."""
+    ckpt = load_policy_checkpoint(pathlib.Path(run_dir) / "checkpoints")
+    if not (ckpt.task and "," in ckpt.task):
+        return [controller_check(run_dir, hz=hz, delay_ms=delay_ms, episodes=episodes, seed=seed, onnx_path=onnx_path)]
+    return [
+        controller_check(run_dir, hz=hz, delay_ms=delay_ms, episodes=episodes, seed=seed, task=name)
+        for name in ckpt.task.split(",")
+    ]
+
+
 def controller_check(
     run_dir: str | pathlib.Path,
     *,
@@ -75,42 +96,48 @@ def controller_check(
     episodes: int = 20,
     seed: int = 0,
     onnx_path: str | pathlib.Path | None = None,
+    task: str | None = None,
 ) -> ControllerReport:
     """Export the run's newest checkpoint (MoE: routing frozen on fresh rollouts) and drive
-    the task with it and with the torch policy; see the module docstring."""
+    the task with it and with the torch policy; see the module docstring. A multi-task run's
+    `task` is exported on its own input and its torch policy fed the padded input."""
     run_dir = pathlib.Path(run_dir)
     config = RunConfig.load(run_dir / "config.json")
     ckpt = load_policy_checkpoint(run_dir / "checkpoints")
-    task = task_for_spec(ckpt.spec, ckpt.task or config.sim.task)
+    spec, task_input = resolve_task(ckpt, task if task is not None else (None if ckpt.task else config.sim.task))
+    place = task_input.index if task_input is not None else 0
     trained_hz = config.sim.control_hz or NATIVE_HZ
     routing = None
     if ckpt.spec.kind == "moe":
-        states = calibration_states(ckpt.spec, ckpt.actor, ckpt.obs_norm, task, 10, seed)
-        routing = freeze_routing(reference_actor(ckpt), task.name, states)
-    out = pathlib.Path(onnx_path) if onnx_path else run_dir / "deploy" / "policy.onnx"
-    export_onnx(ckpt, out, routing=routing)
+        tasks = task_input.tasks if task_input is not None else None
+        states = calibration_states(ckpt.spec, ckpt.actor, ckpt.obs_norm, spec, 10, seed, tasks)
+        routing = freeze_routing(reference_actor(ckpt), spec.name, states, task_index=place)
+    name = f"{spec.name}.onnx" if task_input is not None else "policy.onnx"
+    out = pathlib.Path(onnx_path) if onnx_path else run_dir / "deploy" / name
+    export_onnx(ckpt, out, routing=routing, task_input=task_input)
     onnx_policy = OnnxPolicy(out)
     actor = reference_actor(ckpt)
+    pad = task_input.pad if task_input is not None else (lambda rows: rows)
 
     def torch_policy(x: np.ndarray) -> np.ndarray:
         with torch.no_grad():
-            return actor.deterministic(torch.from_numpy(x[None])).numpy()[0]
+            return actor.deterministic(torch.from_numpy(pad(x[None])), torch.tensor([place])).numpy()[0]
 
     delay_ticks = round(delay_ms * hz / 1000.0)
     randomization = config.sim.randomization
     onnx_ok, calls = drive(
         lambda x: onnx_policy.run_batch(x[None])[0],
-        task,
+        spec,
         hz,
         randomization,
         episodes=episodes,
         delay_ticks=delay_ticks,
         seed=seed,
     )
-    torch_ok, _ = drive(torch_policy, task, hz, randomization, episodes=episodes, delay_ticks=delay_ticks, seed=seed)
+    torch_ok, _ = drive(torch_policy, spec, hz, randomization, episodes=episodes, delay_ticks=delay_ticks, seed=seed)
     ms = np.array(calls) * 1000.0
     return ControllerReport(
-        task.name,
+        spec.name,
         hz,
         trained_hz,
         delay_ticks,

@@ -389,14 +389,14 @@ def main(argv: list[str] | None = None) -> int:
 
             return run(args)
         if args.command == "deploy-check":
-            from deploy_npu.controller import controller_check
+            from deploy_npu.controller import controller_checks
 
-            report = controller_check(
+            reports = controller_checks(
                 args.run_dir, hz=args.hz, delay_ms=args.delay_ms, episodes=args.episodes, seed=args.seed,
                 onnx_path=args.onnx,
             )  # fmt: skip
-            print(report.summary())
-            return 0 if report.passed else 1
+            print("\n\n".join(report.summary() for report in reports))
+            return 0 if all(report.passed for report in reports) else 1
         if args.command == "evaluate":
             return _evaluate(args)
         if args.command == "fleet":

@@ -140,6 +140,10 @@ def make_env(
         >>> env = make_env(0, RandomizationConfig(obs_noise_std=0.0))  # randomized dynamics
     """
     spec = task if isinstance(task, TaskSpec) else get_task(task)
+    if control_hz and control_hz != NATIVE_HZ and not spec.gym_id.startswith("Fetch"):
+        raise ValueError(
+            f"sim.control_hz ({control_hz:g}) re-times Fetch tasks only (sim/rate.py); {spec.name} runs at its own rate"
+        )
     if control_hz and control_hz != NATIVE_HZ:  # sim/rate.py: the same seconds at another rate
         env = gym.make(spec.gym_id, max_episode_steps=episode_steps(spec.max_episode_steps, control_hz))
         env = ControlRate(env, control_hz)

@@ -34,3 +34,22 @@ def test_the_exported_policy_drives_the_task_at_120_hz_beside_the_torch_policy(t
     assert "trained at 25 Hz" in report.summary()  # the run trained at Fetch's own rate
     trained_fast = controller_check(_run_dir(tmp_path / "fast", "sim.control_hz=120"), hz=120.0, episodes=1)
     assert "trained at" not in trained_fast.summary()
+
+
+def test_a_multi_task_run_is_checked_task_by_task_on_each_tasks_own_input(tmp_path):
+    from deploy_npu.controller import controller_checks
+    from sim.tasks import TaskSet
+
+    tasks = ["FetchReach-v4", "MetaWorld-reach-v3"]
+    config = with_overrides(
+        RunConfig(), [f"sim.tasks={tasks}".replace("'", '"'), 'model.kind="moe"', "learner.hidden_sizes=[32]"]
+    )
+    (tmp_path / "config.json").write_text(config.to_json())
+    task_set = TaskSet.of(tasks)
+    core = AggregatorCore(model_spec(config, task_set), config.aggregator, 1, 1, task_set.label)
+    save_checkpoint(tmp_path / "checkpoints", core.state(), keep=1)
+    reports = controller_checks(tmp_path, hz=25.0, delay_ms=0.0, episodes=1)
+    assert [r.task for r in reports] == tasks
+    assert [r.ticks for r in reports] == [50, 100]  # each task's own horizon at its own rate
+    for task in tasks:
+        assert (tmp_path / "deploy" / f"{task}.onnx").exists()

@@ -55,3 +55,8 @@ def test_fetch_and_metaworld_tasks_train_together_at_one_padded_width():
         assert obs["observation"].shape == (40,) and obs["observation"][36:].tolist() == [0, 0, 0, 1]
     finally:
         env.close()
+
+
+def test_another_control_rate_is_refused_for_a_metaworld_task():
+    with pytest.raises(ValueError, match="re-times Fetch tasks only"):
+        make_env("MetaWorld-reach-v3", control_hz=120.0)
