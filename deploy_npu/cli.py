@@ -59,6 +59,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--latency-calls", type=int, default=_DEFAULTS.latency_calls, help=_help("latency_calls"))
     parser.add_argument("--seed", type=int, default=_DEFAULTS.seed, help=_help("seed"))
     parser.add_argument("--weights", choices=WEIGHT_CHOICES, default=_DEFAULTS.weights, help=_help("weights"))
+    parser.add_argument("--int8", action="store_true", help=_help("int8"))
 
 
 def config_from_args(args: argparse.Namespace) -> DeployCheckConfig:
@@ -71,6 +72,7 @@ def config_from_args(args: argparse.Namespace) -> DeployCheckConfig:
         episodes=args.episodes,
         seed=args.seed,
         weights=args.weights,
+        int8=args.int8,
     )
 
 

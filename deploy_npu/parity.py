@@ -49,6 +49,7 @@ class OnnxPolicy:
         batch, self.input_dim = self._input.shape
         self.static_batch = batch if isinstance(batch, int) else None
         self.act_dim = self.session.get_outputs()[0].shape[1]
+        self.input_name = self._input.name
 
     def run_batch(self, batch: np.ndarray) -> np.ndarray:
         """One session.run on exactly one model-shaped batch (what a controller tick costs)."""

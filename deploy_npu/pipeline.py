@@ -44,6 +44,7 @@ from deploy_npu.parity import (
     random_inputs,
     task_for_spec,
 )
+from deploy_npu.quantize import Int8Report, audit_int8, quantize_int8
 from deploy_npu.routing import RoutingTable, calibration_states, freeze_routing
 from fleetrl.config import config_field
 from sim.registry import TaskSpec, get_task
@@ -70,6 +71,9 @@ class DeployCheckConfig:
     weights: str = config_field(
         "best", "'live', 'swa' (the weight average), or 'best': the average when it scored above live"
     )
+    int8: bool = config_field(
+        False, "also write <out>.int8.onnx (onnxruntime static quantization) with its own parity and success"
+    )
 
 
 @dataclass(frozen=True)
@@ -81,6 +85,7 @@ class DeployReport:
     closed_loop: ClosedLoopReport
     routing: RoutingTable | None = None  # a MoE policy's frozen routing and how faithful it is
     input_layout: str = "observation ++ desired_goal"
+    int8: Int8Report | None = None  # the optional int8 graph's figures (reported, never gated)
 
     @property
     def passed(self) -> bool:
@@ -104,6 +109,7 @@ class DeployReport:
             f"latency   {mark(la.within_budget)} p50 {la.p50_ms:.4f} ms, p99 {la.p99_ms:.4f} ms over {la.num_calls} "
             f"calls (budget {la.budget_ms:.2f} ms, 1 thread, onnxruntime CPU)",
             *self._routing_lines(),
+            *self._int8_lines(),
             f"closed    info success rate {cl.success_rate:.2f} ({cl.successes}/{cl.episodes} episodes, {cl.task})",
             f"result    {'PASS' if self.passed else 'FAIL'}",
         ]
@@ -136,12 +142,34 @@ class DeployReport:
                 "closed_loop_success": self.closed_loop.success_rate,
                 "closed_loop_episodes": self.closed_loop.episodes,
             },
+            "int8": None
+            if self.int8 is None
+            else {
+                "onnx": self.int8.onnx_path.name,
+                "sha256": hashlib.sha256(self.int8.onnx_path.read_bytes()).hexdigest(),
+                "audit_passed": self.int8.audit.passed,
+                "max_abs_error_vs_float": self.int8.max_abs_error,
+                "closed_loop_success": self.int8.success_rate,
+                "closed_loop_episodes": self.int8.episodes,
+                "latency_p50_ms": self.int8.p50_ms,
+                "latency_p99_ms": self.int8.p99_ms,
+            },
         }
 
     def write_manifest(self, ckpt: PolicyCheckpoint, tasks: list[str]) -> pathlib.Path:
         path = self.export.onnx_path.with_name(self.export.onnx_path.name + ".manifest.json")
         path.write_text(json.dumps(self.manifest(ckpt, tasks), indent=2))
         return path
+
+    def _int8_lines(self) -> list[str]:
+        q = self.int8
+        if q is None:
+            return []
+        return [
+            f"int8      info {q.onnx_path.name}: audit {'ok' if q.audit.passed else 'FAIL'}, max |torch - int8| "
+            f"{q.max_abs_error:.3g} over {q.num_inputs} inputs, p50 {q.p50_ms:.4f} ms, p99 {q.p99_ms:.4f} ms, "
+            f"closed-loop success {q.success_rate:.2f} ({q.episodes} episodes)"
+        ]
 
     def _routing_lines(self) -> list[str]:
         r = self.routing
@@ -215,6 +243,17 @@ def export_and_check(
     latency = measure_latency(policy, num_calls=config.latency_calls, budget_ms=config.budget_ms)
     loop = closed_loop(policy, task, episodes=config.episodes, seed=config.seed)
     layout = f"{task.name}: observation ({task.obs_dim}) ++ desired_goal ({task.goal_dim})"
-    report = DeployReport(exported, audit, parity, latency, loop, routing, layout)
+    int8 = None
+    if config.int8:  # calibrated on the env's own inputs; judged against the float torch policy
+        calibration = inputs[config.random_inputs :]
+        path = quantize_int8(exported.onnx_path, exported.onnx_path.with_suffix(".int8.onnx"), calibration)
+        quantized = OnnxPolicy(path)
+        error = check_parity(quantized, reference, inputs, tolerance=float("inf")).max_abs_error
+        won = closed_loop(quantized, task, episodes=config.episodes, seed=config.seed)
+        static = config.batch_size is not None
+        timed = measure_latency(quantized, num_calls=config.latency_calls, budget_ms=config.budget_ms)
+        figures = (error, len(inputs), won.success_rate, won.episodes, timed.p50_ms, timed.p99_ms)
+        int8 = Int8Report(path, audit_int8(path, static), *figures)
+    report = DeployReport(exported, audit, parity, latency, loop, routing, layout, int8)
     report.write_manifest(ckpt, [task.name])
     return report

@@ -287,3 +287,20 @@ def test_cli_bad_checkpoint_exits_2_with_the_path(tmp_path, capsys):
     missing = tmp_path / "missing.pt"
     assert cli.main(["--checkpoint", str(missing), "--out", str(tmp_path / "p.onnx")]) == 2
     assert f"{missing}' does not exist" in capsys.readouterr().err
+
+
+def test_int8_is_reported_beside_the_float_graph(checkpoint_path, tmp_path):
+    import json
+
+    from deploy_npu.pipeline import DeployCheckConfig, export_and_check
+
+    config = DeployCheckConfig(episodes=1, latency_calls=50, random_inputs=64, env_inputs=256, int8=True)
+    report = export_and_check(checkpoint_path, tmp_path / "policy.onnx", config)
+    q = report.int8
+    assert q is not None and q.onnx_path == tmp_path / "policy.int8.onnx" and q.onnx_path.exists()
+    assert q.audit.passed and "QuantizeLinear" in q.audit.op_histogram  # QDQ around the Gemms
+    assert 0.0 < q.max_abs_error < 0.5  # int8 moves the actions, within reason
+    assert report.parity.passed  # the float graph's own check is unchanged
+    assert "int8" in report.summary()
+    manifest = json.loads((tmp_path / "policy.onnx.manifest.json").read_text())
+    assert manifest["int8"]["max_abs_error_vs_float"] == q.max_abs_error

@@ -1,0 +1,76 @@
+"""Optional int8: onnxruntime static quantization of an exported policy, with its own figures.
+
+    report = quantize_int8("policy.onnx", "policy.int8.onnx", calibration_rows)
+    report.onnx_path, report.audit.passed
+
+Static quantization (QDQ format, int8 weights and activations, per-channel weights) with the
+activation ranges calibrated on real inputs of the task (observation ++ goal rows from the
+nominal env). NPUs run int8 matrix units several times faster than float, but the policy's
+actions move: the deploy check reports the int8 graph's parity against the float torch policy
+and its own closed-loop success, beside the float graph's, and gates neither.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+from dataclasses import dataclass
+
+import numpy as np
+
+from deploy_npu.audit import NPU_OPS, AuditReport, OpAuditError, audit_onnx
+
+INT8_OPS = NPU_OPS | {"QuantizeLinear", "DequantizeLinear"}  # the QDQ pairs around each Gemm
+
+
+@dataclass(frozen=True)
+class Int8Report:
+    onnx_path: pathlib.Path
+    audit: AuditReport
+    max_abs_error: float  # |int8 action - float torch action| over the parity inputs
+    num_inputs: int
+    success_rate: float  # closed loop in the nominal task, as the float graph's
+    episodes: int
+    p50_ms: float  # per-call latency, single-threaded onnxruntime CPU, as the float graph's
+    p99_ms: float
+
+
+class _Rows:
+    """onnxruntime's CalibrationDataReader over rows of the graph's input."""
+
+    def __init__(self, name: str, rows: np.ndarray, batch: int) -> None:
+        self._batches = iter([{name: rows[i : i + batch]} for i in range(0, len(rows) - batch + 1, batch)])
+
+    def get_next(self):
+        return next(self._batches, None)
+
+
+def quantize_int8(fp32_path: str | os.PathLike, int8_path: str | os.PathLike, calibration: np.ndarray) -> pathlib.Path:
+    """Write the int8 (QDQ) version of the static-batch graph at fp32_path, calibrated on rows."""
+    from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
+
+    from deploy_npu.parity import OnnxPolicy
+
+    policy = OnnxPolicy(fp32_path)
+    batch = policy.static_batch or 1
+    rows = np.asarray(calibration, np.float32)
+    if len(rows) < batch:
+        raise ValueError(f"calibration: {len(rows)} rows, the graph's batch is {batch}")
+    int8_path = pathlib.Path(int8_path)
+    quantize_static(
+        str(fp32_path),
+        str(int8_path),
+        _Rows(policy.input_name, rows, batch),
+        quant_format=QuantFormat.QDQ,
+        activation_type=QuantType.QInt8,
+        weight_type=QuantType.QInt8,
+        per_channel=True,
+    )
+    return int8_path
+
+
+def audit_int8(path: pathlib.Path, static: bool) -> AuditReport:
+    try:
+        return audit_onnx(path, allowed_ops=INT8_OPS, require_static_shapes=static)
+    except OpAuditError as exc:
+        return exc.report
