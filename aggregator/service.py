@@ -30,6 +30,7 @@ import torch
 
 from aggregator.core import AggregatorCore, GradientError
 from aggregator.dedup import PushDedup
+from aggregator.evals import check_eval_report, eval_row, feed_swa
 from aggregator.persistence import Checkpointer, restore
 from fleetrl.checkpoint import VersionLease, save_checkpoint
 from fleetrl.config import AggregatorConfig, RunConfig
@@ -44,7 +45,6 @@ from sim.tasks import TaskSet
 
 log = logging.getLogger("fleetrl.aggregator")
 
-EVAL_KINDS = ("curve", "full", "swa_curve")  # see EvalReport.kind
 WATCH_HEARTBEAT_SEC = 1.0  # a watcher re-checks its connection at least this often
 
 
@@ -276,83 +276,23 @@ class AggregatorServicer(pb_grpc.AggregatorServicer):
             )
 
     def ReportEval(self, request: pb.EvalReport, context: grpc.ServicerContext) -> pb.EvalAck:
-        if not 0.0 <= request.success_rate <= 1.0 or not np.isfinite(request.success_rate):
-            self.counts["eval_rejected"] += 1
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"success_rate: {request.success_rate} not in [0, 1]")
-        if request.version > self.core.version:
-            self.counts["eval_rejected"] += 1
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"version: {request.version} > {self.core.version}")
-        if request.kind not in EVAL_KINDS:
-            self.counts["eval_rejected"] += 1
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"kind: {request.kind[:40]!r} not one of {EVAL_KINDS}")
-        for task, rate in request.task_success.items():
-            if not 0.0 <= rate <= 1.0 or not np.isfinite(rate):
-                self.counts["eval_rejected"] += 1
-                context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"task_success[{task[:40]!r}]: {rate} not in [0, 1]")
-        actor = self._scored_actor(request, context)
-        with self._lock:
-            self._feed_swa(request, actor)
-            if request.kind == "swa_curve":  # the average's score: kept apart from the live curve
-                self.last_by_kind[request.kind] = request
-                self._log_eval(request)
-                return pb.EvalAck()
-            if request.version >= self.last_eval.version:
-                self.last_eval = request
-            newest = self.last_by_kind.get(request.kind)
-            if newest is None or request.version >= newest.version:
-                self.last_by_kind[request.kind] = request
-        self._log_eval(request)
-        return pb.EvalAck()
-
-    def _scored_actor(self, request: pb.EvalReport, context) -> np.ndarray | None:
-        """The actor a live curve report carries (aggregator.swa on), checked; None without one."""
-        if not request.HasField("actor"):
-            return None
-        expected = (self.core.sizes["actor"],)
-        try:
-            actor = from_tensor(request.actor, "actor")
-            problem = None if actor.shape == expected else f"actor: shape {actor.shape}, expected {expected}"
-            if problem is None and not np.all(np.isfinite(actor)):
-                problem = "actor: NaN or inf"
-        except WireError as err:
-            problem = str(err)
+        problem, actor = check_eval_report(request, self.core)
         if problem is not None:
             self.counts["eval_rejected"] += 1
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
-        return np.asarray(actor, np.float32)
-
-    def _feed_swa(self, request: pb.EvalReport, actor: np.ndarray | None) -> None:
-        """Offer a scored live version to the weight average; record the average's own score."""
-        swa = self.core.swa
-        if swa is None:
-            return
-        if request.kind == "swa_curve":
-            swa.scored(request.success_rate)
-        elif request.kind == "curve" and actor is not None:
-            self.core.live_score = request.success_rate
-            shares = expert_shares(self.metrics)
-            swa.offer(request.version, actor, request.success_rate, shares)
-            if self.core.swa_plain is not None:
-                self.core.swa_plain.offer(request.version, actor, request.success_rate, shares)
-
-    def _log_eval(self, request: pb.EvalReport) -> None:
+        with self._lock:
+            feed_swa(self.core, request, actor, self.metrics)
+            if request.kind != "swa_curve":  # the average's score is kept apart from the live scores
+                if request.version >= self.last_eval.version:
+                    self.last_eval = request
+            newest = self.last_by_kind.get(request.kind)
+            if newest is None or request.version >= newest.version:
+                self.last_by_kind[request.kind] = request
+            row = eval_row(request, self.core.swa)
         if self.run_dir is not None:
-            row = {
-                "version": request.version,
-                "success_rate": request.success_rate,
-                "mean_return": request.mean_return,
-                "episodes": request.episodes,
-                "env_steps": request.env_steps,
-                "evaluator": request.evaluator,
-                "kind": request.kind,
-                "time": time.time(),
-            }
-            if request.task_success:  # a multi-task run: each task's rate beside the mean
-                row["task_success"] = dict(sorted(request.task_success.items()))
-            if request.kind == "swa_curve" and self.core.swa is not None:
-                row["swa_versions"] = self.core.swa.versions
             with open(self.run_dir / "evals.jsonl", "a") as f:
                 f.write(json.dumps(row) + "\n")
+        return pb.EvalAck()
 
 
 class AggregatorServer:
@@ -532,19 +472,6 @@ def run_aggregator(
     if writer is not None:
         writer.close()
     return core.version
-
-
-def expert_shares(metrics: dict[str, float]) -> list[np.ndarray] | None:
-    """Per actor MoE layer, each expert's activation share, from the learners' newest metrics
-    (moe/actor/l<i>/share_e<e>); None for a dense actor or before any metrics."""
-    layers: dict[int, dict[int, float]] = {}
-    for key, value in metrics.items():
-        parts = key.split("/")
-        if len(parts) == 4 and parts[:2] == ["moe", "actor"] and parts[3].startswith("share_e"):
-            layers.setdefault(int(parts[2][1:]), {})[int(parts[3][7:])] = value
-    if not layers:
-        return None
-    return [np.array([shares[e] for e in sorted(shares)]) for _, shares in sorted(layers.items())]
 
 
 def _write_expert_load(run_dir: str | None, version: int, metrics: dict[str, float]) -> None:
