@@ -95,15 +95,15 @@ def load_policy_checkpoint(checkpoint: CheckpointSource, weights: str = "best") 
     missing = [k for k in ("version", "spec", "weights") if k not in state]
     if missing:
         raise CheckpointError(f"checkpoint {source} lacks {missing}: not an AggregatorCore.state() dict")
-    weights = state["weights"]
-    absent = [g for g in ACTOR_GROUPS if g not in weights]
+    groups = state["weights"]
+    absent = [g for g in ACTOR_GROUPS if g not in groups]
     if absent:
         raise CheckpointError(f"checkpoint {source} has no weight group(s) {absent}; a policy needs {ACTOR_GROUPS}")
     try:
         spec = ModelSpec.from_json(state["spec"])
     except (TypeError, ValueError, KeyError) as exc:
         raise CheckpointError(f"checkpoint {source}: unreadable model spec {state['spec']!r} ({exc})") from exc
-    flats = {g: np.asarray(weights[g], np.float32) for g in ACTOR_GROUPS}
+    flats = {g: np.asarray(groups[g], np.float32) for g in ACTOR_GROUPS}
     chosen = _choose_weights(state, choice, source)
     if chosen != "live":
         flats["actor"] = np.asarray(state[chosen]["actor"], np.float32)
@@ -156,7 +156,9 @@ class DeterministicPolicy(nn.Module):
 
     def first_layers(self) -> list[nn.Linear]:
         """The layers that read the normalized input."""
-        return [self.net[0]]
+        first = self.net[0]
+        assert isinstance(first, nn.Linear)
+        return [first]
 
 
 def mean_head(head: nn.Linear) -> nn.Linear:
@@ -206,19 +208,22 @@ def fold_task_input(module: nn.Module, task: TaskInput) -> nn.Module:
     """`module` (a DeterministicPolicy or FrozenRoutingPolicy of the padded input) narrowed to
     `task`'s own input, the constant columns folded into its first layers' biases: exact,
     since the normalizer is per column (clip((x - mean) / std)) and the first layers linear."""
+    policy: Any = module  # DeterministicPolicy or FrozenRoutingPolicy: .norm and .first_layers()
+    source: Normalizer = policy.norm
+    layers: list[nn.Linear] = policy.first_layers()
     real = torch.from_numpy(task.columns())
-    width = module.norm.mean.numel()
+    width = source.mean.numel()
     constant = torch.ones(width, dtype=torch.bool)
     constant[real] = False
     probe = np.zeros((1, task.input_dim), np.float32)
     values = torch.from_numpy(task.pad(probe)[0])  # zeros where the task's input goes, else the constants
     with torch.no_grad():
-        folded = module.norm(values[None])[0][constant]  # the constants as the first layers see them
+        folded = source(values[None])[0][constant]  # the constants as the first layers see them
         norm = Normalizer(len(real))
-        norm.mean.copy_(module.norm.mean[real])
-        norm.std.copy_(module.norm.std[real])
-        module.norm = norm
-        for layer in module.first_layers():
+        norm.mean.copy_(source.mean[real])
+        norm.std.copy_(source.std[real])
+        policy.norm = norm
+        for layer in layers:
             bias = layer.bias + layer.weight[:, constant] @ folded
             narrowed = nn.Linear(len(real), layer.out_features)
             narrowed.weight.copy_(layer.weight[:, real])

@@ -16,8 +16,11 @@ this one serves a controller that switches tasks without loading another model.
 from __future__ import annotations
 
 import copy
+import functools
 import json
+import operator
 import os
+from typing import cast
 
 import numpy as np
 import torch
@@ -63,8 +66,18 @@ class MultiTaskPolicy(nn.Module):
         x = self.norm(obs_goal)
         for experts, table in zip(self.layers, self.tables, strict=True):
             gates = task @ table  # [B, experts]: the task's row of the routing table
-            x = torch.relu(sum(gates[:, j : j + 1] * expert(x) for j, expert in enumerate(experts)))
+            terms = [gates[:, j : j + 1] * expert(x) for j, expert in enumerate(cast(nn.ModuleList, experts))]
+            x = torch.relu(functools.reduce(operator.add, terms))  # Adds: ReduceSum is not an NPU op
         return torch.tanh(self.head(x))
+
+
+def _padded(policy: OnnxPolicy, task_input: TaskInput):
+    """The multi-task graph as one task's controller: its own input, padded."""
+
+    def act(x: np.ndarray) -> np.ndarray:
+        return policy(task_input.pad(x[None]))[0]
+
+    return act
 
 
 def export_multitask(ckpt: PolicyCheckpoint, out_path: str | os.PathLike, config):
@@ -109,9 +122,8 @@ def export_multitask(ckpt: PolicyCheckpoint, out_path: str | os.PathLike, config
     latency = measure_latency(policy, num_calls=config.latency_calls, budget_ms=config.budget_ms)
     successes = 0
     for index, task in enumerate(tasks.tasks):
-        pad = TaskInput(tasks, index).pad
         won, _ = drive(
-            lambda x, pad=pad: policy(pad(x[None]))[0],
+            _padded(policy, TaskInput(tasks, index)),
             task,
             0.0,
             RandomizationConfig(enabled=False),

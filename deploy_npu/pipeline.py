@@ -235,10 +235,13 @@ def export_and_check(
     # The graph against the torch module it was traced from (for MoE: the frozen routing; its
     # distance to dynamic routing is the routing report's action error); a multi-task run's
     # graph on the task's own input against that module on the padded input.
-    reference = freeze_policy(ckpt, routing) if routing is not None else reference_actor(ckpt).deterministic
-    if task_input is not None:
-        padded_reference = reference
-        reference = lambda x: padded_reference(torch.from_numpy(task_input.pad(x.numpy())))  # noqa: E731
+    padded_reference = freeze_policy(ckpt, routing) if routing is not None else reference_actor(ckpt).deterministic
+
+    def reference(x: torch.Tensor) -> torch.Tensor:
+        if task_input is None:
+            return padded_reference(x)
+        return padded_reference(torch.from_numpy(task_input.pad(x.numpy())))
+
     parity = check_parity(policy, reference, inputs, tolerance=config.tolerance)
     latency = measure_latency(policy, num_calls=config.latency_calls, budget_ms=config.budget_ms)
     loop = closed_loop(policy, task, episodes=config.episodes, seed=config.seed)

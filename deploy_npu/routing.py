@@ -19,6 +19,7 @@ from __future__ import annotations
 import copy
 import json
 from dataclasses import asdict, dataclass
+from typing import cast
 
 import numpy as np
 import torch
@@ -127,7 +128,7 @@ class FrozenRoutingPolicy(nn.Module):
 
     def first_layers(self) -> list[nn.Linear]:
         """The layers that read the normalized input: the first MoE layer's selected experts."""
-        return list(self.experts[: len(self.gates[0])])
+        return [cast(nn.Linear, expert) for expert in self.experts[: len(self.gates[0])]]
 
     def forward(self, obs_goal: torch.Tensor) -> torch.Tensor:
         x = self.norm(obs_goal)

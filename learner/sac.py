@@ -134,7 +134,10 @@ def _flat(grads: tuple[torch.Tensor | None, ...], params: list[torch.Tensor] | N
     """One flat vector; with `params`, a None gradient (a parameter the loss never used) is zeros."""
     if params is not None:
         grads = tuple(torch.zeros_like(p) if g is None else g for g, p in zip(grads, params, strict=True))
-    return torch.cat([g.reshape(-1) for g in grads]).cpu().numpy().astype(np.float32, copy=False)
+    parts = [g.reshape(-1) for g in grads if g is not None]
+    if len(parts) != len(grads):
+        raise ValueError("a gradient is None: pass the parameters to fill it with zeros")
+    return torch.cat(parts).cpu().numpy().astype(np.float32, copy=False)
 
 
 def compute_gradients(model: SACModel, batch: Batch, hp: SACHyperparams) -> GradientResult:

@@ -126,15 +126,15 @@ def score_checkpoint(
     if found is None:
         raise CheckpointError(f"{path}: no checkpoint in this folder")
     state = load_checkpoint(found)
-    kind, weights = weights, state.get("weights", {})
-    missing = [g for g in ACTOR_GROUPS if g not in weights] + (["spec"] if "spec" not in state else [])
+    groups = state.get("weights", {})
+    missing = [g for g in ACTOR_GROUPS if g not in groups] + (["spec"] if "spec" not in state else [])
     if missing:
         raise CheckpointError(f"{found}: lacks {missing}; not a policy checkpoint")
-    tensors = {g: np.asarray(weights[g], np.float32) for g in ACTOR_GROUPS}
-    if kind != "live":
-        average = (state.get(kind) or {}).get("actor")
+    tensors = {g: np.asarray(groups[g], np.float32) for g in ACTOR_GROUPS}
+    if weights != "live":
+        average = (state.get(weights) or {}).get("actor")
         if average is None:
-            raise CheckpointError(f"{found}: holds no {kind} weight average (train with aggregator.swa on)")
+            raise CheckpointError(f"{found}: holds no {weights} weight average (train with aggregator.swa on)")
         tensors["actor"] = np.asarray(average, np.float32)
     policy = Policy()
     policy.refresh(WeightsSnapshot(int(state["version"]), tensors, ModelSpec.from_json(state["spec"])))
@@ -265,7 +265,7 @@ def scores(
     target = config.target_success if config.eval.stop_early else None
 
     def out_of_reach() -> bool:
-        best = np.mean([_best_possible(log, config.eval.episodes) for log in logs.values()])
+        best = float(np.mean([_best_possible(log, config.eval.episodes) for log in logs.values()]))
         return target is not None and best < target
 
     for kind, until in (("curve", config.eval.curve_episodes), ("full", config.eval.episodes)):
