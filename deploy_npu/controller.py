@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import pathlib
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -68,24 +69,14 @@ class ControllerReport:
         return "\n".join(lines)
 
 
-def controller_checks(
-    run_dir: str | pathlib.Path,
-    *,
-    hz: float = 120.0,
-    delay_ms: float = 10.0,
-    episodes: int = 20,
-    seed: int = 0,
-    onnx_path: str | pathlib.Path | None = None,
-) -> list[ControllerReport]:
-    """controller_check of every task of the run (one for a one-task run; a multi-task run's
-    graphs are per task, each on its task's own input: deploy/<task>.onnx)."""
+def controller_checks(run_dir: str | pathlib.Path, **options: Any) -> list[ControllerReport]:
+    """controller_check(run_dir, **options) of every task of the run: one for a one-task run;
+    a multi-task run's graphs are per task, each on its task's own input (deploy/<task>.onnx)."""
     ckpt = load_policy_checkpoint(pathlib.Path(run_dir) / "checkpoints")
     if not (ckpt.task and "," in ckpt.task):
-        return [controller_check(run_dir, hz=hz, delay_ms=delay_ms, episodes=episodes, seed=seed, onnx_path=onnx_path)]
-    return [
-        controller_check(run_dir, hz=hz, delay_ms=delay_ms, episodes=episodes, seed=seed, task=name)
-        for name in ckpt.task.split(",")
-    ]
+        return [controller_check(run_dir, **options)]
+    options.pop("onnx_path", None)  # one file per task: deploy/<task>.onnx
+    return [controller_check(run_dir, **options, task=name) for name in ckpt.task.split(",")]
 
 
 def controller_check(
