@@ -27,7 +27,6 @@ from collections.abc import Sequence
 
 from deploy_npu.freeze import WEIGHT_CHOICES, CheckpointError, load_policy_checkpoint
 from deploy_npu.pipeline import DeployCheckConfig, export_and_check
-from sim.tasks import TaskSet
 
 _DEFAULTS = DeployCheckConfig()
 
@@ -93,13 +92,13 @@ def _export_all(args: argparse.Namespace) -> list:
     of <task>.onnx files, plus multitask.onnx for a multi-task run."""
     config = config_from_args(args)
     ckpt = load_policy_checkpoint(args.checkpoint, config.weights)
-    multi = bool(ckpt.task and "," in ckpt.task)
+    multi = len(ckpt.task_names) > 1
     if not multi and len(args.task or []) <= 1:
         return [export_and_check(ckpt, args.out, config)]
     out = pathlib.Path(args.out)
     if out.suffix == ".onnx":
         raise ValueError(f"--out {out}: several tasks export to a directory, not one .onnx file")
-    names = args.task or list(TaskSet.parse(ckpt.task or "").names)
+    names = args.task or ckpt.task_names
     reports = [export_and_check(ckpt, out / f"{name}.onnx", dataclasses.replace(config, task=name)) for name in names]
     if multi:
         from deploy_npu.multitask import export_multitask

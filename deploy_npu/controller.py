@@ -73,10 +73,10 @@ def controller_checks(run_dir: str | pathlib.Path, **options: Any) -> list[Contr
     """controller_check(run_dir, **options) of every task of the run: one for a one-task run;
     a multi-task run's graphs are per task, each on its task's own input (deploy/<task>.onnx)."""
     ckpt = load_policy_checkpoint(pathlib.Path(run_dir) / "checkpoints")
-    if not (ckpt.task and "," in ckpt.task):
+    if len(ckpt.task_names) < 2:
         return [controller_check(run_dir, **options)]
     options.pop("onnx_path", None)  # one file per task: deploy/<task>.onnx
-    return [controller_check(run_dir, **options, task=name) for name in ckpt.task.split(",")]
+    return [controller_check(run_dir, **options, task=name) for name in ckpt.task_names]
 
 
 def controller_check(

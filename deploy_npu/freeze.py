@@ -48,6 +48,11 @@ class PolicyCheckpoint:
     task: str | None = None  # task(s) the run trained on (checkpoints record it); None if unknown
     weights: str = "live"  # "live": the aggregator's newest actor; "swa": its weight average
 
+    @property
+    def task_names(self) -> list[str]:
+        """The run's tasks, in order (several for a multi-task run; [] when not recorded)."""
+        return [name for name in (self.task or "").split(",") if name]
+
 
 CheckpointSource = str | os.PathLike | Mapping[str, Any] | PolicyCheckpoint
 

@@ -189,8 +189,8 @@ class DeployReport:
 def resolve_task(ckpt, named: str | None) -> tuple[TaskSpec, TaskInput | None]:
     """The task to export and check: the one named, else the checkpoint's, else by dims. A
     multi-task checkpoint needs one of its tasks named, and exports it on its own input."""
-    if ckpt.task and "," in ckpt.task:
-        tasks = TaskSet.parse(ckpt.task)
+    if len(ckpt.task_names) > 1:
+        tasks = TaskSet.of(ckpt.task_names)
         if named is None:
             raise ValueError(
                 f"checkpoint {ckpt.source} is of a multi-task run: name one of {list(tasks.names)} (--task)"
