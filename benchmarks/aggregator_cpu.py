@@ -1,0 +1,142 @@
+"""The aggregator's CPU per version, as a one-learner fleet drives it, for one or more checkouts.
+
+    python3 benchmarks/aggregator_cpu.py [--task FetchPush-v4] [--versions 3000] [--repeats 3] \\
+        [--arm NAME=CHECKOUT ...] [--out R.json]
+
+Starts a real `fleetrl aggregator` process from each arm's checkout (default: this one) and
+drives it as the fleet's learner and sampler do: one client streams every weight group and
+pushes a real-sized gradient on each new version (max_grad_staleness 1), a second streams the
+actor at most every 0.2 s. Reports per arm the aggregator's CPU-milliseconds per version (its
+user + system time over the pushes) and versions per second. Arms run interleaved, `--repeats`
+times each, so a noisy machine affects them alike; the figures are medians.
+
+Prints LAST each arm's CPU per version over the first arm's (below 1: cheaper).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pathlib
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+import psutil
+from common import REPO, result_record, write_result  # benchmarks/common.py (this script's folder)
+
+from aggregator.client import AggregatorClient, GradientPush
+from fleetrl.config import RunConfig, with_overrides
+from fleetrl.launch import free_port
+from fleetrl.policy import ACTOR_GROUPS, GRADIENT_GROUPS, ModelSpec
+from learner.models import SACModel, norm_stats
+from sim.registry import get_task
+
+
+def _wait_up(address: str, proc: subprocess.Popen, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    with AggregatorClient(address) as probe:
+        while True:
+            try:
+                probe.stats(timeout_sec=1.0)
+                return
+            except Exception:  # noqa: BLE001 - not up yet
+                if time.monotonic() > deadline or proc.poll() is not None:
+                    raise RuntimeError(f"aggregator at {address} did not come up") from None
+                time.sleep(0.2)
+
+
+def measure(checkout: pathlib.Path, config_path: str, versions: int, task: str) -> dict:
+    spec_task = get_task(task)
+    model = SACModel(ModelSpec(spec_task.obs_dim, spec_task.goal_dim, spec_task.act_dim, (256, 256)))
+    rng = np.random.default_rng(0)
+    grads = {g: (rng.standard_normal(n) * 1e-4).astype(np.float32) for g, n in model.group_sizes().items()
+             if g in GRADIENT_GROUPS}  # fmt: skip
+    stats = norm_stats(rng.normal(size=(256, spec_task.obs_dim + spec_task.goal_dim)))
+    port = free_port()
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "PYTHONPATH": str(checkout)}
+    cmd = [sys.executable, "-m", "fleetrl.cli", "aggregator", "--config", config_path, "--port", str(port)]
+    proc = subprocess.Popen(cmd, cwd=checkout, env=env, stdout=subprocess.DEVNULL)
+    address = f"127.0.0.1:{port}"
+    try:
+        _wait_up(address, proc)
+        agg = psutil.Process(proc.pid)
+        with (
+            AggregatorClient(address) as client,
+            client.watch("bench-learner", ()) as weights,
+            client.watch("bench-sampler", ACTOR_GROUPS, 0.2),
+        ):
+            snapshot = weights.wait_newer_than(-1, timeout=30)
+            assert snapshot is not None, "no weights streamed"
+            before, start = agg.cpu_times(), time.monotonic()
+            first = snapshot.version
+            while snapshot.version < first + versions:
+                client.push_gradients(GradientPush(0, snapshot.version, grads, stats, batch_size=256))
+                newer = weights.wait_newer_than(snapshot.version, timeout=30)
+                assert newer is not None, f"no version after {snapshot.version}"
+                snapshot = newer
+            elapsed, after = time.monotonic() - start, agg.cpu_times()
+        made = snapshot.version - first
+        cpu = (after.user - before.user) + (after.system - before.system)
+        return {"versions": made, "cpu_ms_per_version": 1000 * cpu / made, "versions_per_sec": made / elapsed}
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--task", default="FetchPush-v4")
+    p.add_argument("--versions", type=int, default=3000, help="versions per measurement")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--arm", action="append", default=[], help="NAME=CHECKOUT (a git work tree); default this one")
+    p.add_argument("--out", help="write the raw result (JSON) here")
+    args = p.parse_args(argv)
+    arms = dict(a.split("=", 1) for a in args.arm) or {"this": str(REPO)}
+    commits = {
+        name: subprocess.run(["git", "rev-parse", "HEAD"], cwd=path, capture_output=True, text=True).stdout.strip()
+        for name, path in arms.items()
+    }
+    config = with_overrides(RunConfig(), [f'sim.task="{args.task}"', "learner.num_learners=1"])
+    rows: list[dict] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        config_path = os.path.join(tmp, "config.json")
+        pathlib.Path(config_path).write_text(config.to_json())
+        for repeat in range(args.repeats):
+            for name, path in arms.items():
+                row = {
+                    "arm": name,
+                    "repeat": repeat,
+                    **measure(pathlib.Path(path), config_path, args.versions, args.task),
+                }
+                rows.append(row)
+                print(row, flush=True)
+    medians = {
+        name: {
+            key: statistics.median(r[key] for r in rows if r["arm"] == name)
+            for key in ("cpu_ms_per_version", "versions_per_sec")
+        }
+        for name in arms
+    }
+    base = next(iter(arms))
+    ratios = {
+        f"cpu_per_version_{name}_over_{base}": medians[name]["cpu_ms_per_version"] / medians[base]["cpu_ms_per_version"]
+        for name in arms
+        if name != base
+    }
+    if args.out:
+        figures = {"task": args.task, "arms": arms, "commits": commits, "rows": rows, "medians": medians}
+        write_result(result_record("aggregator_cpu", figures | {"ratios": ratios}), args.out)
+    print(f"\n{'arm':>10} {'CPU ms/version':>15} {'versions/s':>11}  (medians of {args.repeats})")
+    for name, m in medians.items():
+        print(f"{name:>10} {m['cpu_ms_per_version']:>15.2f} {m['versions_per_sec']:>11.1f}")
+    for name, value in ratios.items():
+        print(f"{name}: {value:.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

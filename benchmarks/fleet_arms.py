@@ -1,0 +1,99 @@
+"""Local fleet runs side by side: each arm is `fleetrl train` with its own options, same task.
+
+    python3 benchmarks/fleet_arms.py --task FetchPush-v4 --arm base= \\
+        --arm threads2="--set learner.torch_threads=2" [--max-wall-sec 240] [--repeats 2] [--out R.json]
+
+Arms run one after another, interleaved (a, b, a, b, ...), so a noisy machine affects them
+alike; nothing else should run. Per run: updates and env steps per second in steady state (from
+`--steady-from` seconds on, from progress.jsonl), the learner's CPU share of the machine, the
+fleet overhead share (summary.json cpu), and the best curve success. Medians over repeats, and
+each arm's over the first arm's, printed last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+
+from common import REPO, result_record, write_result  # benchmarks/common.py (this script's folder)
+
+KEYS = ("steady_updates_per_sec", "steady_env_steps_per_sec", "learner_share", "overhead_share", "best_success")
+
+
+def steady(run_dir: pathlib.Path, since_sec: float, key: str) -> float | None:
+    """Rate of progress.jsonl's `key` from the first row at or after `since_sec` to the last."""
+    rows = [json.loads(line) for line in (run_dir / "progress.jsonl").read_text().splitlines() if line.strip()]
+    later = [r for r in rows if r["wall_sec"] >= since_sec]
+    if len(later) < 2 or later[-1]["wall_sec"] <= later[0]["wall_sec"]:
+        return None
+    return (later[-1][key] - later[0][key]) / (later[-1]["wall_sec"] - later[0]["wall_sec"])
+
+
+def run(name: str, options: list[str], args: argparse.Namespace, repeat: int, root: pathlib.Path) -> dict:
+    run_dir = root / f"{name}-{repeat}"
+    cmd = [sys.executable, "-m", "fleetrl.cli", "train", "--task", args.task, "--seed", str(args.seed), *options]
+    cmd += ["--run-dir", str(run_dir), "--max-wall-sec", str(args.max_wall_sec), "--set", "eval.final_episodes=0"]
+    print(f"{name} #{repeat}: {shlex.join(cmd[3:])}", flush=True)
+    subprocess.run(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=args.max_wall_sec + 600)
+    s = json.loads((run_dir / "summary.json").read_text())
+    cpu = s["cpu"]
+    return {
+        "arm": name,
+        "repeat": repeat,
+        "steady_updates_per_sec": steady(run_dir, args.steady_from, "version"),
+        "steady_env_steps_per_sec": steady(run_dir, args.steady_from, "env_steps"),
+        "learner_share": cpu["groups"]["learner"]["share"],
+        "overhead_share": cpu["overhead_share"],
+        "best_success": s["best_success"],
+        "updates": s["final_version"],
+        "env_steps": s["final_env_steps"],
+        "wall_sec": s["wall_sec"],
+        "stop_reason": s["stop_reason"],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--task", default="FetchPush-v4")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--arm", action="append", required=True, help='NAME="fleetrl train options" (may be empty)')
+    p.add_argument("--max-wall-sec", type=float, default=240.0)
+    p.add_argument("--steady-from", type=float, default=60.0, help="steady-state rates from this second on")
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--out", help="write the raw result here")
+    args = p.parse_args(argv)
+    arms = {name: shlex.split(options) for name, _, options in (a.partition("=") for a in args.arm)}
+    root = pathlib.Path(tempfile.mkdtemp(prefix="fleetrl-arms-"))
+    rows = [run(name, options, args, r, root) for r in range(args.repeats) for name, options in arms.items()]
+    medians = {
+        name: {
+            k: statistics.median(v) if (v := [r[k] for r in rows if r["arm"] == name and r[k] is not None]) else None
+            for k in KEYS
+        }  # fmt: skip
+        for name in arms
+    }
+    base = next(iter(arms))
+    ratios = {
+        name: {k: round(m[k] / medians[base][k], 3) if m[k] and medians[base][k] else None for k in KEYS[:3]}
+        for name, m in medians.items()
+        if name != base
+    }
+    if args.out:
+        figures = {"task": args.task, "arms": {n: shlex.join(o) for n, o in arms.items()}, "runs": rows}
+        write_result(result_record("fleet_arms", figures | {"medians": medians, "over_first": ratios}), args.out)
+    print(f"\n=== {args.task}, {args.max_wall_sec:.0f} s runs, medians of {args.repeats} ===")
+    for name, m in medians.items():
+        print(f"{name:12s} " + "  ".join(f"{k} {v:.3f}" if v is not None else f"{k} -" for k, v in m.items()))
+    for name, r in ratios.items():
+        print(f"{name} / {base}: {r}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
