@@ -1,14 +1,14 @@
 """Dense against MoE (with and without router decay), and no / plain / layered SWA, on a multi-task set.
 
     python3 benchmarks/moe_ablation.py [--tasks A,B,...] [--seeds 0,1,2] [--arms dense,moe,moe-decay] \\
-        [--max-wall-sec 600] [--episodes 50] --out benchmarks/results/moe_ablation-seed0.json
+        [--env-steps 20000] [--max-wall-sec 900] [--episodes 50] --out benchmarks/results/moe_ablation-seed0.json
 
-Each run, one after another on this machine: `fleetrl train --tasks ...` for the same
-wall-clock budget (the env-step budget follows from the replay ratio; the figures record it),
-with layered SWA on, so the run's checkpoint holds three actors from the same versions: the
-live one, the layered average and the plain average of the same scored versions. After the
-run, each of the three is scored on `--episodes` held-out episodes per task
-(`fleetrl evaluate --weights live|swa|swa_plain`).
+Each run, one after another on this machine: `fleetrl train --tasks ...` for the same env-step
+budget (`--env-steps`, over all tasks; `--max-wall-sec` only guards against a hung run, and a
+run it stops is marked so), with the same replay ratio, with layered SWA on, so the run's
+checkpoint holds three actors from the same versions: the live one, the layered average and the
+plain average of the same scored versions. After the run, each of the three is scored on
+`--episodes` held-out episodes per task (`fleetrl evaluate --weights live|swa|swa_plain`).
 
 Arms:
 - dense: the dense networks (model.kind dense);
@@ -50,10 +50,12 @@ def _score(run_dir: pathlib.Path, weights: str, episodes: int) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def run(arm: str, tasks: str, seed: int, max_wall_sec: float, episodes: int, root: pathlib.Path) -> dict:
+def run(arm: str, tasks: str, seed: int, budget: tuple[int, float], episodes: int, root: pathlib.Path) -> dict:
+    env_steps, max_wall_sec = budget
     run_dir = root / f"{arm}-seed{seed}"
     cmd = [sys.executable, "-m", "fleetrl.cli", "train", "--tasks", tasks, "--seed", str(seed), *ARMS[arm]]
     cmd += ["--run-dir", str(run_dir), "--max-wall-sec", str(max_wall_sec), "--target-success", "1.0"]
+    cmd += ["--set", f"max_env_steps={env_steps}"]
     cmd += ["--set", 'aggregator.swa="layered"', "--set", "eval.final_episodes=0"]
     print(f"{arm} seed {seed}: {' '.join(cmd[3:])}", flush=True)
     subprocess.run(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=max_wall_sec + 900)
@@ -66,6 +68,8 @@ def run(arm: str, tasks: str, seed: int, max_wall_sec: float, episodes: int, roo
         "task_env_steps": summary.get("task_env_steps", {}),
         "updates": summary["final_version"],
         "wall_sec": summary["wall_sec"],
+        "stop_reason": summary["stop_reason"],
+        "budget_reached": summary["final_env_steps"] >= env_steps,
         "expert_load_std_over_mean": load,
         "success": {w: _score(run_dir, w, episodes) for w in WEIGHTS},
     }
@@ -92,17 +96,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tasks", default=TASKS)
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--arms", default=",".join(ARMS))
-    p.add_argument("--max-wall-sec", type=float, default=600.0)
+    p.add_argument("--env-steps", type=int, default=20000, help="env steps per run, over all tasks")
+    p.add_argument("--max-wall-sec", type=float, default=900.0, help="a guard: a run stopped by it misses the budget")
     p.add_argument("--episodes", type=int, default=50, help="held-out episodes per task for each actor")
     p.add_argument("--out", help="write the raw result here")
     args = p.parse_args(argv)
     root = pathlib.Path(tempfile.mkdtemp(prefix="fleetrl-moe-ablation-"))
     rows = [
-        run(arm, args.tasks, int(seed), args.max_wall_sec, args.episodes, root)
+        run(arm, args.tasks, int(seed), (args.env_steps, args.max_wall_sec), args.episodes, root)
         for seed in args.seeds.split(",")
         for arm in args.arms.split(",")
     ]
-    figures = {"tasks": args.tasks.split(","), "max_wall_sec": args.max_wall_sec, "runs": rows}
+    figures = {"tasks": args.tasks.split(","), "env_steps": args.env_steps, "max_wall_sec": args.max_wall_sec}
+    figures["runs"] = rows
     figures["summary"] = summarize(rows)
     if args.out:
         write_result(result_record("moe_ablation", figures), args.out)
