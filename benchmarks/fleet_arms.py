@@ -3,6 +3,9 @@
     python3 benchmarks/fleet_arms.py --task FetchPush-v4 --arm base= \\
         --arm threads2="--set learner.torch_threads=2" [--max-wall-sec 240] [--repeats 2] [--out R.json]
 
+An arm's options may start with environment settings (`--arm passive="OMP_WAIT_POLICY=PASSIVE
+--set learner.torch_threads=2"`): every process of that arm's fleet inherits them.
+
 Arms run one after another, interleaved (a, b, a, b, ...), so a noisy machine affects them
 alike; nothing else should run. Per run: updates and env steps per second in steady state (from
 `--steady-from` seconds on, from progress.jsonl), the learner's CPU share of the machine, the
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import pathlib
 import shlex
 import statistics
@@ -35,12 +39,23 @@ def steady(run_dir: pathlib.Path, since_sec: float, key: str) -> float | None:
     return (later[-1][key] - later[0][key]) / (later[-1]["wall_sec"] - later[0]["wall_sec"])
 
 
+def split_env(options: list[str]) -> tuple[dict[str, str], list[str]]:
+    """Leading KEY=VALUE words (environment settings), then the fleetrl train options."""
+    env: dict[str, str] = {}
+    while options and "=" in options[0] and not options[0].startswith("-"):
+        key, _, value = options.pop(0).partition("=")
+        env[key] = value
+    return env, options
+
+
 def run(name: str, options: list[str], args: argparse.Namespace, repeat: int, root: pathlib.Path) -> dict:
     run_dir = root / f"{name}-{repeat}"
+    env, options = split_env(list(options))
     cmd = [sys.executable, "-m", "fleetrl.cli", "train", "--task", args.task, "--seed", str(args.seed), *options]
     cmd += ["--run-dir", str(run_dir), "--max-wall-sec", str(args.max_wall_sec), "--set", "eval.final_episodes=0"]
-    print(f"{name} #{repeat}: {shlex.join(cmd[3:])}", flush=True)
-    subprocess.run(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=args.max_wall_sec + 600)
+    print(f"{name} #{repeat}: {' '.join(f'{k}={v}' for k, v in env.items())} {shlex.join(cmd[3:])}", flush=True)
+    subprocess.run(cmd, cwd=REPO, env=os.environ | env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                   timeout=args.max_wall_sec + 600)  # fmt: skip
     s = json.loads((run_dir / "summary.json").read_text())
     cpu = s["cpu"]
     return {
