@@ -27,6 +27,7 @@ import sys
 import tempfile
 
 from common import REPO, result_record, write_result  # benchmarks/common.py (this script's folder)
+from fleet_arms import steady  # progress.jsonl rates from a second on
 
 ARMS = {
     "sync": ["--mode", "sync"],
@@ -35,15 +36,6 @@ ARMS = {
     # a gradient is one version older than with one learner (max_grad_staleness 2, not 1).
     "async-2": ["--learners", "2", "--set", "aggregator.grads_per_step=1", "--set", "learner.max_grad_staleness=2"],
 }
-
-
-def steady_rate(run_dir: pathlib.Path, since_sec: float) -> float | None:
-    """Env steps per second from the first progress row at or after `since_sec` to the last."""
-    rows = [json.loads(line) for line in (run_dir / "progress.jsonl").read_text().splitlines() if line.strip()]
-    later = [r for r in rows if r["wall_sec"] >= since_sec]
-    if len(later) < 2 or later[-1]["wall_sec"] <= later[0]["wall_sec"]:
-        return None
-    return (later[-1]["env_steps"] - later[0]["env_steps"]) / (later[-1]["wall_sec"] - later[0]["wall_sec"])
 
 
 def run(arm: str, task: str, seed: int, max_wall_sec: float, root: pathlib.Path, steady_from: float) -> dict:
@@ -62,7 +54,7 @@ def run(arm: str, task: str, seed: int, max_wall_sec: float, root: pathlib.Path,
         "env_steps_to_target": s["env_steps_to_target"],
         "env_steps": s["final_env_steps"],
         "env_steps_per_sec": s["final_env_steps"] / s["wall_sec"],
-        "steady_env_steps_per_sec": steady_rate(run_dir, steady_from),
+        "steady_env_steps_per_sec": steady(run_dir, steady_from, "env_steps"),
         "updates_per_sec": s["updates_per_sec"],
         "stop_reason": s["stop_reason"],
     }
