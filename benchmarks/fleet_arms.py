@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     base = next(iter(arms))
     ratios = {
-        name: {k: round(m[k] / medians[base][k], 3) if m[k] and medians[base][k] else None for k in KEYS[:3]}
+        name: {k: round(a / b, 3) if (a := m[k]) and (b := medians[base][k]) else None for k in KEYS[:3]}
         for name, m in medians.items()
         if name != base
     }
