@@ -36,7 +36,7 @@ import redis
 from redis.cluster import ClusterNode, RedisCluster
 
 from fleetrl.config import WatchdogConfig
-from fleetrl.process import HANDED_OUT_PORTS, parent_death_preexec, terminate
+from fleetrl.process import HANDED_OUT_PORTS, parent_death_prefix, terminate
 from fleetrl.transport import Security
 from fleetrl.watchdog import Watchdog, role_spec
 
@@ -241,11 +241,10 @@ class _Node:
         self.argv = (binary, str(conf))
         with open(self.log, "wb") as log:
             self.process = subprocess.Popen(
-                list(self.argv),
+                [*parent_death_prefix(), *self.argv],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-                preexec_fn=parent_death_preexec(),
                 cwd=self.dir,
             )
         self.conn = _node_client(host, port, auth)

@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import pathlib
+import shutil
 import signal
 import socket
 import subprocess
@@ -18,7 +19,6 @@ import sys
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable
 from contextlib import contextmanager
 
 PR_SET_PDEATHSIG = 1
@@ -75,25 +75,21 @@ def die_with_parent() -> None:
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
 
 
-def parent_death_preexec() -> Callable[[], None] | None:
-    """A preexec_fn: the child gets SIGTERM when this process dies (Linux only), and exits at
-    once if this process died before the child could ask.
+def parent_death_prefix() -> list[str]:
+    """An argv prefix that makes the child get SIGTERM when this process dies (Linux only):
+    util-linux's `setpriv --pdeathsig TERM --`, which sets the signal and execs the command
+    (same pid). [] where setpriv is missing.
 
-    libc is loaded here, in the parent: between fork and exec the child may only make the
-    prctl call (loading a library there can deadlock or abort on a lock another thread held).
+    Not a preexec_fn: that makes subprocess fork the whole interpreter and run Python in the
+    child before exec, and in a process with live gRPC threads the child then runs gRPC's
+    fork handlers, which can crash it or write their errors into its log. Without preexec_fn,
+    subprocess starts the child with vfork/posix_spawn, which runs no fork handlers.
     Linux ties PR_SET_PDEATHSIG to the thread that forked: start children from a thread that
     lives as long as they do (the main thread, in practice)."""
     if not sys.platform.startswith("linux"):
-        return None
-    libc = ctypes.CDLL(None, use_errno=True)
-    parent = os.getpid()
-
-    def preexec() -> None:
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-        if os.getppid() != parent:
-            os._exit(1)
-
-    return preexec
+        return []
+    setpriv = shutil.which("setpriv")
+    return [setpriv, "--pdeathsig", "TERM", "--"] if setpriv else []
 
 
 def terminate(procs: list[subprocess.Popen], grace_sec: float) -> None:

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from fleetrl.config import WatchdogConfig
-from fleetrl.process import parent_death_preexec, terminate
+from fleetrl.process import parent_death_prefix, terminate
 
 log = logging.getLogger("fleetrl.watchdog")
 
@@ -148,11 +148,10 @@ class Watchdog:
         out = open(self.log_dir / f"{spec.name}.log", "ab")  # noqa: SIM115 - owned by the child
         try:
             return subprocess.Popen(
-                list(spec.argv),
+                [*parent_death_prefix(), *spec.argv],
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 env={**os.environ, **spec.env},
-                preexec_fn=parent_death_preexec(),
             )
         finally:
             out.close()

@@ -136,3 +136,45 @@ def test_the_restart_budget_refills_over_time_so_rare_failures_never_end_a_long_
             poll_until(dog, lambda e, n=before: dog.roles["flaky"].restarts > n)
             time.sleep(0.6)
         assert dog.roles["flaky"].restarts >= 4
+
+
+def test_children_started_beside_busy_grpc_threads_run_no_fork_handlers(tmp_path, capfd):
+    """The supervisor (LocalFleet, the aggregator's host) has live gRPC threads. A child must not
+    fork the interpreter and run gRPC's fork handlers before exec: they crashed children or
+    wrote "epoll_wait error" lines into their logs (once in ~40 starts). Every fork that runs
+    them beside a busy channel says so on stderr, so that line's absence is the check."""
+    import threading
+    from concurrent import futures
+
+    import grpc
+    from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+    server = grpc.server(futures.ThreadPoolExecutor(2))
+    health_pb2_grpc.add_HealthServicer_to_server(health.HealthServicer(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    done = threading.Event()
+
+    def busy() -> None:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = health_pb2_grpc.HealthStub(channel)
+            while not done.is_set():
+                stub.Check(health_pb2.HealthCheckRequest(), timeout=5)
+
+    threads = [threading.Thread(target=busy, daemon=True) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    argv = (sys.executable, "-c", "print('ok')")
+    try:
+        time.sleep(0.2)  # the channels are busy
+        for i in range(10):
+            with Watchdog(tmp_path / str(i), stop_grace_sec=2) as dog:
+                dog.start(RoleSpec("printer", argv, max_restarts=0))
+                dog.roles["printer"].proc.wait(20)
+            assert (tmp_path / str(i) / "printer.log").read_text() == "ok\n"
+    finally:
+        done.set()
+        for thread in threads:
+            thread.join(10)
+        server.stop(None)
+    assert "fork" not in capfd.readouterr().err
