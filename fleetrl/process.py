@@ -163,6 +163,11 @@ class Heartbeat:
         tmp.write_text(json.dumps(payload))
         os.replace(tmp, self.path)
 
+    def close(self, **counters: float) -> None:
+        """The last beat, written whatever the interval: a stopped role's file then holds its
+        final counters (the run's summary and tests compare counters across roles)."""
+        self.beat(force=True, **counters)
+
 
 def heartbeat_file(run_dir: str | os.PathLike, name: str) -> str:
     """Where role `name` of a run writes its heartbeat."""

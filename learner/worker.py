@@ -177,6 +177,7 @@ def run_learner(config: RunConfig, learner_id: int, endpoints: LearnerEndpoints,
                 if endpoints.ack_log_dir:
                     loop.ledger = AckLedger(endpoints.ack_log_dir, f"learner-{learner_id}", agg.incarnation)
                 pushed = loop.run(snapshot, stop)
+                heartbeat.close(pushed=pushed)
             finally:
                 batches.close()
                 if loop.ledger is not None:

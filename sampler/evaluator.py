@@ -246,6 +246,7 @@ def run_evaluator(
             age = time.monotonic() - started
             next_at = time.monotonic() + next_interval_sec(config.eval, config.target_success, curve, age)
             heartbeat.beat(scored=scored, version=policy.version, success=curve)
+    heartbeat.close(scored=scored)
     for env in envs.values():
         env.close()
     return scored

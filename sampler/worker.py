@@ -290,6 +290,7 @@ def run_sampler(config: RunConfig, sampler_id: int, endpoints: SamplerEndpoints,
                 rate_limited_sec=ingest.rate_limited_sec,
             )
         pusher.close(timeout=3.0)  # bounded, whatever the buffer does
+        heartbeat.close(acked_env_steps=pusher.acked_env_steps)
         if ledger is not None:
             ledger.close()
     for env in envs:

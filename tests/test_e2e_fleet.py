@@ -294,6 +294,7 @@ def test_a_run_short_of_its_target_scores_its_last_checkpoint(tmp_path: pathlib.
     run_dir = tmp_path / "run"
     proc = _train(run_dir, "--max-wall-sec", "20", *ONCE)
     out, _ = proc.communicate(timeout=180)
+    assert (run_dir / "summary.json").exists(), out[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert not summary["reached_target"] and summary["stop_reason"].startswith("max_wall_sec"), out[-3000:]
     newest = max(int(p.stem.split("_")[1]) for p in (run_dir / "checkpoints").glob("ckpt_*.pt"))
