@@ -13,6 +13,7 @@ ReportEval) run as plain functions in a small thread pool, under the servicer's 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -374,11 +375,18 @@ class AggregatorServer:
     def _stop_loop(self) -> None:
         task = self.servicer._deadline_task
         if task is not None:  # no step closes after this (nor after the final checkpoint)
-            self._loop.call_soon_threadsafe(task.cancel)
+            self.servicer._deadline_task = None
+            self._run(_cancelled(task), timeout=10)  # finished, not left pending in a stopped loop
         # Stopped, never closed: grpc's asyncio poller keeps a reader on the loop for the life
         # of the process, and a closed loop turns its next wake-up into a logged EBADF.
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=10)
+
+
+async def _cancelled(task: asyncio.Task) -> None:
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
 
 
 class _PollerNoise(logging.Filter):

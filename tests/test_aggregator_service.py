@@ -590,3 +590,13 @@ def test_scored_versions_feed_the_weight_average_which_watchers_can_take(tmp_pat
     np.testing.assert_allclose(state["swa"]["actor"], expected, rtol=1e-6)
     rows = [json.loads(line) for line in (tmp_path / "evals.jsonl").read_text().splitlines()]
     assert [r["kind"] for r in rows].count("swa_curve") == 1 and rows[1]["swa_versions"] == [1]
+
+
+def test_closing_finishes_the_deadline_task_instead_of_leaving_it_pending(tmp_path):
+    """A task left pending in the stopped loop is logged at exit as "Task was destroyed but it
+    is pending"; close() must see it finished."""
+    core = AggregatorCore(SPEC, CONFIG, grads_per_step=2, max_staleness=1)  # K-of-M: a deadline task
+    with AggregatorServer(core, CONFIG, run_dir=tmp_path) as srv:
+        task = srv.servicer._deadline_task
+        assert task is not None and not task.done()
+    assert task.done() and task.cancelled()
