@@ -95,7 +95,7 @@ class AggregatorCore:
             self.swa_plain = LayeredSWA(spec, "plain", config.swa_expert_window, config.swa_expert_window)
         self.live_score: float | None = None  # the evaluator's newest curve score of the live policy
         # Running totals behind the shared input normalizer: [count, sum..., sum of squares...].
-        self._norm_totals = np.zeros(1 + 2 * spec.input_dim, np.float64)
+        self._norm_totals = np.zeros(spec.norm_rows * (1 + 2 * spec.input_dim), np.float64)
 
     def check(self, grads: dict[str, np.ndarray], norm_stats: np.ndarray, batch_size: int = 0) -> None:
         """Raise GradientError unless grads has exactly the gradient groups, right sizes, finite,
@@ -123,12 +123,15 @@ class AggregatorCore:
             raise GradientError(f"{field}.shape", f"{list(stats.shape)}, expected [{self._norm_totals.size}]")
         if not np.all(np.isfinite(stats)):
             raise GradientError(f"{field}.data", "contains NaN or inf")
-        count = float(stats[0])
-        if count < 1 or count != int(count) or (batch_size and count > batch_size):
-            limit = f" and <= batch_size ({batch_size})" if batch_size else ""
-            raise GradientError(f"{field}.data", f"count {count:g} must be a whole number >= 1{limit}")
         dim = self.spec.input_dim
-        sums, squares = stats[1 : 1 + dim].astype(np.float64), stats[1 + dim :].astype(np.float64)
+        blocks = stats.astype(np.float64).reshape(self.spec.norm_rows, 1 + 2 * dim)  # one per task with task_norm
+        counts = blocks[:, 0]
+        total = float(counts.sum())
+        if np.any(counts < 0) or np.any(counts != np.round(counts)) or total < 1 or (batch_size and total > batch_size):
+            limit = f" and <= batch_size ({batch_size})" if batch_size else ""
+            raise GradientError(f"{field}.data", f"count {total:g} must be a whole number >= 1{limit}")
+        count = counts[:, None]
+        sums, squares = blocks[:, 1 : 1 + dim], blocks[:, 1 + dim :]
         bound = self.config.max_input_abs
         if np.any(np.abs(sums) > count * bound) or np.any(squares > count * bound * bound):
             raise GradientError(f"{field}.data", f"implies inputs beyond max_input_abs ({bound:g})")
@@ -234,7 +237,7 @@ class AggregatorCore:
         with torch.no_grad():
             # Polyak averaging of the target critics, once per version.
             self._flat["critic_target"].mul_(1.0 - self.config.tau).add_(self._flat["critic"], alpha=self.config.tau)
-            norm = norm_from_stats(self._norm_totals, self.spec.input_dim)
+            norm = norm_from_stats(self._norm_totals, self.spec.input_dim, self.spec.norm_rows, self.spec.one_hot)
             self._flat["obs_norm"].copy_(torch.from_numpy(norm))
         self.version += 1
 

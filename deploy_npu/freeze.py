@@ -217,7 +217,7 @@ def fold_task_input(module: nn.Module, task: TaskInput) -> nn.Module:
     source: Normalizer = policy.norm
     layers: list[nn.Linear] = policy.first_layers()
     real = torch.from_numpy(task.columns())
-    width = source.mean.numel()
+    width = source.mean.shape[-1]
     constant = torch.ones(width, dtype=torch.bool)
     constant[real] = False
     probe = np.zeros((1, task.input_dim), np.float32)
@@ -225,8 +225,11 @@ def fold_task_input(module: nn.Module, task: TaskInput) -> nn.Module:
     with torch.no_grad():
         folded = source(values[None])[0][constant]  # the constants as the first layers see them
         norm = Normalizer(len(real))
-        norm.mean.copy_(source.mean[real])
-        norm.std.copy_(source.std[real])
+        mean, std = (
+            (source.mean, source.std) if source.mean.dim() == 1 else (source.mean[task.index], source.std[task.index])
+        )
+        norm.mean.copy_(mean[real])
+        norm.std.copy_(std[real])
         policy.norm = norm
         for layer in layers:
             bias = layer.bias + layer.weight[:, constant] @ folded

@@ -115,7 +115,7 @@ def export_multitask(ckpt: PolicyCheckpoint, out_path: str | os.PathLike, config
     for index in range(len(tasks)):
         task_input = TaskInput(tasks, index)
         rows.append(
-            task_input.pad(random_inputs(ckpt, config.random_inputs, config.seed + index, task_input.columns()))
+            task_input.pad(random_inputs(ckpt, config.random_inputs, config.seed + index, task_input.columns(), index))
         )
     inputs = np.concatenate(rows)
     parity = check_parity(policy, module, inputs, tolerance=config.tolerance)

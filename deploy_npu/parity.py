@@ -89,15 +89,17 @@ def task_for_spec(spec: ModelSpec, task: str | int | None = None) -> TaskSpec:
     return fits[0]
 
 
-def random_inputs(ckpt: PolicyCheckpoint, n: int, seed: int = 0, columns: np.ndarray | None = None) -> np.ndarray:
+def random_inputs(
+    ckpt: PolicyCheckpoint, n: int, seed: int = 0, columns: np.ndarray | None = None, task: int = 0
+) -> np.ndarray:
     """Rows drawn as mean + 2.5 * std * N(0, 1) of the checkpoint's normalizer (of its
     `columns` only: a multi-task run's task, on its own input).
 
     The scale puts a component past the normalizer's +-5 clip when |z| > 2 (4.6% of them), so
     both sides of the Clip node are exercised: about 45% of 13-wide rows clip somewhere.
     """
-    dim = ckpt.spec.input_dim
-    mean, std = ckpt.obs_norm[:dim], ckpt.obs_norm[dim:]
+    means, stds = ckpt.spec.split_norm(ckpt.obs_norm)
+    mean, std = (means[task], stds[task]) if len(means) > 1 else (means[0], stds[0])  # per-task: task's row
     if columns is not None:
         mean, std = mean[columns], std[columns]
     z = np.random.default_rng(seed).standard_normal((n, len(mean)))

@@ -118,7 +118,6 @@ class DeployReport:
     def manifest(self, ckpt: PolicyCheckpoint, tasks: list[str]) -> dict:
         """What a controller integrator needs beside the ONNX file (written as <file>.manifest.json)."""
         ex, spec = self.export, ckpt.spec
-        dim = spec.input_dim
         return {
             "onnx": ex.onnx_path.name,
             "sha256": hashlib.sha256(ex.onnx_path.read_bytes()).hexdigest(),
@@ -129,7 +128,7 @@ class DeployReport:
             "input": {"name": ex.input_name, "shape": list(ex.input_shape), "layout": self.input_layout},
             "output": {"name": ex.output_name, "shape": list(ex.output_shape), "range": [-1.0, 1.0]},
             "model_spec": json.loads(spec.to_json()),
-            "normalizer": {"mean": ckpt.obs_norm[:dim].tolist(), "std": ckpt.obs_norm[dim:].tolist()},
+            "normalizer": _normalizer(spec, ckpt.obs_norm),
             "routing": json.loads(self.routing.to_json()) if self.routing is not None else None,
             "checks": {
                 "audit_passed": self.audit.passed,
@@ -210,12 +209,12 @@ def export_and_check(
     ckpt = load_policy_checkpoint(checkpoint, config.weights)
     task, task_input = resolve_task(ckpt, config.task)
     tasks = task_input.tasks if task_input is not None else None
+    place = task_input.index if task_input is not None else 0  # the task's row of per-task tables
     routing = None
     if ckpt.spec.kind == "moe":  # freeze the task's routing over fresh rollouts of it
         states = calibration_states(
             ckpt.spec, ckpt.actor, ckpt.obs_norm, task, config.calibration_episodes, config.seed, tasks
         )
-        place = task_input.index if task_input is not None else 0
         routing = freeze_routing(reference_actor(ckpt), task.name, states, task_index=place)
     exported = export_onnx(
         ckpt, out_path, opset=config.opset, batch_size=config.batch_size, routing=routing, task_input=task_input
@@ -228,7 +227,7 @@ def export_and_check(
     columns = task_input.columns() if task_input is not None else None
     inputs = np.concatenate(
         [
-            random_inputs(ckpt, config.random_inputs, config.seed, columns),
+            random_inputs(ckpt, config.random_inputs, config.seed, columns, task=place),
             env_inputs(task, config.env_inputs, config.seed),
         ]
     )
@@ -260,3 +259,12 @@ def export_and_check(
     report = DeployReport(exported, audit, parity, latency, loop, routing, layout, int8)
     report.write_manifest(ckpt, [task.name])
     return report
+
+
+def _normalizer(spec, obs_norm: np.ndarray) -> dict:
+    """The manifest's normalizer over the padded input: one mean and std, or with per-task
+    statistics a row of each per task (in the run's task order)."""
+    mean, std = spec.split_norm(obs_norm)
+    if len(mean) == 1:
+        return {"mean": mean[0].tolist(), "std": std[0].tolist()}
+    return {"per_task": True, "mean": mean.tolist(), "std": std.tolist()}

@@ -171,6 +171,11 @@ class ModelConfig:
     experts: int = config_field(8, "'moe': experts per hidden layer")
     top_k: int = config_field(2, "'moe': experts each input is routed to")
     task_embed_dim: int = config_field(8, "'moe': width of the learned task embedding the gates see")
+    task_norm: bool = config_field(
+        True,
+        "multi-task runs: standardize each task's inputs with its own statistics (one shared set mixes "
+        "tasks whose coordinates differ, e.g. Fetch and Meta-World, and squashes each task's range)",
+    )
     balance_coef: float = config_field(0.01, "'moe': weight of the routers' load-balancing loss")
     router_decay: float = config_field(
         1.0,

@@ -54,6 +54,9 @@ class ModelSpec:
     top_k: int = 2
     tasks: int = 1  # rows of the task embedding (the run's tasks)
     task_embed_dim: int = 8
+    # A multi-task run's inputs standardized with each task's own statistics (rows picked by the
+    # input's task one-hot), not one set over all: False in specs written before it existed.
+    task_norm: bool = False
 
     def __post_init__(self) -> None:
         if self.kind not in MODEL_KINDS:
@@ -64,6 +67,24 @@ class ModelSpec:
     @property
     def input_dim(self) -> int:
         return self.obs_dim + self.goal_dim
+
+    @property
+    def norm_rows(self) -> int:
+        """Rows of normalizer statistics: one per task with task_norm, else one."""
+        return self.tasks if self.task_norm and self.tasks > 1 else 1
+
+    @property
+    def one_hot(self) -> tuple[int, int] | None:
+        """Where the task one-hot lies in the input (a multi-task run's obs ends with it)."""
+        return (self.obs_dim - self.tasks, self.obs_dim) if self.tasks > 1 else None
+
+    def split_norm(self, obs_norm: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """A flat obs_norm as (mean, std), each [norm_rows, input_dim]; ValueError on a wrong size."""
+        rows, dim = self.norm_rows, self.input_dim
+        if np.shape(obs_norm) != (2 * rows * dim,):
+            raise ValueError(f"obs_norm flat vector shape {np.shape(obs_norm)}, expected ({2 * rows * dim},)")
+        flat = np.asarray(obs_norm, np.float32)
+        return flat[: rows * dim].reshape(rows, dim), flat[rows * dim :].reshape(rows, dim)
 
     @property
     def gate_dim(self) -> int:
@@ -107,6 +128,7 @@ def model_spec(config: RunConfig, task: TaskSpec | TaskSet) -> ModelSpec:
         top_k=m.top_k,
         tasks=len(getattr(task, "tasks", ())) or 1,
         task_embed_dim=m.task_embed_dim,
+        task_norm=m.task_norm,
     )
 
 
@@ -124,8 +146,7 @@ class NumpyActor:
     def __init__(self, spec: ModelSpec, actor_flat: np.ndarray, obs_norm: np.ndarray) -> None:
         if actor_flat.shape != (spec.actor_size(),):
             raise ValueError(f"actor flat vector shape {actor_flat.shape}, expected ({spec.actor_size()},)")
-        if obs_norm.shape != (2 * spec.input_dim,):
-            raise ValueError(f"obs_norm flat vector shape {obs_norm.shape}, expected ({2 * spec.input_dim},)")
+        self.mean, self.std = spec.split_norm(obs_norm)  # [rows, input_dim]: a row per task with task_norm
         self.spec = spec
         flat = np.asarray(actor_flat, np.float32)
         start = 0
@@ -149,12 +170,11 @@ class NumpyActor:
             else:
                 w, b = take(fan_out, fan_in), take(fan_out)
                 self.layers.append((np.ascontiguousarray(w.T), b))
-        self.mean = np.asarray(obs_norm[: spec.input_dim], np.float32)
-        self.std = np.asarray(obs_norm[spec.input_dim :], np.float32)
 
     def forward(self, obs_goal: np.ndarray, task: int = 0) -> tuple[np.ndarray, np.ndarray]:
         """Pre-tanh mean and log_std for inputs [batch, input_dim] of task `task`."""
-        x = np.clip((obs_goal - self.mean) / self.std, -NORM_CLIP, NORM_CLIP)
+        row = task if len(self.mean) > 1 else 0
+        x = np.clip((obs_goal - self.mean[row]) / self.std[row], -NORM_CLIP, NORM_CLIP)
         if self.embed is not None:
             gate_in = np.concatenate([x, np.broadcast_to(self.embed[task], (len(x), self.spec.task_embed_dim))], -1)
             for w, b, gw, gb in self.moe:

@@ -116,41 +116,74 @@ class Body(nn.Module):
 
 
 class Normalizer(nn.Module):
-    """x -> clip((x - mean) / std, +-NORM_CLIP); mean and std are buffers, not trained."""
+    """x -> clip((x - mean) / std, +-NORM_CLIP); mean and std are buffers, not trained.
+
+    With one row per task (ModelSpec.task_norm), each input row is standardized with its task's
+    statistics, picked by the task one-hot the input carries: mean = one_hot @ means, a MatMul,
+    so the exported graph has no data-dependent control flow (as MultiTaskPolicy's routing)."""
 
     mean: torch.Tensor  # registered buffers: declared so they type as tensors, not Tensor | Module
     std: torch.Tensor
 
-    def __init__(self, dim: int) -> None:
+    def __init__(self, dim: int, rows: int = 1, one_hot: tuple[int, int] | None = None) -> None:
         super().__init__()
-        self.register_buffer("mean", torch.zeros(dim))
-        self.register_buffer("std", torch.ones(dim))
+        if rows > 1 and (one_hot is None or one_hot[1] - one_hot[0] != rows):
+            raise ValueError(f"{rows} rows of statistics need a {rows}-column task one-hot, got {one_hot}")
+        shape = (rows, dim) if rows > 1 else (dim,)
+        self.one_hot = one_hot if rows > 1 else None
+        self.register_buffer("mean", torch.zeros(shape))
+        self.register_buffer("std", torch.ones(shape))
+
+    @classmethod
+    def for_spec(cls, spec: ModelSpec) -> Normalizer:
+        return cls(spec.input_dim, spec.norm_rows, spec.one_hot)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return ((x - self.mean) / self.std).clamp(-NORM_CLIP, NORM_CLIP)
+        if self.one_hot is None:
+            return ((x - self.mean) / self.std).clamp(-NORM_CLIP, NORM_CLIP)
+        task = x[:, self.one_hot[0] : self.one_hot[1]]
+        return ((x - task @ self.mean) / (task @ self.std)).clamp(-NORM_CLIP, NORM_CLIP)
 
     def load_flat(self, flat: np.ndarray) -> None:
-        dim = self.mean.numel()
-        if flat.shape != (2 * dim,):
-            raise ValueError(f"obs_norm flat vector shape {flat.shape}, expected ({2 * dim},)")
+        size = self.mean.numel()
+        if flat.shape != (2 * size,):
+            raise ValueError(f"obs_norm flat vector shape {flat.shape}, expected ({2 * size},)")
         with torch.no_grad():
-            self.mean.copy_(torch.from_numpy(np.array(flat[:dim], np.float32)))
-            self.std.copy_(torch.from_numpy(np.array(flat[dim:], np.float32)))
+            self.mean.copy_(torch.from_numpy(np.array(flat[:size], np.float32)).view_as(self.mean))
+            self.std.copy_(torch.from_numpy(np.array(flat[size:], np.float32)).view_as(self.std))
 
 
-def norm_stats(obs_goal: np.ndarray) -> np.ndarray:
-    """[count, sum..., sum of squares...] of a batch: what learners report to the aggregator."""
+def norm_stats(obs_goal: np.ndarray, task: np.ndarray | None = None, rows: int = 1) -> np.ndarray:
+    """[count, sum..., sum of squares...] of a batch: what learners report to the aggregator;
+    with rows > 1, one such block per task (`task`: each row's place in the run)."""
     x = np.asarray(obs_goal, np.float64)
-    return np.concatenate([[len(x)], x.sum(0), (x * x).sum(0)]).astype(np.float32)
+    if rows == 1:
+        return np.concatenate([[len(x)], x.sum(0), (x * x).sum(0)]).astype(np.float32)
+    if task is None:
+        raise ValueError(f"per-task statistics ({rows} rows) need each row's task")
+    place = np.asarray(task, np.int64)
+    return np.concatenate([norm_stats(x[place == r]) for r in range(rows)]).astype(np.float32)
 
 
-def norm_from_stats(totals: np.ndarray, dim: int) -> np.ndarray:
-    """Flat obs_norm (mean ++ std) from accumulated norm_stats totals."""
-    count = max(float(totals[0]), 1.0)
-    mean = totals[1 : 1 + dim] / count
-    var = totals[1 + dim :] / count - mean * mean
-    std = np.sqrt(np.maximum(var, NORM_MIN_STD**2))
-    return np.concatenate([mean, std]).astype(np.float32)
+def norm_from_stats(totals: np.ndarray, dim: int, rows: int = 1, one_hot: tuple[int, int] | None = None) -> np.ndarray:
+    """Flat obs_norm (mean ++ std, each [rows, dim] flattened) from accumulated norm_stats totals.
+    Per task: a task not seen yet keeps the identity (mean 0, std 1), and the one-hot columns
+    pass unchanged (a task's own statistics would make them constant: every task 0)."""
+    if rows == 1:
+        count = max(float(totals[0]), 1.0)
+        mean = totals[1 : 1 + dim] / count
+        var = totals[1 + dim :] / count - mean * mean
+        std = np.sqrt(np.maximum(var, NORM_MIN_STD**2))
+        return np.concatenate([mean, std]).astype(np.float32)
+    blocks = np.asarray(totals, np.float64).reshape(rows, 1 + 2 * dim)
+    means, stds = np.zeros((rows, dim)), np.ones((rows, dim))
+    for r, block in enumerate(blocks):
+        if block[0] > 0:
+            flat = norm_from_stats(block, dim)
+            means[r], stds[r] = flat[:dim], flat[dim:]
+    if one_hot is not None:
+        means[:, one_hot[0] : one_hot[1]], stds[:, one_hot[0] : one_hot[1]] = 0.0, 1.0
+    return np.concatenate([means.ravel(), stds.ravel()]).astype(np.float32)
 
 
 class SquashedGaussianActor(nn.Module):
@@ -158,7 +191,7 @@ class SquashedGaussianActor(nn.Module):
 
     def __init__(self, spec: ModelSpec) -> None:
         super().__init__()
-        self.norm = Normalizer(spec.input_dim)
+        self.norm = Normalizer.for_spec(spec)
         self.body = Body(spec, spec.input_dim, 2 * spec.act_dim)
 
     def forward(self, obs_goal: torch.Tensor, task: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -185,7 +218,7 @@ class TwinCritic(nn.Module):
 
     def __init__(self, spec: ModelSpec) -> None:
         super().__init__()
-        self.norm = Normalizer(spec.input_dim)
+        self.norm = Normalizer.for_spec(spec)
         self.q1 = Body(spec, spec.input_dim + spec.act_dim, 1)
         self.q2 = Body(spec, spec.input_dim + spec.act_dim, 1)
 

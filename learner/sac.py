@@ -156,7 +156,7 @@ def compute_gradients(model: SACModel, batch: Batch, hp: SACHyperparams) -> Grad
     alpha_grads = torch.autograd.grad(a_loss, [model.log_alpha])
     return GradientResult(
         grads={"actor": _flat(actor_grads), "critic": _flat(critic_grads), "log_alpha": _flat(alpha_grads)},
-        norm_stats=norm_stats(batch.obs_goal.cpu().numpy()),
+        norm_stats=_batch_norm_stats(model, batch),
         metrics={
             "loss/critic": q_loss.item(),
             "loss/actor": pi_loss.item(),
@@ -165,6 +165,12 @@ def compute_gradients(model: SACModel, batch: Batch, hp: SACHyperparams) -> Grad
             **metrics,
         },
     )
+
+
+def _batch_norm_stats(model: SACModel, batch: Batch) -> np.ndarray:
+    rows = model.spec.norm_rows
+    task = None if rows == 1 or batch.task is None else batch.task.cpu().numpy()
+    return norm_stats(batch.obs_goal.cpu().numpy(), task, rows)
 
 
 def _ddpg_gradients(model, batch: Batch, hp: SACHyperparams, critic_params, actor_params) -> GradientResult:
@@ -178,7 +184,7 @@ def _ddpg_gradients(model, batch: Batch, hp: SACHyperparams, critic_params, acto
             "critic": _flat(critic_grads, critic_params),
             "log_alpha": np.zeros(1, np.float32),
         },
-        norm_stats=norm_stats(batch.obs_goal.cpu().numpy()),
+        norm_stats=_batch_norm_stats(model, batch),
         metrics={"loss/critic": q_loss.item(), "loss/actor": pi_loss.item()},
     )
 

@@ -20,22 +20,27 @@ TASKS = TaskSet.of(("FetchReach-v4", "FetchPush-v4"))
 CHECK = DeployCheckConfig(episodes=1, calibration_episodes=2, latency_calls=100, random_inputs=64, env_inputs=64)
 
 
-def _checkpoint(kind: str) -> dict:
-    """A multi-task checkpoint after 3 steps, its normalizer far from identity."""
-    spec = ModelSpec(TASKS.obs_dim, TASKS.goal_dim, TASKS.act_dim, (32, 32), kind=kind, experts=4, tasks=2)
+def _checkpoint(kind: str, task_norm: bool = True) -> dict:
+    """A multi-task checkpoint after 3 steps, its normalizer far from identity (and, with
+    per-task statistics, each task's far from the other's)."""
+    spec = ModelSpec(
+        TASKS.obs_dim, TASKS.goal_dim, TASKS.act_dim, (32, 32), kind=kind, experts=4, tasks=2, task_norm=task_norm
+    )
     core = AggregatorCore(spec, AggregatorConfig(seed=2), 1, 1, TASKS.label)
     rng = np.random.default_rng(0)
     for _ in range(3):
         grads = {g: rng.standard_normal(core.sizes[g]).astype(np.float32) * 0.1 for g in GRADIENT_GROUPS}
-        rows = rng.normal(0.5, 0.2, size=(256, spec.input_dim))
-        rows[:, TASKS.obs_dim - 2 : TASKS.obs_dim] = np.eye(2)[rng.integers(0, 2, 256)]  # the task one-hot
-        core.submit(core.version, grads, norm_stats(rows))
+        task = rng.integers(0, 2, 256)
+        rows = rng.normal(0.5, 0.2, size=(256, spec.input_dim)) + 0.8 * task[:, None]  # Push's rows elsewhere
+        rows[:, TASKS.obs_dim - 2 : TASKS.obs_dim] = np.eye(2)[task]  # the task one-hot
+        core.submit(core.version, grads, norm_stats(rows, task, spec.norm_rows))
     return core.state()
 
 
+@pytest.mark.parametrize("task_norm", [True, False], ids=["per-task-norm", "shared-norm"])
 @pytest.mark.parametrize("kind", ["dense", "moe"])
-def test_folding_the_padding_into_the_first_layer_is_exact(kind):
-    ckpt = load_policy_checkpoint(_checkpoint(kind))
+def test_folding_the_padding_into_the_first_layer_is_exact(kind, task_norm):
+    ckpt = load_policy_checkpoint(_checkpoint(kind, task_norm))
     for index, task in enumerate(TASKS.tasks):
         task_input = TaskInput(TASKS, index)
         own = np.random.default_rng(index).normal(0.5, 0.3, (200, task_input.input_dim)).astype(np.float32)
