@@ -25,18 +25,20 @@ from fleetrl.config import RunConfig, with_overrides
 #                       leave chance on Push here (SBX SAC+HER: 0.2-0.4 from ~125k updates).
 #                       gamma 0.98 with 2-3 env steps per update (batch 256 or 512) stayed at
 #                       0.00 curve success for 20 and 30 minutes (docs/presets.md).
-#   her_k_unmoved 1     an episode that never moved the object stores 1 HER copy instead of 4:
-#                       its relabeled goals are free successes where the object already lies,
-#                       so fewer of them make the episodes that moved it a larger share of
-#                       every batch. FetchPush seed 0, one core (--mode sync): 90% on 50
-#                       episodes at 89.7k updates and 22.7 min, where the same run with 4 copies
-#                       for every episode was still at chance after 200k updates and 55 min.
+#   her_k_unmoved 0     an episode that never moved the object stores no HER copies (4 for one
+#                       that moved it): its relabeled goals are free successes where the object
+#                       already lies, so without them the episodes that moved it are a larger
+#                       share of every batch. FetchPush, one core each (--mode sync): 1 copy
+#                       reached 90% on 50 episodes at 89.7k updates (seed 0, 22.7 min), where 4
+#                       copies were at chance after 200k updates (55 min); 0 copies reached it at
+#                       49.8k and 46.4k updates (seeds 1 and 2, 13.1 and 13.0 min), seeds that
+#                       with 1 copy had not in the 30-minute fleet runs (0.72 and 0.68).
 _MANIPULATION: dict[str, Any] = {
     "learner.gamma": 0.95,
     "learner.batch_size": 256,
     "sampler.random_action_prob": 0.3,
     "sampler.max_env_steps_per_update": 1.0,
-    "sampler.her_k_unmoved": 1,
+    "sampler.her_k_unmoved": 0,
 }
 
 TASK_PRESETS: dict[str, dict[str, Any]] = {
