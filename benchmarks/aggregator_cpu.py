@@ -4,10 +4,11 @@
         [--arm NAME=CHECKOUT ...] [--out R.json]
 
 Starts a real `fleetrl aggregator` process from each arm's checkout (default: this one) and
-drives it as the fleet's learner and sampler do: one client streams every weight group and
-pushes a real-sized gradient on each new version (max_grad_staleness 1), a second streams the
-actor at most every 0.2 s. Reports per arm the aggregator's CPU-milliseconds per version (its
-user + system time over the pushes) and versions per second. Arms run interleaved, `--repeats`
+drives it as the fleet's learner and sampler do: one client streams the groups a learner takes
+(LEARNER_GROUPS: not the target critics) and pushes a real-sized gradient on each new version
+(max_grad_staleness 1), a second streams the actor at most every 0.2 s. Reports per arm the
+aggregator's CPU-milliseconds per version (its user + system time over the pushes) and
+versions per second. Arms run interleaved, `--repeats`
 times each, so a noisy machine affects them alike; the figures are medians.
 
 Prints LAST each arm's CPU per version over the first arm's (below 1: cheaper).
@@ -31,7 +32,7 @@ from common import REPO, result_record, write_result  # benchmarks/common.py (th
 from aggregator.client import AggregatorClient, GradientPush
 from fleetrl.config import RunConfig, with_overrides
 from fleetrl.launch import free_port
-from fleetrl.policy import ACTOR_GROUPS, GRADIENT_GROUPS, ModelSpec
+from fleetrl.policy import ACTOR_GROUPS, GRADIENT_GROUPS, LEARNER_GROUPS, ModelSpec
 from learner.models import SACModel, norm_stats
 from sim.registry import get_task
 
@@ -66,7 +67,7 @@ def measure(checkout: pathlib.Path, config_path: str, versions: int, task: str) 
         agg = psutil.Process(proc.pid)
         with (
             AggregatorClient(address) as client,
-            client.watch("bench-learner", ()) as weights,
+            client.watch("bench-learner", LEARNER_GROUPS) as weights,
             client.watch("bench-sampler", ACTOR_GROUPS, 0.2),
         ):
             snapshot = weights.wait_newer_than(-1, timeout=30)

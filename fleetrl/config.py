@@ -243,6 +243,12 @@ class EvalConfig:
         2.0, "seconds between scores early in a run and once curve success is within reach of the target"
     )
     max_interval_sec: float = config_field(60.0, "seconds between scores at most, while success is far off")
+    near_max_interval_sec: float = config_field(
+        16.0,
+        "near the target, each score that sets no new best curve success doubles the wait from "
+        "min_interval_sec, up to this (within the two limits above): a plateau just short of the target is "
+        "not scored every 2 s for an hour",
+    )
     interval_run_fraction: float = config_field(
         0.1,
         "while curve success is below half the target, wait this fraction of the run's age between scores "
@@ -375,6 +381,7 @@ class RunConfig:
                 "eval.min_interval_sec",
                 "in [0, eval.max_interval_sec]",
             ),
+            (self.eval.near_max_interval_sec >= 0, "eval.near_max_interval_sec", ">= 0"),
             (self.eval.interval_run_fraction >= 0, "eval.interval_run_fraction", ">= 0"),
             (
                 self.aggregator.keep_checkpoints >= 1,

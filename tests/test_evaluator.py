@@ -9,7 +9,7 @@ from aggregator.client import WeightsSnapshot
 from fleetrl.checkpoint import CheckpointError
 from fleetrl.config import EvalConfig
 from fleetrl.policy import ModelSpec
-from sampler.evaluator import EpisodeLog, evaluate, next_interval_sec, score_checkpoint
+from sampler.evaluator import EpisodeLog, NearTarget, evaluate, next_interval_sec, score_checkpoint
 from sampler.worker import Policy, rollout
 from sim.registry import get_task, make_env
 
@@ -144,6 +144,29 @@ def test_a_full_score_is_not_continued_once_the_target_is_out_of_reach(env):
 def test_evaluation_is_rare_far_from_the_target_and_frequent_near_it(curve_success, age_sec, expected):
     config = EvalConfig(min_interval_sec=2.0, max_interval_sec=60.0, interval_run_fraction=0.1)
     assert next_interval_sec(config, 0.9, curve_success, age_sec) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(
+    "misses,near_max,expected",
+    [
+        (0, 16.0, 2.0),  # a new best curve success: score again soon
+        (1, 16.0, 4.0),  # no progress: the wait doubles ...
+        (3, 16.0, 16.0),
+        (50, 16.0, 16.0),  # ... up to near_max_interval_sec
+        (50, 1.0, 2.0),  # a cap below min_interval_sec is min_interval_sec
+        (50, 600.0, 60.0),  # and one above max_interval_sec is max_interval_sec
+    ],
+)
+def test_a_plateau_near_the_target_is_scored_less_and_less_often(misses, near_max, expected):
+    config = EvalConfig(min_interval_sec=2.0, max_interval_sec=60.0, near_max_interval_sec=near_max)
+    assert next_interval_sec(config, 0.9, 0.8, 3000.0, misses) == pytest.approx(expected)
+    assert next_interval_sec(config, 0.9, 0.2, 3000.0, misses) == pytest.approx(60.0)  # far off: unchanged
+
+
+def test_near_target_misses_count_scores_without_a_new_best():
+    near = NearTarget()
+    curves = [0.1, 0.5, 0.7, 0.7, 0.6, 0.8, 0.8, 0.3, 0.5, 0.9]
+    assert [near.update(c, 0.9) for c in curves] == [0, 0, 0, 1, 2, 0, 1, 0, 1, 0]
 
 
 def test_a_checkpoint_is_scored_on_the_same_held_out_episodes_every_time(tmp_path):
