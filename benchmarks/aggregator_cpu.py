@@ -50,9 +50,11 @@ def _wait_up(address: str, proc: subprocess.Popen, timeout: float = 60.0) -> Non
                 time.sleep(0.2)
 
 
-def measure(checkout: pathlib.Path, config_path: str, versions: int, task: str) -> dict:
+def measure(checkout: pathlib.Path, config_path: str, versions: int, task: str, hidden: tuple[int, ...]) -> dict:
     spec_task = get_task(task)
-    model = SACModel(ModelSpec(spec_task.obs_dim, spec_task.goal_dim, spec_task.act_dim, (256, 256)))
+    model = SACModel(ModelSpec(spec_task.obs_dim, spec_task.goal_dim, spec_task.act_dim, hidden))
+    sizes = model.group_sizes()
+    moved_mb = 4 * (sum(sizes[g] for g in GRADIENT_GROUPS) + sum(sizes[g] for g in LEARNER_GROUPS)) / 1e6
     rng = np.random.default_rng(0)
     grads = {g: (rng.standard_normal(n) * 1e-4).astype(np.float32) for g, n in model.group_sizes().items()
              if g in GRADIENT_GROUPS}  # fmt: skip
@@ -82,7 +84,12 @@ def measure(checkout: pathlib.Path, config_path: str, versions: int, task: str) 
             elapsed, after = time.monotonic() - start, agg.cpu_times()
         made = snapshot.version - first
         cpu = (after.user - before.user) + (after.system - before.system)
-        return {"versions": made, "cpu_ms_per_version": 1000 * cpu / made, "versions_per_sec": made / elapsed}
+        return {
+            "versions": made,
+            "mb_moved_per_version": moved_mb,  # the gradient in, the learner's weights out
+            "cpu_ms_per_version": 1000 * cpu / made,
+            "versions_per_sec": made / elapsed,
+        }
     finally:
         proc.terminate()
         proc.wait(30)
@@ -94,31 +101,50 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--versions", type=int, default=3000, help="versions per measurement")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--arm", action="append", default=[], help="NAME=CHECKOUT (a git work tree); default this one")
+    p.add_argument(
+        "--hidden",
+        action="append",
+        default=[],
+        help="W,W: the networks' hidden widths (repeat for several sizes: CPU per version against MB moved); "
+        "default 256,256",
+    )
     p.add_argument("--out", help="write the raw result (JSON) here")
     args = p.parse_args(argv)
-    arms = dict(a.split("=", 1) for a in args.arm) or {"this": str(REPO)}
+    checkouts = dict(a.split("=", 1) for a in args.arm) or {"this": str(REPO)}
+    sizes = [tuple(int(w) for w in h.split(",")) for h in args.hidden] or [(256, 256)]
+    # One arm per checkout and size; a size is named only when several are measured.
+    arms = {
+        (name if len(sizes) == 1 else f"{name}@{'x'.join(map(str, hidden))}"): (path, hidden)
+        for name, path in checkouts.items()
+        for hidden in sizes
+    }
     commits = {
         name: subprocess.run(["git", "rev-parse", "HEAD"], cwd=path, capture_output=True, text=True).stdout.strip()
-        for name, path in arms.items()
+        for name, path in checkouts.items()
     }
-    config = with_overrides(RunConfig(), [f'sim.task="{args.task}"', "learner.num_learners=1"])
     rows: list[dict] = []
     with tempfile.TemporaryDirectory() as tmp:
-        config_path = os.path.join(tmp, "config.json")
-        pathlib.Path(config_path).write_text(config.to_json())
         for repeat in range(args.repeats):
-            for name, path in arms.items():
+            for name, (path, hidden) in arms.items():
+                overrides = [
+                    f'sim.task="{args.task}"',
+                    "learner.num_learners=1",
+                    f"learner.hidden_sizes={list(hidden)}",
+                ]
+                config_path = os.path.join(tmp, f"config-{'x'.join(map(str, hidden))}.json")
+                pathlib.Path(config_path).write_text(with_overrides(RunConfig(), overrides).to_json())
                 row = {
                     "arm": name,
+                    "hidden": list(hidden),
                     "repeat": repeat,
-                    **measure(pathlib.Path(path), config_path, args.versions, args.task),
+                    **measure(pathlib.Path(path), config_path, args.versions, args.task, hidden),
                 }
                 rows.append(row)
                 print(row, flush=True)
     medians = {
         name: {
             key: statistics.median(r[key] for r in rows if r["arm"] == name)
-            for key in ("cpu_ms_per_version", "versions_per_sec")
+            for key in ("mb_moved_per_version", "cpu_ms_per_version", "versions_per_sec")
         }
         for name in arms
     }
@@ -128,12 +154,25 @@ def main(argv: list[str] | None = None) -> int:
         for name in arms
         if name != base
     }
+    fits = {}
+    if len(sizes) > 1:  # per checkout: CPU per version = fixed + per_mb * MB moved (least squares on the medians)
+        for name in checkouts:
+            points = [medians[a] for a in arms if arms[a][0] == checkouts[name]]
+            per_mb, fixed = np.polyfit([m["mb_moved_per_version"] for m in points],
+                                       [m["cpu_ms_per_version"] for m in points], 1)  # fmt: skip
+            fits[name] = {"fixed_cpu_ms_per_version": float(fixed), "cpu_ms_per_mb_moved": float(per_mb)}
     if args.out:
-        figures = {"task": args.task, "arms": arms, "commits": commits, "rows": rows, "medians": medians}
-        write_result(result_record("aggregator_cpu", figures | {"ratios": ratios}), args.out)
-    print(f"\n{'arm':>10} {'CPU ms/version':>15} {'versions/s':>11}  (medians of {args.repeats})")
+        figures = {"task": args.task, "arms": {a: p for a, (p, _) in arms.items()}, "commits": commits, "rows": rows}
+        figures |= {"medians": medians, "ratios": ratios, "fits": fits}
+        write_result(result_record("aggregator_cpu", figures), args.out)
+    print(f"\n{'arm':>16} {'MB moved':>9} {'CPU ms/version':>15} {'versions/s':>11}  (medians of {args.repeats})")
     for name, m in medians.items():
-        print(f"{name:>10} {m['cpu_ms_per_version']:>15.2f} {m['versions_per_sec']:>11.1f}")
+        mb, cpu, rate = m["mb_moved_per_version"], m["cpu_ms_per_version"], m["versions_per_sec"]
+        print(f"{name:>16} {mb:>9.2f} {cpu:>15.2f} {rate:>11.1f}")
+    for name, fit in fits.items():
+        print(
+            f"{name}: {fit['fixed_cpu_ms_per_version']:.2f} ms fixed + {fit['cpu_ms_per_mb_moved']:.2f} ms per MB moved"
+        )
     for name, value in ratios.items():
         print(f"{name}: {value:.3f}")
     return 0
