@@ -54,9 +54,10 @@ class GradientPush:
     norm_stats: np.ndarray
     batch_size: int
     metrics: dict[str, float] = field(default_factory=dict)
+    wire_dtype: str = "float32"  # the gradients' ("bfloat16": half the bytes); norm_stats is always float32
 
     def to_proto(self, incarnation: int, seq: int) -> pb.Gradients:
-        tensors = [to_tensor(g, v) for g, v in self.grads.items()]
+        tensors = [to_tensor(g, v, self.wire_dtype) for g, v in self.grads.items()]
         tensors.append(to_tensor("norm_stats", self.norm_stats))
         return pb.Gradients(
             learner_id=self.learner_id,

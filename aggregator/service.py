@@ -41,7 +41,7 @@ from fleetrl.proto import fleetrl_pb2 as pb
 from fleetrl.proto import fleetrl_pb2_grpc as pb_grpc
 from fleetrl.tb import ScalarWriter
 from fleetrl.transport import GRPC_OPTIONS, NO_SECURITY, RefusalCounter, Security, StandardServices, parse_hostport
-from fleetrl.wire import WireError, cap, from_tensor, to_tensor
+from fleetrl.wire import WIRE_DTYPES, WireError, cap, from_tensor, to_tensor
 from sim.tasks import TaskSet
 
 log = logging.getLogger("fleetrl.aggregator")
@@ -418,7 +418,9 @@ def _decode_gradients(request: pb.Gradients) -> dict[str, np.ndarray]:
     for i, t in enumerate(request.tensors):
         if t.name in tensors:
             raise WireError(f"tensors[{i}].name", f"duplicate tensor {cap(t.name)!r}")
-        tensors[t.name] = from_tensor(t, "tensors")
+        if t.name == "norm_stats" and t.dtype != "float32":
+            raise WireError("tensors[norm_stats].dtype", f"{cap(t.dtype)!r} is not 'float32' (sums of squares need it)")
+        tensors[t.name] = from_tensor(t, "tensors", WIRE_DTYPES)
     if "norm_stats" not in tensors:
         raise GradientError("tensors", "missing norm_stats")
     return tensors

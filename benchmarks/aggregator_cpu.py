@@ -50,11 +50,14 @@ def _wait_up(address: str, proc: subprocess.Popen, timeout: float = 60.0) -> Non
                 time.sleep(0.2)
 
 
-def measure(checkout: pathlib.Path, config_path: str, versions: int, task: str, hidden: tuple[int, ...]) -> dict:
+def measure(
+    checkout: pathlib.Path, config_path: str, versions: int, task: str, hidden: tuple[int, ...], wire: str
+) -> dict:
     spec_task = get_task(task)
     model = SACModel(ModelSpec(spec_task.obs_dim, spec_task.goal_dim, spec_task.act_dim, hidden))
     sizes = model.group_sizes()
-    moved_mb = 4 * (sum(sizes[g] for g in GRADIENT_GROUPS) + sum(sizes[g] for g in LEARNER_GROUPS)) / 1e6
+    gradient_bytes = (2 if wire == "bfloat16" else 4) * sum(sizes[g] for g in GRADIENT_GROUPS)
+    moved_mb = (gradient_bytes + 4 * sum(sizes[g] for g in LEARNER_GROUPS)) / 1e6
     rng = np.random.default_rng(0)
     grads = {g: (rng.standard_normal(n) * 1e-4).astype(np.float32) for g, n in model.group_sizes().items()
              if g in GRADIENT_GROUPS}  # fmt: skip
@@ -77,7 +80,7 @@ def measure(checkout: pathlib.Path, config_path: str, versions: int, task: str, 
             before, start = agg.cpu_times(), time.monotonic()
             first = snapshot.version
             while snapshot.version < first + versions:
-                client.push_gradients(GradientPush(0, snapshot.version, grads, stats, batch_size=256))
+                client.push_gradients(GradientPush(0, snapshot.version, grads, stats, 256, wire_dtype=wire))
                 newer = weights.wait_newer_than(snapshot.version, timeout=30)
                 assert newer is not None, f"no version after {snapshot.version}"
                 snapshot = newer
@@ -108,15 +111,24 @@ def main(argv: list[str] | None = None) -> int:
         help="W,W: the networks' hidden widths (repeat for several sizes: CPU per version against MB moved); "
         "default 256,256",
     )
+    p.add_argument(
+        "--wire", action="append", default=[], help="float32 | bfloat16: how gradients travel (repeat for both)"
+    )
     p.add_argument("--out", help="write the raw result (JSON) here")
     args = p.parse_args(argv)
     checkouts = dict(a.split("=", 1) for a in args.arm) or {"this": str(REPO)}
     sizes = [tuple(int(w) for w in h.split(",")) for h in args.hidden] or [(256, 256)]
-    # One arm per checkout and size; a size is named only when several are measured.
+    wires = args.wire or [RunConfig().learner.gradient_wire_dtype]
+
+    def arm_name(name: str, hidden: tuple[int, ...], wire: str) -> str:  # a size or wire named only when varied
+        size = f"@{'x'.join(map(str, hidden))}" if len(sizes) > 1 else ""
+        return name + size + (f"/{wire}" if len(wires) > 1 else "")
+
     arms = {
-        (name if len(sizes) == 1 else f"{name}@{'x'.join(map(str, hidden))}"): (path, hidden)
+        arm_name(name, hidden, wire): (path, hidden, wire)
         for name, path in checkouts.items()
         for hidden in sizes
+        for wire in wires
     }
     commits = {
         name: subprocess.run(["git", "rev-parse", "HEAD"], cwd=path, capture_output=True, text=True).stdout.strip()
@@ -125,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict] = []
     with tempfile.TemporaryDirectory() as tmp:
         for repeat in range(args.repeats):
-            for name, (path, hidden) in arms.items():
+            for name, (path, hidden, wire) in arms.items():
                 overrides = [
                     f'sim.task="{args.task}"',
                     "learner.num_learners=1",
@@ -136,8 +148,9 @@ def main(argv: list[str] | None = None) -> int:
                 row = {
                     "arm": name,
                     "hidden": list(hidden),
+                    "wire": wire,
                     "repeat": repeat,
-                    **measure(pathlib.Path(path), config_path, args.versions, args.task, hidden),
+                    **measure(pathlib.Path(path), config_path, args.versions, args.task, hidden, wire),
                 }
                 rows.append(row)
                 print(row, flush=True)
@@ -156,13 +169,16 @@ def main(argv: list[str] | None = None) -> int:
     }
     fits = {}
     if len(sizes) > 1:  # per checkout: CPU per version = fixed + per_mb * MB moved (least squares on the medians)
-        for name in checkouts:
-            points = [medians[a] for a in arms if arms[a][0] == checkouts[name]]
+        for name, wire in ((n, w) for n in checkouts for w in wires):
+            points = [medians[a] for a, (path, _, w) in arms.items() if (path, w) == (checkouts[name], wire)]
             per_mb, fixed = np.polyfit([m["mb_moved_per_version"] for m in points],
                                        [m["cpu_ms_per_version"] for m in points], 1)  # fmt: skip
-            fits[name] = {"fixed_cpu_ms_per_version": float(fixed), "cpu_ms_per_mb_moved": float(per_mb)}
+            fits[name + (f"/{wire}" if len(wires) > 1 else "")] = {
+                "fixed_cpu_ms_per_version": float(fixed),
+                "cpu_ms_per_mb_moved": float(per_mb),
+            }
     if args.out:
-        figures = {"task": args.task, "arms": {a: p for a, (p, _) in arms.items()}, "commits": commits, "rows": rows}
+        figures = {"task": args.task, "arms": {a: p for a, (p, _, _) in arms.items()}, "commits": commits, "rows": rows}
         figures |= {"medians": medians, "ratios": ratios, "fits": fits}
         write_result(result_record("aggregator_cpu", figures), args.out)
     print(f"\n{'arm':>16} {'MB moved':>9} {'CPU ms/version':>15} {'versions/s':>11}  (medians of {args.repeats})")

@@ -159,6 +159,11 @@ class LearnerConfig:
     )
     recency_half_life: int = config_field(200_000, "'recency' sampling: transitions of age that halve a row's weight")
     max_policy_lag: int = config_field(20_000, "'version' sampling: versions a row's policy may lag the learner's")
+    gradient_wire_dtype: str = config_field(
+        "bfloat16",
+        "how gradients travel to the aggregator: 'float32', or 'bfloat16' (rounded to 8 significant bits, "
+        "half the bytes, as PyTorch DDP's bf16_compress_hook; the aggregator's weights and Adam stay float32)",
+    )
 
 
 @dataclass(frozen=True)
@@ -336,6 +341,11 @@ class RunConfig:
             ),
             (self.learner.max_grad_staleness >= 0, "learner.max_grad_staleness", ">= 0"),
             (self.learner.device in ("auto", "cpu", "cuda"), "learner.device", "one of 'auto', 'cpu', 'cuda'"),
+            (
+                self.learner.gradient_wire_dtype in ("float32", "bfloat16"),
+                "learner.gradient_wire_dtype",
+                "one of 'float32', 'bfloat16' (fleetrl.wire.WIRE_DTYPES)",
+            ),
             (
                 self.learner.replay_sampling in REPLAY_SAMPLING,
                 "learner.replay_sampling",

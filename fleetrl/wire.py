@@ -13,7 +13,8 @@ import numpy as np
 
 from fleetrl.proto import fleetrl_pb2 as pb
 
-ALLOWED_DTYPES = ("float32",)
+ALLOWED_DTYPES = ("float32",)  # what every message may carry; gradients may also come as bfloat16
+WIRE_DTYPES = ("float32", "bfloat16")
 MAX_ABS_VALUE = 1e6  # observations, goals and rewards beyond this are a sender's bug (and break learners)
 ACTION_LIMIT = 1.0 + 1e-5  # actions are tanh-squashed into [-1, 1]
 
@@ -31,23 +32,38 @@ class WireError(ValueError):
         self.field = field
 
 
-def to_tensor(name: str, array: np.ndarray) -> pb.Tensor:
+def to_tensor(name: str, array: np.ndarray, wire_dtype: str = "float32") -> pb.Tensor:
+    """`wire_dtype` "bfloat16": float32 values rounded to their upper 16 bits (round to nearest
+    even), half the bytes; what PyTorch DDP's bf16_compress_hook does to gradients."""
     array = np.ascontiguousarray(array)
+    if wire_dtype == "bfloat16":
+        data = bfloat16_bits(array).tobytes()
+        return pb.Tensor(name=name, dtype=wire_dtype, shape=list(array.shape), data=data)
     return pb.Tensor(name=name, dtype=str(array.dtype), shape=list(array.shape), data=array.tobytes())
 
 
-def from_tensor(tensor: pb.Tensor, field: str = "tensor") -> np.ndarray:
-    """Decode a Tensor, checking dtype and that the byte count matches the shape."""
+def bfloat16_bits(array: np.ndarray) -> np.ndarray:
+    """float32 -> bfloat16 bit patterns (uint16), rounded to nearest even, as torch's .to(bfloat16)."""
+    bits = np.ascontiguousarray(array, np.float32).view(np.uint32)
+    return ((bits + (0x7FFF + ((bits >> 16) & 1))) >> 16).astype(np.uint16)
+
+
+def from_tensor(tensor: pb.Tensor, field: str = "tensor", allowed: tuple[str, ...] = ALLOWED_DTYPES) -> np.ndarray:
+    """Decode a Tensor, checking dtype (one of `allowed`) and that the byte count matches the
+    shape. bfloat16 comes back as float32."""
     where = f"{field}[{cap(tensor.name)}]"
-    if tensor.dtype not in ALLOWED_DTYPES:
-        raise WireError(f"{where}.dtype", f"{cap(tensor.dtype)!r} is not one of {ALLOWED_DTYPES}")
+    if tensor.dtype not in allowed:
+        raise WireError(f"{where}.dtype", f"{cap(tensor.dtype)!r} is not one of {allowed}")
     if len(tensor.shape) > 4 or any(d < 0 for d in tensor.shape):
         raise WireError(f"{where}.shape", f"{cap(str(list(tensor.shape)))}: at most 4 dimensions, none negative")
-    dtype = np.dtype(tensor.dtype)
-    expected = math.prod(tensor.shape) * dtype.itemsize  # Python ints: [2**32, 2**32] does not wrap to 0
+    itemsize = 2 if tensor.dtype == "bfloat16" else np.dtype(tensor.dtype).itemsize
+    expected = math.prod(tensor.shape) * itemsize  # Python ints: [2**32, 2**32] does not wrap to 0
     if len(tensor.data) != expected:
         raise WireError(f"{where}.data", f"{len(tensor.data)} bytes, shape {list(tensor.shape)} needs {expected}")
-    return np.frombuffer(tensor.data, dtype=dtype).reshape(tuple(tensor.shape))
+    shape = tuple(tensor.shape)
+    if tensor.dtype == "bfloat16":
+        return (np.frombuffer(tensor.data, "<u2").astype(np.uint32) << 16).view(np.float32).reshape(shape)
+    return np.frombuffer(tensor.data, dtype=np.dtype(tensor.dtype)).reshape(shape)
 
 
 @dataclass(frozen=True)

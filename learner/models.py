@@ -269,7 +269,8 @@ class SACModel(nn.Module):
         expected = sum(p.numel() for p in params)
         if flat.shape != (expected,):
             raise ValueError(f"group {group!r}: flat vector shape {flat.shape}, expected ({expected},)")
-        source = torch.from_numpy(np.array(flat, np.float32))
+        writable = flat.dtype == np.float32 and flat.flags.writeable  # a snapshot's own copy: no second one
+        source = torch.from_numpy(flat if writable else np.array(flat, np.float32))
         offset = 0
         with torch.no_grad():  # copy_ in place: parameters stay on their device (cpu or cuda)
             for p in params:

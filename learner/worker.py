@@ -52,9 +52,10 @@ def _load(model: SACModel, snapshot: WeightsSnapshot, tau: float, versions: int)
             model.set_flat(group, snapshot.tensors[group])
     if "critic_target" not in snapshot.tensors and versions > 0:
         rate = 1.0 - (1.0 - tau) ** versions
-        with torch.no_grad():
-            for target, live in zip(model.critic_target.parameters(), model.critic.parameters(), strict=True):
-                target.mul_(1.0 - rate).add_(live, alpha=rate)
+        with torch.no_grad():  # one foreach call per op, not two per tensor: the same arithmetic
+            targets, lives = list(model.critic_target.parameters()), list(model.critic.parameters())
+            torch._foreach_mul_(targets, 1.0 - rate)
+            torch._foreach_add_(targets, lives, alpha=rate)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -279,6 +280,7 @@ class _GradientLoop:
             norm_stats=result.norm_stats,
             batch_size=self.config.learner.batch_size,
             metrics=result.metrics,
+            wire_dtype=self.config.learner.gradient_wire_dtype,
         )
 
 

@@ -20,7 +20,7 @@ from fleetrl.policy import GRADIENT_GROUPS, GROUPS, ModelSpec
 from fleetrl.proto import fleetrl_pb2 as pb
 from fleetrl.proto import fleetrl_pb2_grpc as pb_grpc
 from fleetrl.transport import GRPC_OPTIONS
-from fleetrl.wire import to_tensor
+from fleetrl.wire import WIRE_DTYPES, from_tensor, to_tensor
 from learner.models import norm_stats
 
 SPEC = ModelSpec(obs_dim=3, goal_dim=2, act_dim=2, hidden_sizes=(8,))
@@ -229,6 +229,22 @@ def _float64_stats(msg: pb.Gradients) -> None:
     tensor.data = np.frombuffer(tensor.data, np.float32).astype(np.float64).tobytes()
 
 
+def _bfloat16_stats(msg: pb.Gradients) -> None:
+    tensor = _tensor(msg, "norm_stats")
+    tensor.CopyFrom(to_tensor("norm_stats", np.frombuffer(tensor.data, np.float32), "bfloat16"))
+
+
+def _bfloat16_short(msg: pb.Gradients) -> None:
+    tensor = _tensor(msg, "critic")
+    tensor.CopyFrom(to_tensor("critic", np.frombuffer(tensor.data, np.float32), "bfloat16"))
+    tensor.data = tensor.data[:-2]
+
+
+def _float16_actor(msg: pb.Gradients) -> None:
+    tensor = _tensor(msg, "actor")
+    tensor.dtype, tensor.data = "float16", np.frombuffer(tensor.data, np.float32).astype(np.float16).tobytes()
+
+
 # One row per bad push: (case, mutate(Gradients) in place, expected in details, rejected field).
 BAD_PUSHES: list[tuple[str, Callable[[pb.Gradients], None], str, str]] = [
     ("bad dtype", _float64, "tensors[actor].dtype: 'float64'", "tensors[actor].dtype"),
@@ -296,7 +312,32 @@ BAD_PUSHES: list[tuple[str, Callable[[pb.Gradients], None], str, str]] = [
     ("empty message", lambda m: m.Clear(), "incarnation: 0", "incarnation"),
     ("garbage float bytes", _garbage_bytes, "tensors[actor].data: 5 bytes", "tensors[actor].data"),
     ("bad dtype on stats", _float64_stats, "tensors[norm_stats].dtype: 'float64'", "tensors[norm_stats].dtype"),
+    (
+        "bfloat16 stats",
+        _bfloat16_stats,
+        "tensors[norm_stats].dtype: 'bfloat16' is not 'float32'",
+        "tensors[norm_stats].dtype",
+    ),
+    ("bfloat16 one value short", _bfloat16_short, "tensors[critic].data: ", "tensors[critic].data"),
+    ("float16 gradient", _float16_actor, "tensors[actor].dtype: 'float16' is not one of", "tensors[actor].dtype"),
 ]
+
+
+def test_bfloat16_gradients_step_as_their_rounded_float32_values(server, client):
+    """Half the bytes on the wire; the aggregator applies exactly the bf16-rounded gradient."""
+    core = server.servicer.core
+    reference = make_core()
+    sent = dataclasses.replace(push(core, 0), wire_dtype="bfloat16")
+    msg = sent.to_proto(incarnation=3, seq=1)
+    plain = push(core, 0).to_proto(incarnation=3, seq=1)
+    assert msg.ByteSize() < 0.6 * plain.ByteSize()
+    assert client.push_gradients(sent).applied
+    rounded = {g: from_tensor(to_tensor(g, v, "bfloat16"), allowed=WIRE_DTYPES) for g, v in sent.grads.items()}
+    for g, v in sent.grads.items():  # 8 significant bits: within 2**-8 of each value
+        np.testing.assert_allclose(rounded[g], v, rtol=2.0**-8, atol=0)
+    reference.submit(0, rounded, sent.norm_stats, "learner-0", sent.batch_size)
+    for group in GROUPS:
+        np.testing.assert_array_equal(core.weights()[group], reference.weights()[group])
 
 
 @pytest.mark.parametrize("case,mutate,details,field", BAD_PUSHES, ids=[r[0] for r in BAD_PUSHES])
