@@ -225,9 +225,7 @@ def fold_task_input(module: nn.Module, task: TaskInput) -> nn.Module:
     with torch.no_grad():
         folded = source(values[None])[0][constant]  # the constants as the first layers see them
         norm = Normalizer(len(real))
-        mean, std = (
-            (source.mean, source.std) if source.mean.dim() == 1 else (source.mean[task.index], source.std[task.index])
-        )
+        mean, std = source.row(task.index)
         norm.mean.copy_(mean[real])
         norm.std.copy_(std[real])
         policy.norm = norm

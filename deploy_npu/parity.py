@@ -99,7 +99,7 @@ def random_inputs(
     both sides of the Clip node are exercised: about 45% of 13-wide rows clip somewhere.
     """
     means, stds = ckpt.spec.split_norm(ckpt.obs_norm)
-    mean, std = (means[task], stds[task]) if len(means) > 1 else (means[0], stds[0])  # per-task: task's row
+    mean, std = means[ckpt.spec.norm_row(task)], stds[ckpt.spec.norm_row(task)]
     if columns is not None:
         mean, std = mean[columns], std[columns]
     z = np.random.default_rng(seed).standard_normal((n, len(mean)))

@@ -78,6 +78,10 @@ class ModelSpec:
         """Where the task one-hot lies in the input (a multi-task run's obs ends with it)."""
         return (self.obs_dim - self.tasks, self.obs_dim) if self.tasks > 1 else None
 
+    def norm_row(self, task: int) -> int:
+        """The row of normalizer statistics that standardizes task `task`'s inputs."""
+        return task if self.norm_rows > 1 else 0
+
     def split_norm(self, obs_norm: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """A flat obs_norm as (mean, std), each [norm_rows, input_dim]; ValueError on a wrong size."""
         rows, dim = self.norm_rows, self.input_dim
@@ -173,7 +177,7 @@ class NumpyActor:
 
     def forward(self, obs_goal: np.ndarray, task: int = 0) -> tuple[np.ndarray, np.ndarray]:
         """Pre-tanh mean and log_std for inputs [batch, input_dim] of task `task`."""
-        row = task if len(self.mean) > 1 else 0
+        row = self.spec.norm_row(task)
         x = np.clip((obs_goal - self.mean[row]) / self.std[row], -NORM_CLIP, NORM_CLIP)
         if self.embed is not None:
             gate_in = np.concatenate([x, np.broadcast_to(self.embed[task], (len(x), self.spec.task_embed_dim))], -1)

@@ -138,6 +138,10 @@ class Normalizer(nn.Module):
     def for_spec(cls, spec: ModelSpec) -> Normalizer:
         return cls(spec.input_dim, spec.norm_rows, spec.one_hot)
 
+    def row(self, task: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(mean, std) that standardize task `task`'s inputs (ModelSpec.norm_row's, as tensors)."""
+        return (self.mean, self.std) if self.one_hot is None else (self.mean[task], self.std[task])
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.one_hot is None:
             return ((x - self.mean) / self.std).clamp(-NORM_CLIP, NORM_CLIP)

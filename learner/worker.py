@@ -53,7 +53,8 @@ def _load(model: SACModel, snapshot: WeightsSnapshot, tau: float, versions: int)
     if "critic_target" not in snapshot.tensors and versions > 0:
         rate = 1.0 - (1.0 - tau) ** versions
         with torch.no_grad():  # one foreach call per op, not two per tensor: the same arithmetic
-            targets, lives = list(model.critic_target.parameters()), list(model.critic.parameters())
+            targets: list[torch.Tensor] = list(model.critic_target.parameters())
+            lives: list[torch.Tensor] = list(model.critic.parameters())
             torch._foreach_mul_(targets, 1.0 - rate)
             torch._foreach_add_(targets, lives, alpha=rate)
 
