@@ -1,9 +1,12 @@
 """A MoE policy's per-call latency with frozen routing against dynamic routing (and dense).
 
-    python3 benchmarks/moe_latency.py [--task FetchPush-v4] [--calls 10000] [--out R.json]
+    python3 benchmarks/moe_latency.py [--task FetchPush-v4] [--checkpoint RUN/checkpoints] \
+        [--calls 10000] [--out R.json]
 
 One MoE actor of the task preset's widths (model.experts, model.top_k defaults), freshly
-initialized (latency does not depend on training), exported three ways with the same
+initialized (the graphs' shapes, and so their cost, do not depend on training), or with
+`--checkpoint` a trained single-task MoE run's (its task; routing agreement is then the trained
+router's), exported three ways with the same
 exporter: frozen routing (deploy_npu/routing.py, calibrated on fresh rollouts: only the
 selected experts, fixed gates), dynamic routing (the training module as it is: every expert,
 TopK gates), and a dense actor of the same widths for context. Each is timed single-threaded
@@ -30,8 +33,9 @@ from deploy_npu.export import export_onnx, trace_to_onnx
 from deploy_npu.freeze import load_policy_checkpoint, reference_actor
 from deploy_npu.parity import OnnxPolicy
 from deploy_npu.routing import calibration_states, freeze_routing
+from fleetrl.checkpoint import latest_checkpoint, load_checkpoint
 from fleetrl.config import with_overrides
-from fleetrl.policy import model_spec
+from fleetrl.policy import ModelSpec, model_spec
 from fleetrl.presets import preset_config
 from sim.registry import get_task
 
@@ -61,14 +65,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--calls", type=int, default=10_000, help="timed calls per arm")
     p.add_argument("--rounds", type=int, default=10, help="interleaved rounds the calls are split into")
     p.add_argument("--calibration-episodes", type=int, default=10)
+    p.add_argument("--checkpoint", help="a trained single-task MoE checkpoint (file, or the directory: newest)")
     p.add_argument("--out", help="write the raw result here")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
+    if args.checkpoint:
+        state = load_checkpoint(latest_checkpoint(args.checkpoint) or args.checkpoint)
+        spec = ModelSpec.from_json(state["spec"])
+        if spec.kind != "moe" or spec.tasks != 1 or not state.get("task"):
+            p.error(f"--checkpoint: a single-task MoE run's, got kind {spec.kind!r} with {spec.tasks} task(s)")
+        args.task = state["task"]
     task = get_task(args.task)
     config = with_overrides(preset_config(args.task), ['model.kind="moe"'])
-    spec = model_spec(config, task)
-    state = AggregatorCore(spec, config.aggregator, 1, 1, task.name).state()
-    ckpt = load_policy_checkpoint(state)
+    if not args.checkpoint:
+        spec = model_spec(config, task)
+        state = AggregatorCore(spec, config.aggregator, 1, 1, task.name).state()
+    ckpt = load_policy_checkpoint(state, weights="live")
     actor = reference_actor(ckpt)
     states = calibration_states(spec, ckpt.actor, ckpt.obs_norm, task, args.calibration_episodes)
     table = freeze_routing(actor, task.name, states)
@@ -106,6 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     figures = {
         "task": task.name,
+        "checkpoint": {"path": args.checkpoint, "version": ckpt.version} if args.checkpoint else None,
         "spec": spec.to_json(),
         "routing": {"agreement": table.agreement, "action_error_max": table.action_error_max, "states": table.states},
         "arms": arms,
@@ -118,7 +131,8 @@ def main(argv: list[str] | None = None) -> int:
     for name, arm in arms.items():
         timing = f"p50 {arm['p50_ms']:.4f} ms  p99 {arm['p99_ms']:.4f} ms  ({arm['calls']} calls)"
         print(f"{name:8s} {timing}  audit {arm['audit']}")
-    print(f"routing agreement {table.agreement:.3f} over {table.states} states (an untrained router)")
+    router = f"the trained router of version {ckpt.version}" if args.checkpoint else "an untrained router"
+    print(f"routing agreement {table.agreement:.3f} over {table.states} states ({router})")
     print(f"frozen / dynamic: p50 {figures['frozen_over_dynamic_p50']}, p99 {figures['frozen_over_dynamic_p99']}")
     return 0
 
