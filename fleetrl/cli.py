@@ -23,6 +23,7 @@ aggregator, then as many samplers and learners as you like, all with the same --
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import logging
@@ -152,6 +153,7 @@ def _parser(export_args: bool = True) -> argparse.ArgumentParser:
     check.add_argument("--episodes", type=int, default=20, help="episodes for the ONNX and for the torch policy")
     check.add_argument("--seed", type=int, default=0, help="first episode seed")
     check.add_argument("--onnx", help="where to write the graph (default: RUN_DIR/deploy/policy.onnx)")
+    check.add_argument("--json", help="also write every task's figures here (JSON), for CI and benchmarks/results")
     export = sub.add_parser("export", help="freeze a checkpoint into ONNX and check it for an NPU controller")
     if export_args:  # deploy_npu pulls in onnxruntime and torch: only for `fleetrl export`
         from deploy_npu.cli import add_arguments
@@ -396,6 +398,10 @@ def main(argv: list[str] | None = None) -> int:
                 onnx_path=args.onnx,
             )  # fmt: skip
             print("\n\n".join(report.summary() for report in reports))
+            if args.json:
+                settings = {"run_dir": args.run_dir, "hz": args.hz, "delay_ms": args.delay_ms, "seed": args.seed}
+                rows = [dataclasses.asdict(r) | {"passed": r.passed} for r in reports]
+                pathlib.Path(args.json).write_text(json.dumps(settings | {"tasks": rows}, indent=1) + "\n")
             return 0 if all(report.passed for report in reports) else 1
         if args.command == "evaluate":
             return _evaluate(args)

@@ -53,3 +53,18 @@ def test_a_multi_task_run_is_checked_task_by_task_on_each_tasks_own_input(tmp_pa
     assert [r.ticks for r in reports] == [50, 100]  # each task's own horizon at its own rate
     for task in tasks:
         assert (tmp_path / "deploy" / f"{task}.onnx").exists()
+
+
+def test_deploy_check_writes_its_figures_as_json_and_exits_by_the_deadline_verdict(tmp_path):
+    import json
+
+    from fleetrl.cli import main
+
+    run_dir = _run_dir(tmp_path / "run", "learner.hidden_sizes=[32, 32]")
+    out = tmp_path / "check.json"
+    code = main(["deploy-check", str(run_dir), "--hz", "25", "--delay-ms", "0", "--episodes", "1", "--json", str(out)])
+    result = json.loads(out.read_text())
+    assert (result["hz"], result["delay_ms"], result["run_dir"]) == (25.0, 0.0, str(run_dir))
+    [row] = result["tasks"]
+    assert row["task"] == "FetchReach-v4" and row["ticks"] == 50 and row["episodes"] == 1
+    assert code == (0 if row["passed"] else 1) and row["passed"] == (row["deadline_misses"] == 0)
