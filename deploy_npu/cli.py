@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import pathlib
 import sys
 from collections.abc import Sequence
@@ -41,7 +42,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--out",
         required=True,
-        help="ONNX file to write; a directory when several tasks are exported (--task twice, or a multi-task run)",
+        help="ONNX file to write; a directory when several tasks are exported (--task twice, or a multi-task run), "
+        "and for one task an existing directory or a path ending in / gets <task>.onnx",
     )
     parser.add_argument("--episodes", type=int, default=_DEFAULTS.episodes, help=_help("episodes"))
     parser.add_argument(
@@ -94,7 +96,10 @@ def _export_all(args: argparse.Namespace) -> list:
     ckpt = load_policy_checkpoint(args.checkpoint, config.weights)
     multi = len(ckpt.task_names) > 1
     if not multi and len(args.task or []) <= 1:
-        return [export_and_check(ckpt, args.out, config)]
+        target = pathlib.Path(args.out)
+        if target.is_dir() or str(args.out).endswith(("/", os.sep)):  # a folder: <folder>/<task>.onnx, as for several
+            target = target / f"{config.task or (ckpt.task_names or ['policy'])[0]}.onnx"
+        return [export_and_check(ckpt, target, config)]
     out = pathlib.Path(args.out)
     if out.suffix == ".onnx":
         raise ValueError(f"--out {out}: several tasks export to a directory, not one .onnx file")

@@ -283,6 +283,17 @@ def test_cli_reports_every_check_and_passes(checkpoint_path, tmp_path, capsys):
     assert out.exists()
 
 
+@pytest.mark.parametrize("existing", [True, False])
+def test_cli_out_as_a_folder_writes_the_tasks_file_in_it(checkpoint_path, tmp_path, existing):
+    folder = tmp_path / "deploy"
+    if existing:
+        folder.mkdir()
+    out = str(folder) if existing else f"{folder}/"  # an existing folder, or a path that says it is one
+    assert cli.main(["--checkpoint", str(checkpoint_path.parent), "--out", out, "--episodes", "1"]) == 0
+    written = sorted(p.name for p in folder.iterdir())
+    assert len(written) == 2 and written[0].endswith(".onnx") and written[1] == written[0] + ".manifest.json"
+
+
 def test_cli_bad_checkpoint_exits_2_with_the_path(tmp_path, capsys):
     missing = tmp_path / "missing.pt"
     assert cli.main(["--checkpoint", str(missing), "--out", str(tmp_path / "p.onnx")]) == 2
