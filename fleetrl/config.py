@@ -160,9 +160,10 @@ class LearnerConfig:
     recency_half_life: int = config_field(200_000, "'recency' sampling: transitions of age that halve a row's weight")
     max_policy_lag: int = config_field(20_000, "'version' sampling: versions a row's policy may lag the learner's")
     gradient_wire_dtype: str = config_field(
-        "bfloat16",
+        "float32",
         "how gradients travel to the aggregator: 'float32', or 'bfloat16' (rounded to 8 significant bits, "
-        "half the bytes, as PyTorch DDP's bf16_compress_hook; the aggregator's weights and Adam stay float32)",
+        "half the bytes, as PyTorch DDP's bf16_compress_hook; the aggregator's weights and Adam stay float32): "
+        "0.87x the aggregator's CPU per version, but FetchPush took more updates to 90% on 2 of 3 seeds",
     )
 
 
