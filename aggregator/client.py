@@ -23,6 +23,7 @@ import numpy as np
 from fleetrl.policy import ModelSpec
 from fleetrl.proto import fleetrl_pb2 as pb
 from fleetrl.proto import fleetrl_pb2_grpc as pb_grpc
+from fleetrl.shm import SharedWeightsReader
 from fleetrl.transport import NO_SECURITY, Backoff, Security
 from fleetrl.wire import from_tensor, to_tensor
 
@@ -120,8 +121,12 @@ class AggregatorClient:
         call = lambda: self._stub.ReportEval(report, timeout=self.timeout_sec)  # noqa: E731
         self._retry(call, should_stop=should_stop, on_wait=on_wait)
 
-    def watch(self, subscriber: str, groups: tuple[str, ...] = (), min_interval_sec: float = 0.0) -> WeightsWatcher:
-        return WeightsWatcher(self._stub, subscriber, groups, min_interval_sec)
+    def watch(
+        self, subscriber: str, groups: tuple[str, ...] = (), min_interval_sec: float = 0.0, shared_memory: bool = False
+    ) -> WeightsWatcher:
+        """`shared_memory`: read the weights from the aggregator's /dev/shm segment when this
+        process can map it (the same host); the stream then carries versions only."""
+        return WeightsWatcher(self._stub, subscriber, groups, min_interval_sec, shared_memory)
 
     def _retry(
         self,
@@ -176,11 +181,28 @@ class PendingPush:
 
 
 class WeightsWatcher:
-    """Newest weights from a WatchWeights stream, kept fresh by a daemon thread."""
+    """Newest weights from a WatchWeights stream, kept fresh by a daemon thread.
 
-    def __init__(self, stub: pb_grpc.AggregatorStub, subscriber: str, groups: tuple[str, ...], interval: float):
+    With `shared_memory`, the first message offers the aggregator's segment (fleetrl/shm.py);
+    once mapped and its key checked, the watcher reconnects with that key and then reads each
+    announced version from the segment. Anything amiss with the segment (another host's, gone,
+    a read that keeps meeting writes) puts it back on gRPC for good.
+    """
+
+    def __init__(
+        self,
+        stub: pb_grpc.AggregatorStub,
+        subscriber: str,
+        groups: tuple[str, ...],
+        interval: float,
+        shared_memory: bool = False,
+    ):
         self._stub = stub
-        self._request = pb.WatchRequest(subscriber=subscriber, groups=list(groups), min_interval_sec=interval)
+        self._request = pb.WatchRequest(
+            subscriber=subscriber, groups=list(groups), min_interval_sec=interval, shared_memory=shared_memory
+        )
+        self._reader: SharedWeightsReader | None = None
+        self.shared_reads = 0  # versions read from shared memory (the rest came over gRPC)
         self._cond = threading.Condition()
         self._latest: WeightsSnapshot | None = None
         self._closed = False
@@ -202,6 +224,14 @@ class WeightsWatcher:
         if self._call is not None:
             self._call.cancel()
         self._thread.join(timeout=5)
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
+
+    @property
+    def shared_memory(self) -> bool:
+        """True while the weights come from the aggregator's shared-memory segment."""
+        return self._reader is not None
 
     def latest(self) -> WeightsSnapshot | None:
         with self._cond:
@@ -224,8 +254,13 @@ class WeightsWatcher:
                 call = self._stub.WatchWeights(self._request, wait_for_ready=True)
                 self._call = call
                 for msg in call:
-                    self._store(msg)
+                    switch = self._store(msg)
                     backoff.reset()
+                    if switch:  # watch again, now reading from the mapped segment
+                        call.cancel()
+                        break
+                else:
+                    backoff.wait("stream ended")
             except grpc.RpcError as err:
                 if self._closed:  # our own cancel; a server-side CANCELLED (a stopping aggregator) reconnects
                     return
@@ -233,17 +268,46 @@ class WeightsWatcher:
                     log.error("WatchWeights refused: %s", err.details())
                     return
                 backoff.wait(err.code().name)
-                continue
-            backoff.wait("stream ended")
 
-    def _store(self, msg: pb.Weights) -> None:
-        snapshot = WeightsSnapshot(
-            version=msg.version,
-            tensors={t.name: from_tensor(t, "tensors").copy() for t in msg.tensors},
-            spec=ModelSpec.from_json(msg.layout),
-        )
+    def _store(self, msg: pb.Weights) -> bool:
+        """Keep `msg`'s weights as the newest; True: reconnect (a shared-memory switch)."""
+        if msg.tensors or not msg.HasField("shared"):
+            tensors = {t.name: from_tensor(t, "tensors").copy() for t in msg.tensors}
+            version = msg.version
+        else:  # a version announced; the weights are in the segment
+            read = self._reader.read() if self._reader is not None else None
+            if read is None or read[0] < msg.version:
+                log.warning("%s: shared-memory weights unreadable; back on gRPC", self._request.subscriber)
+                self._leave_shared_memory()
+                return True
+            version, tensors = read
+            self.shared_reads += 1
         with self._cond:
-            self._latest = snapshot
-            self._request.after_version = msg.version  # a reconnect resumes after this version
+            self._latest = WeightsSnapshot(version=version, tensors=tensors, spec=ModelSpec.from_json(msg.layout))
+            self._request.after_version = version  # a reconnect resumes after this version
             self.received += 1
             self._cond.notify_all()
+        offer = msg.shared if msg.tensors and msg.HasField("shared") else None
+        if offer is None or not self._request.shared_memory or offer.key == self._request.shared_memory_key:
+            return False
+        return self._map(offer, {name: t.size for name, t in tensors.items()})
+
+    def _map(self, offer: pb.SharedWeights, sizes: dict[str, int]) -> bool:
+        try:
+            reader = SharedWeightsReader(offer.path, offer.key, sizes)
+        except (OSError, ValueError) as err:  # another host's aggregator: its segment is not here
+            log.info("%s: weights over gRPC (%s)", self._request.subscriber, err)
+            self._request.shared_memory = False
+            return False
+        if self._reader is not None:
+            self._reader.close()
+        self._reader = reader
+        self._request.shared_memory_key = offer.key
+        return True
+
+    def _leave_shared_memory(self) -> None:
+        self._request.shared_memory = False
+        self._request.shared_memory_key = 0
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None

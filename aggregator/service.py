@@ -33,12 +33,14 @@ from aggregator.core import AggregatorCore, GradientError
 from aggregator.dedup import PushDedup
 from aggregator.evals import check_eval_report, eval_row, feed_swa
 from aggregator.persistence import Checkpointer, restore
+from fleetrl import shm
 from fleetrl.checkpoint import VersionLease, save_checkpoint
 from fleetrl.config import AggregatorConfig, RunConfig
 from fleetrl.policy import GROUPS, SWA_GROUP, model_spec
 from fleetrl.process import Heartbeat, write_ready_file
 from fleetrl.proto import fleetrl_pb2 as pb
 from fleetrl.proto import fleetrl_pb2_grpc as pb_grpc
+from fleetrl.shm import SharedWeightsWriter
 from fleetrl.tb import ScalarWriter
 from fleetrl.transport import GRPC_OPTIONS, NO_SECURITY, RefusalCounter, Security, StandardServices, parse_hostport
 from fleetrl.wire import WIRE_DTYPES, WireError, cap, from_tensor, to_tensor
@@ -50,13 +52,20 @@ WATCH_HEARTBEAT_SEC = 1.0  # a watcher re-checks its connection at least this of
 
 
 class _WeightsCache:
-    """Serialized Weights per group selection, rebuilt once per version, shared by subscribers."""
+    """Serialized Weights per group selection, rebuilt once per version, shared by subscribers;
+    and, for same-host subscribers, the shared-memory segment per group selection (written once
+    per version) with its versions-only message."""
 
     def __init__(self) -> None:
-        self._cache: dict[tuple[str, ...], pb.Weights] = {}
+        self._cache: dict[tuple[tuple[str, ...], str], pb.Weights] = {}  # (groups, "plain"|"offer"|"shared")
+        self.segments: dict[tuple[str, ...], SharedWeightsWriter] = {}
 
-    def get(self, core: AggregatorCore, groups: tuple[str, ...]) -> pb.Weights:
-        cached = self._cache.get(groups)
+    def get(
+        self, core: AggregatorCore, groups: tuple[str, ...], offer: SharedWeightsWriter | None = None
+    ) -> pb.Weights:
+        """The weights themselves; with `offer`, naming the segment that holds them too."""
+        key = (groups, "plain" if offer is None else "offer")
+        cached = self._cache.get(key)
         if cached is not None and cached.version == core.version:
             return cached
         flat = core.views(groups)  # no copy: to_tensor copies once, under the caller's lock
@@ -64,9 +73,43 @@ class _WeightsCache:
             version=core.version,
             tensors=[to_tensor(g, flat[g]) for g in groups],
             layout=core.spec.to_json(),
+            shared=_shared(offer),
         )
-        self._cache[groups] = msg
+        self._cache[key] = msg
         return msg
+
+    def shared(self, core: AggregatorCore, groups: tuple[str, ...], segment: SharedWeightsWriter) -> pb.Weights:
+        """The current version written to `segment` (once) and a message without tensors."""
+        key = (groups, "shared")
+        cached = self._cache.get(key)
+        if segment.version != core.version:
+            segment.write(core.version, core.views(groups))
+        if cached is not None and cached.version == core.version:
+            return cached
+        msg = pb.Weights(version=core.version, layout=core.spec.to_json(), shared=_shared(segment))
+        self._cache[key] = msg
+        return msg
+
+    def segment(self, core: AggregatorCore, groups: tuple[str, ...]) -> SharedWeightsWriter | None:
+        """This selection's segment, made on first use; None where /dev/shm cannot be used."""
+        if groups not in self.segments:
+            if not shm.available():
+                return None
+            try:
+                self.segments[groups] = SharedWeightsWriter({g: v.size for g, v in core.views(groups).items()})
+            except OSError as err:
+                log.warning("weights stay on gRPC: no shared-memory segment (%s)", err)
+                return None
+        return self.segments[groups]
+
+    def close(self) -> None:
+        for segment in self.segments.values():
+            segment.close()
+        self.segments.clear()
+
+
+def _shared(segment: SharedWeightsWriter | None) -> pb.SharedWeights | None:
+    return None if segment is None else pb.SharedWeights(path=segment.path, key=segment.key)
 
 
 class AggregatorServicer(pb_grpc.AggregatorServicer):
@@ -204,6 +247,8 @@ class AggregatorServicer(pb_grpc.AggregatorServicer):
 
     def close(self) -> None:
         self._checkpointer.close()
+        with self._lock:
+            self._cache.close()
 
     # --- weights -----------------------------------------------------------------------
     def attach(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -233,6 +278,8 @@ class AggregatorServicer(pb_grpc.AggregatorServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"min_interval_sec: {request.min_interval_sec} < 0")
         with self._lock:
             self.subscribers += 1
+            segment = self._cache.segment(self.core, groups) if request.shared_memory else None
+        shared = segment is not None and request.shared_memory_key == segment.key  # mapped and checked
         try:
             sent = request.after_version if request.HasField("after_version") else -1
             next_send = 0.0
@@ -249,7 +296,11 @@ class AggregatorServicer(pb_grpc.AggregatorServicer):
                         pass
                     continue
                 with self._lock:  # a step is at most ~1 ms: the loop waits that long at worst
-                    msg = self._cache.get(self.core, groups)
+                    if shared and segment is not None:
+                        msg = self._cache.shared(self.core, groups, segment)
+                    else:
+                        msg = self._cache.get(self.core, groups, segment)
+                    self.counts["weights_shared" if shared else "weights_sent"] += 1
                 sent = msg.version
                 next_send = time.monotonic() + request.min_interval_sec
                 yield msg

@@ -1,7 +1,7 @@
 """The aggregator's CPU per version, as a one-learner fleet drives it, for one or more checkouts.
 
     python3 benchmarks/aggregator_cpu.py [--task FetchPush-v4] [--versions 3000] [--repeats 3] \\
-        [--arm NAME=CHECKOUT ...] [--out R.json]
+        [--arm NAME=CHECKOUT ...] [--weights grpc --weights shm] [--out R.json]
 
 Starts a real `fleetrl aggregator` process from each arm's checkout (default: this one) and
 drives it as the fleet's learner and sampler do: one client streams the groups a learner takes
@@ -51,13 +51,20 @@ def _wait_up(address: str, proc: subprocess.Popen, timeout: float = 60.0) -> Non
 
 
 def measure(
-    checkout: pathlib.Path, config_path: str, versions: int, task: str, hidden: tuple[int, ...], wire: str
+    checkout: pathlib.Path,
+    config_path: str,
+    versions: int,
+    task: str,
+    hidden: tuple[int, ...],
+    wire: str,
+    weights_via: str = "grpc",
 ) -> dict:
     spec_task = get_task(task)
     model = SACModel(ModelSpec(spec_task.obs_dim, spec_task.goal_dim, spec_task.act_dim, hidden))
     sizes = model.group_sizes()
     gradient_bytes = (2 if wire == "bfloat16" else 4) * sum(sizes[g] for g in GRADIENT_GROUPS)
-    moved_mb = (gradient_bytes + 4 * sum(sizes[g] for g in LEARNER_GROUPS)) / 1e6
+    weight_bytes = 4 * sum(sizes[g] for g in LEARNER_GROUPS) if weights_via == "grpc" else 0
+    moved_mb = (gradient_bytes + weight_bytes) / 1e6  # over gRPC
     rng = np.random.default_rng(0)
     grads = {g: (rng.standard_normal(n) * 1e-4).astype(np.float32) for g, n in model.group_sizes().items()
              if g in GRADIENT_GROUPS}  # fmt: skip
@@ -72,7 +79,7 @@ def measure(
         agg = psutil.Process(proc.pid)
         with (
             AggregatorClient(address) as client,
-            client.watch("bench-learner", LEARNER_GROUPS) as weights,
+            client.watch("bench-learner", LEARNER_GROUPS, shared_memory=weights_via == "shm") as weights,
             client.watch("bench-sampler", ACTOR_GROUPS, 0.2),
         ):
             snapshot = weights.wait_newer_than(-1, timeout=30)
@@ -89,7 +96,8 @@ def measure(
         cpu = (after.user - before.user) + (after.system - before.system)
         return {
             "versions": made,
-            "mb_moved_per_version": moved_mb,  # the gradient in, the learner's weights out
+            "mb_moved_per_version": moved_mb,  # the gradient in, the learner's weights out (over gRPC)
+            "weights_from_shared_memory": weights.shared_reads,
             "cpu_ms_per_version": 1000 * cpu / made,
             "versions_per_sec": made / elapsed,
         }
@@ -114,21 +122,30 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--wire", action="append", default=[], help="float32 | bfloat16: how gradients travel (repeat for both)"
     )
+    p.add_argument(
+        "--weights",
+        action="append",
+        default=[],
+        help="grpc | shm: how the learner's weights reach it (shm: the same-host segment, fleetrl/shm.py; "
+        "repeat for both); default grpc",
+    )
     p.add_argument("--out", help="write the raw result (JSON) here")
     args = p.parse_args(argv)
     checkouts = dict(a.split("=", 1) for a in args.arm) or {"this": str(REPO)}
     sizes = [tuple(int(w) for w in h.split(",")) for h in args.hidden] or [(256, 256)]
     wires = args.wire or [RunConfig().learner.gradient_wire_dtype]
+    vias = args.weights or ["grpc"]
 
-    def arm_name(name: str, hidden: tuple[int, ...], wire: str) -> str:  # a size or wire named only when varied
+    def arm_name(name: str, hidden: tuple[int, ...], wire: str, via: str) -> str:  # what varies, named
         size = f"@{'x'.join(map(str, hidden))}" if len(sizes) > 1 else ""
-        return name + size + (f"/{wire}" if len(wires) > 1 else "")
+        return name + size + (f"/{wire}" if len(wires) > 1 else "") + (f"/{via}" if len(vias) > 1 else "")
 
     arms = {
-        arm_name(name, hidden, wire): (path, hidden, wire)
+        arm_name(name, hidden, wire, via): (path, hidden, wire, via)
         for name, path in checkouts.items()
         for hidden in sizes
         for wire in wires
+        for via in vias
     }
     commits = {
         name: subprocess.run(["git", "rev-parse", "HEAD"], cwd=path, capture_output=True, text=True).stdout.strip()
@@ -137,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict] = []
     with tempfile.TemporaryDirectory() as tmp:
         for repeat in range(args.repeats):
-            for name, (path, hidden, wire) in arms.items():
+            for name, (path, hidden, wire, via) in arms.items():
                 overrides = [
                     f'sim.task="{args.task}"',
                     "learner.num_learners=1",
@@ -149,8 +166,9 @@ def main(argv: list[str] | None = None) -> int:
                     "arm": name,
                     "hidden": list(hidden),
                     "wire": wire,
+                    "weights": via,
                     "repeat": repeat,
-                    **measure(pathlib.Path(path), config_path, args.versions, args.task, hidden, wire),
+                    **measure(pathlib.Path(path), config_path, args.versions, args.task, hidden, wire, via),
                 }
                 rows.append(row)
                 print(row, flush=True)
@@ -169,16 +187,16 @@ def main(argv: list[str] | None = None) -> int:
     }
     fits = {}
     if len(sizes) > 1:  # per checkout: CPU per version = fixed + per_mb * MB moved (least squares on the medians)
-        for name, wire in ((n, w) for n in checkouts for w in wires):
-            points = [medians[a] for a, (path, _, w) in arms.items() if (path, w) == (checkouts[name], wire)]
+        for name, wire, via in ((n, w, v) for n in checkouts for w in wires for v in vias):
+            points = [medians[a] for a, (path, _, w, v) in arms.items() if (path, w, v) == (checkouts[name], wire, via)]
             per_mb, fixed = np.polyfit([m["mb_moved_per_version"] for m in points],
                                        [m["cpu_ms_per_version"] for m in points], 1)  # fmt: skip
-            fits[name + (f"/{wire}" if len(wires) > 1 else "")] = {
+            fits[name + (f"/{wire}" if len(wires) > 1 else "") + (f"/{via}" if len(vias) > 1 else "")] = {
                 "fixed_cpu_ms_per_version": float(fixed),
                 "cpu_ms_per_mb_moved": float(per_mb),
             }
     if args.out:
-        figures = {"task": args.task, "arms": {a: p for a, (p, _, _) in arms.items()}, "commits": commits, "rows": rows}
+        figures = {"task": args.task, "arms": {a: p for a, (p, *_) in arms.items()}, "commits": commits, "rows": rows}
         figures |= {"medians": medians, "ratios": ratios, "fits": fits}
         write_result(result_record("aggregator_cpu", figures), args.out)
     print(f"\n{'arm':>16} {'MB moved':>9} {'CPU ms/version':>15} {'versions/s':>11}  (medians of {args.repeats})")

@@ -143,7 +143,9 @@ def run_learner(config: RunConfig, learner_id: int, endpoints: LearnerEndpoints,
     try:
         with (
             AggregatorClient(endpoints.aggregator, security=security) as agg,
-            agg.watch(f"learner-{learner_id}", LEARNER_GROUPS) as weights,
+            agg.watch(
+                f"learner-{learner_id}", LEARNER_GROUPS, shared_memory=config.learner.shared_memory_weights
+            ) as weights,
         ):
             replay = ReplaySampler(
                 redis_client,

@@ -124,6 +124,77 @@ def test_min_interval_conflates_versions(server, client):
     assert received <= 2 + elapsed / 0.3 + 1
 
 
+def _wait_for(condition: Callable[[], bool], timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return condition()
+
+
+def test_a_same_host_watcher_reads_weights_from_shared_memory(server, client):
+    core, groups = server.servicer.core, ("actor", "critic", "log_alpha", "obs_norm")
+    with client.watch("learner-0", groups, shared_memory=True) as watcher:
+        assert watcher.wait_newer_than(-1, timeout=10).version == 0  # over gRPC, offering the segment
+        assert _wait_for(lambda: watcher.shared_memory)  # mapped, and watching again with the key
+        for v in range(5):
+            client.push_gradients(push(core, v, seed=v))
+            snapshot = watcher.wait_newer_than(v, timeout=10)
+            assert snapshot is not None
+            weights = core.weights(groups)
+            if snapshot.version == v + 1:
+                for g in groups:
+                    np.testing.assert_array_equal(snapshot.tensors[g], weights[g])
+        assert watcher.wait_newer_than(4, timeout=10).version == 5
+        assert watcher.shared_reads >= 5
+    assert server.servicer.counts["weights_sent"] == 1  # only the offer carried tensors
+    segment = server.servicer._cache.segments[groups]
+    server.servicer.close()
+    assert not __import__("os").path.exists(segment.path)
+
+
+def test_a_shared_memory_watcher_falls_back_to_grpc_when_the_segment_is_unreadable(server, client):
+    core, groups = server.servicer.core, ("actor", "obs_norm")
+    with client.watch("learner-0", groups, shared_memory=True) as watcher:
+        watcher.wait_newer_than(-1, timeout=10)
+        assert _wait_for(lambda: watcher.shared_memory)
+        segment = server.servicer._cache.segments[groups]
+        segment._header[1] += 1  # a write that never ends, as a wedged or foreign writer would leave it
+        client.push_gradients(push(core, 0))
+        client.push_gradients(push(core, 1, seed=1))
+        snapshot = watcher.wait_newer_than(1, timeout=10)
+        assert snapshot is not None and snapshot.version == 2
+        np.testing.assert_array_equal(snapshot.tensors["actor"], core.weights()["actor"])
+        assert watcher.shared_reads == 0 and not watcher.shared_memory
+    assert server.servicer.counts["weights_sent"] >= 2  # the offer, then weights over gRPC again
+
+
+def test_a_shared_memory_watcher_follows_a_restarted_aggregator_to_its_new_segment(tmp_path):
+    with AggregatorServer(make_core(), CONFIG, run_dir=tmp_path) as first:
+        port = first.port
+        client = AggregatorClient(first.address, timeout_sec=5.0)
+        watcher = client.watch("learner-0", ("actor",), shared_memory=True)
+        watcher.wait_newer_than(-1, timeout=10)
+        client.push_gradients(push(first.servicer.core, 0))
+        assert watcher.wait_newer_than(0, timeout=10).version == 1
+        old_key = first.servicer._cache.segments[("actor",)].key
+    try:
+        with AggregatorServer(make_core(), CONFIG, run_dir=tmp_path, port=port) as second:
+            core = second.servicer.core
+            assert core.version == 1
+            client.push_gradients(push(core, 1, seed=1))
+            snapshot = watcher.wait_newer_than(1, timeout=30)
+            assert snapshot is not None and snapshot.version == 2
+            np.testing.assert_array_equal(snapshot.tensors["actor"], core.weights()["actor"])
+            assert _wait_for(lambda: watcher.shared_memory)
+            client.push_gradients(push(core, 2, seed=2))
+            assert watcher.wait_newer_than(2, timeout=10).version == 3
+            assert second.servicer.counts["weights_shared"] >= 1
+            assert second.servicer._cache.segments[("actor",)].key != old_key
+    finally:
+        watcher.close()
+        client.close()
+
+
 def _tensor(msg: pb.Gradients, name: str) -> pb.Tensor:
     return next(t for t in msg.tensors if t.name == name)
 

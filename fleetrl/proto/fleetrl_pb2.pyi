@@ -129,26 +129,40 @@ class GradientAck(_message.Message):
     def __init__(self, applied: _Optional[bool] = ..., version: _Optional[int] = ..., reason: _Optional[str] = ..., duplicate: _Optional[bool] = ...) -> None: ...
 
 class WatchRequest(_message.Message):
-    __slots__ = ("subscriber", "after_version", "groups", "min_interval_sec")
+    __slots__ = ("subscriber", "after_version", "groups", "min_interval_sec", "shared_memory", "shared_memory_key")
     SUBSCRIBER_FIELD_NUMBER: _ClassVar[int]
     AFTER_VERSION_FIELD_NUMBER: _ClassVar[int]
     GROUPS_FIELD_NUMBER: _ClassVar[int]
     MIN_INTERVAL_SEC_FIELD_NUMBER: _ClassVar[int]
+    SHARED_MEMORY_FIELD_NUMBER: _ClassVar[int]
+    SHARED_MEMORY_KEY_FIELD_NUMBER: _ClassVar[int]
     subscriber: str
     after_version: int
     groups: _containers.RepeatedScalarFieldContainer[str]
     min_interval_sec: float
-    def __init__(self, subscriber: _Optional[str] = ..., after_version: _Optional[int] = ..., groups: _Optional[_Iterable[str]] = ..., min_interval_sec: _Optional[float] = ...) -> None: ...
+    shared_memory: bool
+    shared_memory_key: int
+    def __init__(self, subscriber: _Optional[str] = ..., after_version: _Optional[int] = ..., groups: _Optional[_Iterable[str]] = ..., min_interval_sec: _Optional[float] = ..., shared_memory: _Optional[bool] = ..., shared_memory_key: _Optional[int] = ...) -> None: ...
 
 class Weights(_message.Message):
-    __slots__ = ("version", "tensors", "layout")
+    __slots__ = ("version", "tensors", "layout", "shared")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     TENSORS_FIELD_NUMBER: _ClassVar[int]
     LAYOUT_FIELD_NUMBER: _ClassVar[int]
+    SHARED_FIELD_NUMBER: _ClassVar[int]
     version: int
     tensors: _containers.RepeatedCompositeFieldContainer[Tensor]
     layout: str
-    def __init__(self, version: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[Tensor, _Mapping]]] = ..., layout: _Optional[str] = ...) -> None: ...
+    shared: SharedWeights
+    def __init__(self, version: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[Tensor, _Mapping]]] = ..., layout: _Optional[str] = ..., shared: _Optional[_Union[SharedWeights, _Mapping]] = ...) -> None: ...
+
+class SharedWeights(_message.Message):
+    __slots__ = ("path", "key")
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    path: str
+    key: int
+    def __init__(self, path: _Optional[str] = ..., key: _Optional[int] = ...) -> None: ...
 
 class AggregatorStatsRequest(_message.Message):
     __slots__ = ()
