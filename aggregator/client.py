@@ -23,7 +23,7 @@ import numpy as np
 from fleetrl.policy import ModelSpec
 from fleetrl.proto import fleetrl_pb2 as pb
 from fleetrl.proto import fleetrl_pb2_grpc as pb_grpc
-from fleetrl.shm import SharedWeightsReader
+from fleetrl.shm import SharedWeightsReader, SharedWeightsWriter
 from fleetrl.transport import NO_SECURITY, Backoff, Security
 from fleetrl.wire import from_tensor, to_tensor
 
@@ -57,8 +57,9 @@ class GradientPush:
     metrics: dict[str, float] = field(default_factory=dict)
     wire_dtype: str = "float32"  # the gradients' ("bfloat16": half the bytes); norm_stats is always float32
 
-    def to_proto(self, incarnation: int, seq: int) -> pb.Gradients:
-        tensors = [to_tensor(g, v, self.wire_dtype) for g, v in self.grads.items()]
+    def to_proto(self, incarnation: int, seq: int, shared: pb.SharedSegment | None = None) -> pb.Gradients:
+        """`shared`: the gradients are in that segment (written by the caller), not in tensors."""
+        tensors = [] if shared is not None else [to_tensor(g, v, self.wire_dtype) for g, v in self.grads.items()]
         tensors.append(to_tensor("norm_stats", self.norm_stats))
         return pb.Gradients(
             learner_id=self.learner_id,
@@ -68,6 +69,7 @@ class GradientPush:
             batch_size=self.batch_size,
             incarnation=incarnation,
             seq=seq,
+            shared=shared,
         )
 
 
@@ -80,6 +82,7 @@ class AggregatorClient:
         # Idempotency key of gradient pushes: new per client (per process start), seq per push.
         self.incarnation = secrets.randbits(63) or 1
         self._seq = 0
+        self._gradients: SharedWeightsWriter | None = None  # share_gradients(): this client's segment
 
     def __enter__(self) -> AggregatorClient:
         return self
@@ -89,15 +92,61 @@ class AggregatorClient:
 
     def close(self) -> None:
         self._channel.close()
+        self._stop_sharing()
+
+    @property
+    def shares_gradients(self) -> bool:
+        return self._gradients is not None
+
+    def share_gradients(self, sizes: dict[str, int]) -> bool:
+        """Write float32 gradients into a /dev/shm segment of this client's and send only its
+        name: for a learner on the aggregator's host (one that maps its weights). Each push's
+        gradient is written when it is sent, so at most one push may be in flight (as learners
+        do). A push the aggregator cannot read that way is sent again with its bytes, and
+        sharing stops. False: no segment could be made (the bytes go over gRPC)."""
+        try:
+            self._gradients = SharedWeightsWriter(sizes, kind="grads")
+        except OSError as err:
+            log.warning("gradients stay on gRPC: no shared-memory segment (%s)", err)
+            return False
+        return True
+
+    def _stop_sharing(self) -> None:
+        if self._gradients is not None:
+            self._gradients.close()
+            self._gradients = None
 
     def _numbered(self, push: GradientPush) -> pb.Gradients:
         self._seq += 1
-        return push.to_proto(self.incarnation, self._seq)
+        segment = self._gradients
+        if segment is None or push.wire_dtype != "float32" or set(push.grads) != set(segment.sizes):
+            return push.to_proto(self.incarnation, self._seq)
+        segment.write(self._seq, push.grads)  # the segment's version says which push it holds
+        return push.to_proto(self.incarnation, self._seq, pb.SharedSegment(path=segment.path, key=segment.key))
+
+    def _with_bytes(self, push: GradientPush, message: pb.Gradients, err: grpc.RpcError) -> pb.Gradients | None:
+        """For a push refused because its segment could not be read: the same push (same seq:
+        a refused push is not recorded) with its bytes, sharing stopped. None: not that refusal."""
+        details = err.details() or ""
+        if err.code() != grpc.StatusCode.INVALID_ARGUMENT or not message.HasField("shared"):
+            return None
+        if not details.startswith("shared"):
+            return None
+        log.warning("aggregator cannot read this learner's gradient segment (%s): gradients over gRPC", details)
+        self._stop_sharing()
+        return push.to_proto(message.incarnation, message.seq)
 
     def push_gradients(self, push: GradientPush) -> pb.GradientAck:
         """Send, retrying the same message while the aggregator is unreachable (it may be
         restarting); the aggregator applies it at most once (acks say `duplicate` on a retry)."""
-        return self.resend(self._numbered(push))
+        message = self._numbered(push)
+        try:
+            return self.resend(message)
+        except grpc.RpcError as err:
+            again = self._with_bytes(push, message, err)
+            if again is None:
+                raise
+            return self.resend(again)
 
     def resend(
         self, message: pb.Gradients, should_stop: Callable[[], bool] = _never, on_wait: Callable[[], object] = _nothing
@@ -108,7 +157,7 @@ class AggregatorClient:
     def push_gradients_async(self, push: GradientPush) -> PendingPush:
         """Send without waiting: the learner computes the next gradient while this one is applied."""
         message = self._numbered(push)
-        return PendingPush(self, message, self._stub.PushGradients.future(message, timeout=self.timeout_sec))
+        return PendingPush(self, push, message, self._stub.PushGradients.future(message, timeout=self.timeout_sec))
 
     def stats(self, timeout_sec: float = 5.0) -> pb.AggregatorStats:
         return self._stub.Stats(pb.AggregatorStatsRequest(), timeout=timeout_sec)
@@ -150,8 +199,8 @@ class AggregatorClient:
 class PendingPush:
     """An in-flight PushGradients; result() waits for the ack, re-sending if the aggregator was away."""
 
-    def __init__(self, client: AggregatorClient, message: pb.Gradients, future: grpc.Future) -> None:
-        self._client, self._message, self._future = client, message, future
+    def __init__(self, client: AggregatorClient, push: GradientPush, message: pb.Gradients, future: grpc.Future):
+        self._client, self._push, self._message, self._future = client, push, message, future
 
     @property
     def seq(self) -> int:
@@ -175,6 +224,10 @@ class PendingPush:
                 except grpc.FutureTimeoutError:
                     on_wait()
         except grpc.RpcError as err:
+            again = self._client._with_bytes(self._push, self._message, err)
+            if again is not None:
+                self._message = again
+                return self._client.resend(again, should_stop, on_wait)
             if not retry or err.code() not in (*RETRYABLE, grpc.StatusCode.CANCELLED):
                 raise
             return self._client.resend(self._message, should_stop, on_wait)
@@ -292,7 +345,7 @@ class WeightsWatcher:
             return False
         return self._map(offer, {name: t.size for name, t in tensors.items()})
 
-    def _map(self, offer: pb.SharedWeights, sizes: dict[str, int]) -> bool:
+    def _map(self, offer: pb.SharedSegment, sizes: dict[str, int]) -> bool:
         try:
             reader = SharedWeightsReader(offer.path, offer.key, sizes)
         except (OSError, ValueError) as err:  # another host's aggregator: its segment is not here

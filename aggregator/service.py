@@ -36,11 +36,11 @@ from aggregator.persistence import Checkpointer, restore
 from fleetrl import shm
 from fleetrl.checkpoint import VersionLease, save_checkpoint
 from fleetrl.config import AggregatorConfig, RunConfig
-from fleetrl.policy import GROUPS, SWA_GROUP, model_spec
+from fleetrl.policy import GRADIENT_GROUPS, GROUPS, SWA_GROUP, model_spec
 from fleetrl.process import Heartbeat, write_ready_file
 from fleetrl.proto import fleetrl_pb2 as pb
 from fleetrl.proto import fleetrl_pb2_grpc as pb_grpc
-from fleetrl.shm import SharedWeightsWriter
+from fleetrl.shm import SharedWeightsReader, SharedWeightsWriter
 from fleetrl.tb import ScalarWriter
 from fleetrl.transport import GRPC_OPTIONS, NO_SECURITY, RefusalCounter, Security, StandardServices, parse_hostport
 from fleetrl.wire import WIRE_DTYPES, WireError, cap, from_tensor, to_tensor
@@ -108,8 +108,50 @@ class _WeightsCache:
         self.segments.clear()
 
 
-def _shared(segment: SharedWeightsWriter | None) -> pb.SharedWeights | None:
-    return None if segment is None else pb.SharedWeights(path=segment.path, key=segment.key)
+class _GradientSegments:
+    """Same-host learners' gradient segments, mapped on first use (a bounded few)."""
+
+    LIMIT = 64
+
+    def __init__(self) -> None:
+        self._readers: dict[tuple[str, int], SharedWeightsReader] = {}
+
+    def gradients(
+        self, request: pb.Gradients, tensors: dict[str, np.ndarray], sizes: dict[str, int]
+    ) -> dict[str, np.ndarray]:
+        """The push's gradient groups, copied from its segment; WireError naming the field when
+        the segment cannot be read here or does not hold this push."""
+        inline = sorted(name for name in tensors if name != "norm_stats")
+        if inline:
+            raise WireError("tensors", f"{[cap(n, 30) for n in inline[:3]]} as well as shared: one place per push")
+        where, key = request.shared.path, request.shared.key
+        reader = self._readers.get((where, key))
+        if reader is None:
+            try:
+                reader = SharedWeightsReader(where, key, {g: sizes[g] for g in GRADIENT_GROUPS})
+            except FileNotFoundError:
+                raise WireError("shared.path", f"{cap(where)}: no such segment on the aggregator's host") from None
+            except PermissionError:
+                raise WireError("shared.path", f"{cap(where)}: not readable by the aggregator's user") from None
+            except (OSError, ValueError) as err:
+                raise WireError("shared", cap(str(err), 300)) from None
+            if len(self._readers) >= self.LIMIT:  # learners that left: drop the oldest mapping
+                self._readers.pop(next(iter(self._readers))).close()
+            self._readers[(where, key)] = reader
+        read = reader.read()
+        if read is None or read[0] != request.seq:
+            held = "nothing readable" if read is None else f"push {read[0]}"
+            raise WireError("shared", f"the segment holds {held}, not seq {request.seq}")
+        return read[1]
+
+    def close(self) -> None:
+        for reader in self._readers.values():
+            reader.close()
+        self._readers.clear()
+
+
+def _shared(segment: SharedWeightsWriter | None) -> pb.SharedSegment | None:
+    return None if segment is None else pb.SharedSegment(path=segment.path, key=segment.key)
 
 
 class AggregatorServicer(pb_grpc.AggregatorServicer):
@@ -128,6 +170,7 @@ class AggregatorServicer(pb_grpc.AggregatorServicer):
         self._version_event: asyncio.Event | None = None  # set (and replaced) on every new version
         self._deadline_task: asyncio.Task | None = None  # closes K-of-M steps at their deadline
         self._cache = _WeightsCache()
+        self._segments = _GradientSegments()
         self.counts: Counter[str] = Counter()
         self.rejected_by_field: Counter[str] = Counter()
         self.subscribers = 0
@@ -161,6 +204,9 @@ class AggregatorServicer(pb_grpc.AggregatorServicer):
                     return pb.GradientAck(
                         applied=earlier.applied, version=earlier.version, reason=earlier.reason, duplicate=True
                     )
+                if request.HasField("shared"):
+                    tensors.update(self._segments.gradients(request, tensors, self.core.sizes))
+                    self.counts["gradients_shared"] += 1
                 result = self.core.submit(request.base_version, tensors, norm, learner, request.batch_size)
                 self.counts["applied" if result.applied else "stale" if result.stale else "refused"] += 1
                 if result.applied:
@@ -249,6 +295,7 @@ class AggregatorServicer(pb_grpc.AggregatorServicer):
         self._checkpointer.close()
         with self._lock:
             self._cache.close()
+            self._segments.close()
 
     # --- weights -----------------------------------------------------------------------
     def attach(self, loop: asyncio.AbstractEventLoop) -> None:

@@ -150,10 +150,10 @@ class LearnerConfig:
         "sample the next batch in a background thread while the current gradient is computed (off: on "
         "2 CPU cores it cost the gradient more than it saved, benchmarks/learner_throughput.py)",
     )
-    shared_memory_weights: bool = config_field(
+    shared_memory: bool = config_field(
         True,
-        "on the aggregator's host, read each version's weights from its /dev/shm segment, the stream "
-        "saying only which version (fleetrl/shm.py); other hosts, or false, get them over gRPC",
+        "on the aggregator's host, weights and gradients go through /dev/shm segments, gRPC carrying "
+        "only which version or push (fleetrl/shm.py); other hosts, or false: all bytes over gRPC",
     )
     buffer_refresh_sec: float = config_field(0.05, "how often the learner looks for new transitions in Redis")
     replay_sampling: str = config_field(

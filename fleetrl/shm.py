@@ -1,4 +1,4 @@
-"""Weights through this host's shared memory: a same-host subscriber maps them, gRPC says when.
+"""Weights and gradients through this host's shared memory; gRPC says when, and which.
 
     writer = SharedWeightsWriter({"actor": 1234, ...})      # the aggregator, one per group selection
     writer.write(version, views)                            # after a step: one memcpy, any readers
@@ -8,7 +8,9 @@
 Serving a 256x256 policy's weights over gRPC costs the aggregator about 1.5 ms of CPU per
 version per learner (benchmarks/aggregator_cpu.py: 1.67 ms per MB); a copy into a mapped file
 costs a tenth of that, once per version however many local learners read it. The stream then
-carries only the version (aggregator/service.py).
+carries only the version (aggregator/service.py). A learner that has mapped the aggregator's
+weights knows it shares the host, and writes each gradient into a segment of its own the same
+way (kind "grads"); the push then names the segment instead of carrying the bytes.
 
 The segment is a file in /dev/shm (mode 0600): a header of four int64 [key, seq, version,
 data bytes], then each group's float32 vector in the order given. `key` is random per segment
@@ -30,8 +32,8 @@ from collections.abc import Mapping
 import numpy as np
 
 SHM_DIR = "/dev/shm"
-PREFIX = "fleetrl-weights-"
-NAME = re.compile(r"^/dev/shm/fleetrl-weights-(\d+)-([0-9a-f]{16})$")
+KINDS = ("weights", "grads")
+NAME = re.compile(r"^/dev/shm/fleetrl-(weights|grads)-(\d+)-([0-9a-f]{16})$")
 HEADER = 4  # int64s: key, seq, version, data bytes
 KEY, SEQ, VERSION, NBYTES = range(HEADER)
 READ_TRIES = 100
@@ -42,12 +44,15 @@ def available() -> bool:
 
 
 class SharedWeightsWriter:
-    """The aggregator's side: one segment for one group selection."""
+    """The writing side of one segment: the aggregator's for one group selection, or a
+    learner's for its gradients (`kind` "grads"; `version` is then the push's seq)."""
 
-    def __init__(self, sizes: Mapping[str, int]) -> None:
+    def __init__(self, sizes: Mapping[str, int], kind: str = "weights") -> None:
+        if kind not in KINDS:
+            raise ValueError(f"kind {kind!r} is not one of {KINDS}")
         self.sizes = dict(sizes)
         self.key = secrets.randbits(63) or 1
-        self.path = f"{SHM_DIR}/{PREFIX}{os.getpid()}-{self.key:016x}"
+        self.path = f"{SHM_DIR}/fleetrl-{kind}-{os.getpid()}-{self.key:016x}"
         nbytes = 4 * sum(self.sizes.values())
         _remove_orphans()
         fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
@@ -85,7 +90,7 @@ class SharedWeightsReader:
 
     def __init__(self, path: str, key: int, sizes: Mapping[str, int]) -> None:
         if not NAME.match(path):
-            raise ValueError(f"shared weights path {path!r} is not a {SHM_DIR}/{PREFIX}<pid>-<key> file")
+            raise ValueError(f"{path!r} is not a {SHM_DIR}/fleetrl-<weights|grads>-<pid>-<key> file")
         self.sizes = dict(sizes)
         fd = os.open(path, os.O_RDONLY)
         try:
@@ -99,7 +104,7 @@ class SharedWeightsReader:
         self._header = np.frombuffer(self._map, np.int64, HEADER)
         if int(self._header[KEY]) != key or int(self._header[NBYTES]) != nbytes:
             self.close()
-            raise ValueError(f"{path}: key or size differ from the aggregator's (another host's segment?)")
+            raise ValueError(f"{path}: key or size differ from the writer's (another host's segment?)")
         self._data = _views(self._map, self.sizes)
 
     def read(self) -> tuple[int, dict[str, np.ndarray]] | None:
@@ -132,11 +137,11 @@ def _views(buffer: mmap.mmap, sizes: Mapping[str, int]) -> dict[str, np.ndarray]
 
 
 def _remove_orphans() -> None:
-    """Segments whose aggregator died without removing them (a kill -9): their pid is gone."""
+    """Segments whose writer died without removing them (a kill -9): their pid is gone."""
     with contextlib.suppress(OSError):
         for name in os.listdir(SHM_DIR):
             match = NAME.match(f"{SHM_DIR}/{name}")
-            if match and not _alive(int(match.group(1))):
+            if match and not _alive(int(match.group(2))):
                 with contextlib.suppress(OSError):
                     os.unlink(f"{SHM_DIR}/{name}")
 

@@ -143,9 +143,7 @@ def run_learner(config: RunConfig, learner_id: int, endpoints: LearnerEndpoints,
     try:
         with (
             AggregatorClient(endpoints.aggregator, security=security) as agg,
-            agg.watch(
-                f"learner-{learner_id}", LEARNER_GROUPS, shared_memory=config.learner.shared_memory_weights
-            ) as weights,
+            agg.watch(f"learner-{learner_id}", LEARNER_GROUPS, shared_memory=config.learner.shared_memory) as weights,
         ):
             replay = ReplaySampler(
                 redis_client,
@@ -209,6 +207,7 @@ class _GradientLoop:
         self.config, self.learner_id = config, learner_id
         self.agg, self.weights, self.batches, self.heartbeat = agg, weights, batches, heartbeat
         self.ledger: AckLedger | None = None
+        self._share_tried = False
 
     def run(self, snapshot: WeightsSnapshot, stop: threading.Event) -> int:
         model = SACModel(snapshot.spec).to(self.batches.device)
@@ -248,6 +247,9 @@ class _GradientLoop:
                     lag_fallbacks=replay.lag_fallbacks,
                     rate_limited_sec=replay.rate_limited_sec,
                 )
+            if not self.agg.shares_gradients and self.weights.shared_memory and not self._share_tried:
+                self._share_tried = True  # the weights come from the aggregator's host: so can the gradients
+                self.agg.share_gradients({g: v.size for g, v in push.grads.items()})
             pending = self.agg.push_gradients_async(push)
             pushed += 1
         if pending is not None:

@@ -19,6 +19,7 @@ from fleetrl.config import AggregatorConfig
 from fleetrl.policy import GRADIENT_GROUPS, GROUPS, ModelSpec
 from fleetrl.proto import fleetrl_pb2 as pb
 from fleetrl.proto import fleetrl_pb2_grpc as pb_grpc
+from fleetrl.shm import SharedWeightsWriter
 from fleetrl.transport import GRPC_OPTIONS
 from fleetrl.wire import WIRE_DTYPES, from_tensor, to_tensor
 from learner.models import norm_stats
@@ -429,6 +430,78 @@ def test_bad_push_is_invalid_argument_and_the_server_keeps_serving(case, mutate,
     assert (stats.version, stats.gradients_applied, stats.gradients_rejected) == (1, 1, 1)
     assert server.servicer.rejected_by_field == {field: 1}
     assert client.push_gradients(push(core, 1, seed=2)).version == 2
+
+
+def _grads_only(msg: pb.Gradients) -> dict[str, np.ndarray]:
+    return {t.name: from_tensor(t) for t in msg.tensors if t.name != "norm_stats"}
+
+
+def _shared_push(segment: SharedWeightsWriter, msg: pb.Gradients, written_seq: int | None = None) -> None:
+    """msg's gradients into `segment` (as push `written_seq`, default msg.seq), msg naming it."""
+    segment.write(msg.seq if written_seq is None else written_seq, _grads_only(msg))
+    del msg.tensors[:-1]  # norm_stats stays inline
+    msg.shared.CopyFrom(pb.SharedSegment(path=segment.path, key=segment.key))
+
+
+SHARED_BAD_PUSHES = [  # (case, mutate(msg, segment), details, field)
+    ("path outside /dev/shm", lambda m, s: (_shared_push(s, m), setattr(m.shared, "path", "/etc/passwd")),
+     "is not a /dev/shm/fleetrl-", "shared"),
+    ("no such segment", lambda m, s: (_shared_push(s, m), setattr(m.shared, "path", s.path[:-1] + "0")),
+     "no such segment on the aggregator's host", "shared.path"),
+    ("wrong key", lambda m, s: (_shared_push(s, m), setattr(m.shared, "key", s.key ^ 1)), "key or size differ",
+     "shared"),
+    ("segment holds another push", lambda m, s: _shared_push(s, m, written_seq=5), "holds push 5, not seq 1",
+     "shared"),
+    ("inline and shared", lambda m, s: m.shared.CopyFrom(pb.SharedSegment(path=s.path, key=s.key)),
+     "as well as shared", "tensors"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("case,mutate,details,field", SHARED_BAD_PUSHES, ids=[r[0] for r in SHARED_BAD_PUSHES])
+def test_a_bad_shared_memory_push_is_invalid_argument_and_the_server_keeps_serving(
+    case, mutate, details, field, server, client, stub
+):
+    core = server.servicer.core
+    client.push_gradients(push(core, 0))
+    segment = SharedWeightsWriter({g: core.sizes[g] for g in GRADIENT_GROUPS}, kind="grads")
+    try:
+        bad = push(core, 1, seed=1).to_proto(incarnation=7, seq=1)
+        mutate(bad, segment)
+        with pytest.raises(grpc.RpcError) as err:
+            stub.PushGradients(bad, timeout=5)
+    finally:
+        segment.close()
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert details in err.value.details()
+    assert core.version == 1
+    assert server.servicer.rejected_by_field == {field: 1}
+    assert client.push_gradients(push(core, 1, seed=2)).version == 2
+
+
+def test_gradients_through_shared_memory_step_exactly_as_gradients_in_the_message(server, client):
+    core, reference = server.servicer.core, make_core()
+    assert client.share_gradients({g: core.sizes[g] for g in GRADIENT_GROUPS})
+    for v in range(3):
+        sent = push(core, v, seed=v)
+        ack = client.push_gradients_async(sent).result() if v else client.push_gradients(sent)
+        assert (ack.applied, ack.version) == (True, v + 1)
+        reference.submit(v, sent.grads, sent.norm_stats, "learner-0", sent.batch_size)
+    for group in GROUPS:
+        np.testing.assert_array_equal(core.weights()[group], reference.weights()[group])
+    assert server.servicer.counts["gradients_shared"] == 3
+    assert client.shares_gradients
+
+
+def test_a_learner_whose_segment_the_aggregator_cannot_read_sends_the_bytes_instead(server, client):
+    core = server.servicer.core
+    assert client.share_gradients({g: core.sizes[g] for g in GRADIENT_GROUPS})
+    __import__("os").unlink(client._gradients.path)  # as if the aggregator were on another host
+    ack = client.push_gradients_async(push(core, 0)).result()
+    assert (ack.applied, ack.version) == (True, 1)
+    assert not client.shares_gradients
+    assert client.push_gradients(push(core, 1, seed=1)).version == 2
+    assert server.servicer.counts["gradients_shared"] == 0
+    assert server.servicer.rejected_by_field == {"shared.path": 1}  # counted, then sent again with its bytes
 
 
 def test_watch_with_an_unknown_group_is_invalid_argument(stub):

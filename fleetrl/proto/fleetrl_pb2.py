@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1b\x66leetrl/proto/fleetrl.proto\x12\nfleetrl.v1\"B\n\x06Tensor\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x03\x12\x0c\n\x04\x64\x61ta\x18\x04 \x01(\x0c\"\xf6\x01\n\x0fTransitionBatch\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x12\n\nsampler_id\x18\x02 \x01(\r\x12\x0b\n\x03seq\x18\x03 \x01(\x04\x12\x16\n\x0epolicy_version\x18\x04 \x01(\x04\x12\x0f\n\x07task_id\x18\x05 \x01(\r\x12\x17\n\x0fnum_transitions\x18\x06 \x01(\r\x12#\n\x07\x63olumns\x18\x07 \x03(\x0b\x32\x12.fleetrl.v1.Tensor\x12\x11\n\tenv_steps\x18\x08 \x01(\x04\x12\x10\n\x08\x65pisodes\x18\t \x01(\r\x12\x11\n\tsuccesses\x18\n \x01(\r\x12\x13\n\x0bincarnation\x18\x0b \x01(\x04\"G\n\x07PushAck\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x0e\n\x06stored\x18\x02 \x01(\r\x12\x11\n\tduplicate\x18\x03 \x01(\x08\x12\x0c\n\x04head\x18\x04 \x01(\x04\"\x14\n\x12\x42ufferStatsRequest\"\xbb\x02\n\x0b\x42ufferStats\x12\x0c\n\x04head\x18\x01 \x01(\x04\x12\x11\n\tenv_steps\x18\x02 \x01(\x04\x12\x0f\n\x07\x62\x61tches\x18\x03 \x01(\x04\x12\x10\n\x08rejected\x18\x04 \x01(\x04\x12\x12\n\nduplicates\x18\x05 \x01(\x04\x12\x15\n\roldest_window\x18\x06 \x01(\x04\x12\x15\n\rnewest_window\x18\x07 \x01(\x04\x12\x10\n\x08\x65pisodes\x18\x08 \x01(\x04\x12\x15\n\rtrain_success\x18\t \x01(\x01\x12\x46\n\x11\x65nv_steps_by_task\x18\n \x03(\x0b\x32+.fleetrl.v1.BufferStats.EnvStepsByTaskEntry\x1a\x35\n\x13\x45nvStepsByTaskEntry\x12\x0b\n\x03key\x18\x01 \x01(\r\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\"\xf5\x01\n\tGradients\x12\x12\n\nlearner_id\x18\x01 \x01(\r\x12\x14\n\x0c\x62\x61se_version\x18\x02 \x01(\x04\x12#\n\x07tensors\x18\x03 \x03(\x0b\x32\x12.fleetrl.v1.Tensor\x12\x33\n\x07metrics\x18\x04 \x03(\x0b\x32\".fleetrl.v1.Gradients.MetricsEntry\x12\x12\n\nbatch_size\x18\x05 \x01(\r\x12\x13\n\x0bincarnation\x18\x06 \x01(\x04\x12\x0b\n\x03seq\x18\x07 \x01(\x04\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"R\n\x0bGradientAck\x12\x0f\n\x07\x61pplied\x18\x01 \x01(\x08\x12\x0f\n\x07version\x18\x02 \x01(\x04\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x11\n\tduplicate\x18\x04 \x01(\x08\"\xac\x01\n\x0cWatchRequest\x12\x12\n\nsubscriber\x18\x01 \x01(\t\x12\x1a\n\rafter_version\x18\x02 \x01(\x04H\x00\x88\x01\x01\x12\x0e\n\x06groups\x18\x03 \x03(\t\x12\x18\n\x10min_interval_sec\x18\x04 \x01(\x01\x12\x15\n\rshared_memory\x18\x05 \x01(\x08\x12\x19\n\x11shared_memory_key\x18\x06 \x01(\x06\x42\x10\n\x0e_after_version\"z\n\x07Weights\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12#\n\x07tensors\x18\x02 \x03(\x0b\x32\x12.fleetrl.v1.Tensor\x12\x0e\n\x06layout\x18\x03 \x01(\t\x12)\n\x06shared\x18\x04 \x01(\x0b\x32\x19.fleetrl.v1.SharedWeights\"*\n\rSharedWeights\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0b\n\x03key\x18\x02 \x01(\x06\"\x18\n\x16\x41ggregatorStatsRequest\"\xf6\x03\n\x0f\x41ggregatorStats\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12\x19\n\x11gradients_applied\x18\x02 \x01(\x04\x12\x17\n\x0fgradients_stale\x18\x03 \x01(\x04\x12\x1a\n\x12gradients_rejected\x18\x04 \x01(\x04\x12\x13\n\x0bsubscribers\x18\x05 \x01(\r\x12)\n\tlast_eval\x18\x06 \x01(\x0b\x32\x16.fleetrl.v1.EvalReport\x12\x11\n\tenv_steps\x18\x07 \x01(\x04\x12*\n\nlast_curve\x18\x08 \x01(\x0b\x32\x16.fleetrl.v1.EvalReport\x12)\n\tlast_full\x18\t \x01(\x0b\x32\x16.fleetrl.v1.EvalReport\x12O\n\x13rejected_by_learner\x18\n \x03(\x0b\x32\x32.fleetrl.v1.AggregatorStats.RejectedByLearnerEntry\x12\x15\n\rsteps_skipped\x18\x0b \x01(\x04\x12\x19\n\x11gradients_clipped\x18\x0c \x01(\x04\x12\x1b\n\x13gradients_duplicate\x18\r \x01(\x04\x1a\x38\n\x16RejectedByLearnerEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\"\t\n\x07\x45valAck\"\xb6\x02\n\nEvalReport\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12\x10\n\x08\x65pisodes\x18\x02 \x01(\r\x12\x14\n\x0csuccess_rate\x18\x03 \x01(\x01\x12\x13\n\x0bmean_return\x18\x04 \x01(\x01\x12\x11\n\tenv_steps\x18\x05 \x01(\x04\x12\x10\n\x08wall_sec\x18\x06 \x01(\x01\x12\x11\n\tevaluator\x18\x07 \x01(\t\x12\x0c\n\x04kind\x18\x08 \x01(\t\x12=\n\x0ctask_success\x18\t \x03(\x0b\x32\'.fleetrl.v1.EvalReport.TaskSuccessEntry\x12!\n\x05\x61\x63tor\x18\n \x01(\x0b\x32\x12.fleetrl.v1.Tensor\x1a\x32\n\x10TaskSuccessEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x32\x8a\x01\n\x0cReplayIngest\x12\x38\n\x04Push\x12\x1b.fleetrl.v1.TransitionBatch\x1a\x13.fleetrl.v1.PushAck\x12@\n\x05Stats\x12\x1e.fleetrl.v1.BufferStatsRequest\x1a\x17.fleetrl.v1.BufferStats2\x93\x02\n\nAggregator\x12?\n\rPushGradients\x12\x15.fleetrl.v1.Gradients\x1a\x17.fleetrl.v1.GradientAck\x12?\n\x0cWatchWeights\x12\x18.fleetrl.v1.WatchRequest\x1a\x13.fleetrl.v1.Weights0\x01\x12H\n\x05Stats\x12\".fleetrl.v1.AggregatorStatsRequest\x1a\x1b.fleetrl.v1.AggregatorStats\x12\x39\n\nReportEval\x12\x16.fleetrl.v1.EvalReport\x1a\x13.fleetrl.v1.EvalAckb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1b\x66leetrl/proto/fleetrl.proto\x12\nfleetrl.v1\"B\n\x06Tensor\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x03\x12\x0c\n\x04\x64\x61ta\x18\x04 \x01(\x0c\"\xf6\x01\n\x0fTransitionBatch\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x12\n\nsampler_id\x18\x02 \x01(\r\x12\x0b\n\x03seq\x18\x03 \x01(\x04\x12\x16\n\x0epolicy_version\x18\x04 \x01(\x04\x12\x0f\n\x07task_id\x18\x05 \x01(\r\x12\x17\n\x0fnum_transitions\x18\x06 \x01(\r\x12#\n\x07\x63olumns\x18\x07 \x03(\x0b\x32\x12.fleetrl.v1.Tensor\x12\x11\n\tenv_steps\x18\x08 \x01(\x04\x12\x10\n\x08\x65pisodes\x18\t \x01(\r\x12\x11\n\tsuccesses\x18\n \x01(\r\x12\x13\n\x0bincarnation\x18\x0b \x01(\x04\"G\n\x07PushAck\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x0e\n\x06stored\x18\x02 \x01(\r\x12\x11\n\tduplicate\x18\x03 \x01(\x08\x12\x0c\n\x04head\x18\x04 \x01(\x04\"\x14\n\x12\x42ufferStatsRequest\"\xbb\x02\n\x0b\x42ufferStats\x12\x0c\n\x04head\x18\x01 \x01(\x04\x12\x11\n\tenv_steps\x18\x02 \x01(\x04\x12\x0f\n\x07\x62\x61tches\x18\x03 \x01(\x04\x12\x10\n\x08rejected\x18\x04 \x01(\x04\x12\x12\n\nduplicates\x18\x05 \x01(\x04\x12\x15\n\roldest_window\x18\x06 \x01(\x04\x12\x15\n\rnewest_window\x18\x07 \x01(\x04\x12\x10\n\x08\x65pisodes\x18\x08 \x01(\x04\x12\x15\n\rtrain_success\x18\t \x01(\x01\x12\x46\n\x11\x65nv_steps_by_task\x18\n \x03(\x0b\x32+.fleetrl.v1.BufferStats.EnvStepsByTaskEntry\x1a\x35\n\x13\x45nvStepsByTaskEntry\x12\x0b\n\x03key\x18\x01 \x01(\r\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\"\xa0\x02\n\tGradients\x12\x12\n\nlearner_id\x18\x01 \x01(\r\x12\x14\n\x0c\x62\x61se_version\x18\x02 \x01(\x04\x12#\n\x07tensors\x18\x03 \x03(\x0b\x32\x12.fleetrl.v1.Tensor\x12\x33\n\x07metrics\x18\x04 \x03(\x0b\x32\".fleetrl.v1.Gradients.MetricsEntry\x12\x12\n\nbatch_size\x18\x05 \x01(\r\x12\x13\n\x0bincarnation\x18\x06 \x01(\x04\x12\x0b\n\x03seq\x18\x07 \x01(\x04\x12)\n\x06shared\x18\x08 \x01(\x0b\x32\x19.fleetrl.v1.SharedSegment\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"R\n\x0bGradientAck\x12\x0f\n\x07\x61pplied\x18\x01 \x01(\x08\x12\x0f\n\x07version\x18\x02 \x01(\x04\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x11\n\tduplicate\x18\x04 \x01(\x08\"\xac\x01\n\x0cWatchRequest\x12\x12\n\nsubscriber\x18\x01 \x01(\t\x12\x1a\n\rafter_version\x18\x02 \x01(\x04H\x00\x88\x01\x01\x12\x0e\n\x06groups\x18\x03 \x03(\t\x12\x18\n\x10min_interval_sec\x18\x04 \x01(\x01\x12\x15\n\rshared_memory\x18\x05 \x01(\x08\x12\x19\n\x11shared_memory_key\x18\x06 \x01(\x06\x42\x10\n\x0e_after_version\"z\n\x07Weights\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12#\n\x07tensors\x18\x02 \x03(\x0b\x32\x12.fleetrl.v1.Tensor\x12\x0e\n\x06layout\x18\x03 \x01(\t\x12)\n\x06shared\x18\x04 \x01(\x0b\x32\x19.fleetrl.v1.SharedSegment\"*\n\rSharedSegment\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0b\n\x03key\x18\x02 \x01(\x06\"\x18\n\x16\x41ggregatorStatsRequest\"\xf6\x03\n\x0f\x41ggregatorStats\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12\x19\n\x11gradients_applied\x18\x02 \x01(\x04\x12\x17\n\x0fgradients_stale\x18\x03 \x01(\x04\x12\x1a\n\x12gradients_rejected\x18\x04 \x01(\x04\x12\x13\n\x0bsubscribers\x18\x05 \x01(\r\x12)\n\tlast_eval\x18\x06 \x01(\x0b\x32\x16.fleetrl.v1.EvalReport\x12\x11\n\tenv_steps\x18\x07 \x01(\x04\x12*\n\nlast_curve\x18\x08 \x01(\x0b\x32\x16.fleetrl.v1.EvalReport\x12)\n\tlast_full\x18\t \x01(\x0b\x32\x16.fleetrl.v1.EvalReport\x12O\n\x13rejected_by_learner\x18\n \x03(\x0b\x32\x32.fleetrl.v1.AggregatorStats.RejectedByLearnerEntry\x12\x15\n\rsteps_skipped\x18\x0b \x01(\x04\x12\x19\n\x11gradients_clipped\x18\x0c \x01(\x04\x12\x1b\n\x13gradients_duplicate\x18\r \x01(\x04\x1a\x38\n\x16RejectedByLearnerEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\"\t\n\x07\x45valAck\"\xb6\x02\n\nEvalReport\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12\x10\n\x08\x65pisodes\x18\x02 \x01(\r\x12\x14\n\x0csuccess_rate\x18\x03 \x01(\x01\x12\x13\n\x0bmean_return\x18\x04 \x01(\x01\x12\x11\n\tenv_steps\x18\x05 \x01(\x04\x12\x10\n\x08wall_sec\x18\x06 \x01(\x01\x12\x11\n\tevaluator\x18\x07 \x01(\t\x12\x0c\n\x04kind\x18\x08 \x01(\t\x12=\n\x0ctask_success\x18\t \x03(\x0b\x32\'.fleetrl.v1.EvalReport.TaskSuccessEntry\x12!\n\x05\x61\x63tor\x18\n \x01(\x0b\x32\x12.fleetrl.v1.Tensor\x1a\x32\n\x10TaskSuccessEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x32\x8a\x01\n\x0cReplayIngest\x12\x38\n\x04Push\x12\x1b.fleetrl.v1.TransitionBatch\x1a\x13.fleetrl.v1.PushAck\x12@\n\x05Stats\x12\x1e.fleetrl.v1.BufferStatsRequest\x1a\x17.fleetrl.v1.BufferStats2\x93\x02\n\nAggregator\x12?\n\rPushGradients\x12\x15.fleetrl.v1.Gradients\x1a\x17.fleetrl.v1.GradientAck\x12?\n\x0cWatchWeights\x12\x18.fleetrl.v1.WatchRequest\x1a\x13.fleetrl.v1.Weights0\x01\x12H\n\x05Stats\x12\".fleetrl.v1.AggregatorStatsRequest\x1a\x1b.fleetrl.v1.AggregatorStats\x12\x39\n\nReportEval\x12\x16.fleetrl.v1.EvalReport\x1a\x13.fleetrl.v1.EvalAckb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -52,31 +52,31 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_BUFFERSTATS_ENVSTEPSBYTASKENTRY']._serialized_start=718
   _globals['_BUFFERSTATS_ENVSTEPSBYTASKENTRY']._serialized_end=771
   _globals['_GRADIENTS']._serialized_start=774
-  _globals['_GRADIENTS']._serialized_end=1019
-  _globals['_GRADIENTS_METRICSENTRY']._serialized_start=973
-  _globals['_GRADIENTS_METRICSENTRY']._serialized_end=1019
-  _globals['_GRADIENTACK']._serialized_start=1021
-  _globals['_GRADIENTACK']._serialized_end=1103
-  _globals['_WATCHREQUEST']._serialized_start=1106
-  _globals['_WATCHREQUEST']._serialized_end=1278
-  _globals['_WEIGHTS']._serialized_start=1280
-  _globals['_WEIGHTS']._serialized_end=1402
-  _globals['_SHAREDWEIGHTS']._serialized_start=1404
-  _globals['_SHAREDWEIGHTS']._serialized_end=1446
-  _globals['_AGGREGATORSTATSREQUEST']._serialized_start=1448
-  _globals['_AGGREGATORSTATSREQUEST']._serialized_end=1472
-  _globals['_AGGREGATORSTATS']._serialized_start=1475
-  _globals['_AGGREGATORSTATS']._serialized_end=1977
-  _globals['_AGGREGATORSTATS_REJECTEDBYLEARNERENTRY']._serialized_start=1921
-  _globals['_AGGREGATORSTATS_REJECTEDBYLEARNERENTRY']._serialized_end=1977
-  _globals['_EVALACK']._serialized_start=1979
-  _globals['_EVALACK']._serialized_end=1988
-  _globals['_EVALREPORT']._serialized_start=1991
-  _globals['_EVALREPORT']._serialized_end=2301
-  _globals['_EVALREPORT_TASKSUCCESSENTRY']._serialized_start=2251
-  _globals['_EVALREPORT_TASKSUCCESSENTRY']._serialized_end=2301
-  _globals['_REPLAYINGEST']._serialized_start=2304
-  _globals['_REPLAYINGEST']._serialized_end=2442
-  _globals['_AGGREGATOR']._serialized_start=2445
-  _globals['_AGGREGATOR']._serialized_end=2720
+  _globals['_GRADIENTS']._serialized_end=1062
+  _globals['_GRADIENTS_METRICSENTRY']._serialized_start=1016
+  _globals['_GRADIENTS_METRICSENTRY']._serialized_end=1062
+  _globals['_GRADIENTACK']._serialized_start=1064
+  _globals['_GRADIENTACK']._serialized_end=1146
+  _globals['_WATCHREQUEST']._serialized_start=1149
+  _globals['_WATCHREQUEST']._serialized_end=1321
+  _globals['_WEIGHTS']._serialized_start=1323
+  _globals['_WEIGHTS']._serialized_end=1445
+  _globals['_SHAREDSEGMENT']._serialized_start=1447
+  _globals['_SHAREDSEGMENT']._serialized_end=1489
+  _globals['_AGGREGATORSTATSREQUEST']._serialized_start=1491
+  _globals['_AGGREGATORSTATSREQUEST']._serialized_end=1515
+  _globals['_AGGREGATORSTATS']._serialized_start=1518
+  _globals['_AGGREGATORSTATS']._serialized_end=2020
+  _globals['_AGGREGATORSTATS_REJECTEDBYLEARNERENTRY']._serialized_start=1964
+  _globals['_AGGREGATORSTATS_REJECTEDBYLEARNERENTRY']._serialized_end=2020
+  _globals['_EVALACK']._serialized_start=2022
+  _globals['_EVALACK']._serialized_end=2031
+  _globals['_EVALREPORT']._serialized_start=2034
+  _globals['_EVALREPORT']._serialized_end=2344
+  _globals['_EVALREPORT_TASKSUCCESSENTRY']._serialized_start=2294
+  _globals['_EVALREPORT_TASKSUCCESSENTRY']._serialized_end=2344
+  _globals['_REPLAYINGEST']._serialized_start=2347
+  _globals['_REPLAYINGEST']._serialized_end=2485
+  _globals['_AGGREGATOR']._serialized_start=2488
+  _globals['_AGGREGATOR']._serialized_end=2763
 # @@protoc_insertion_point(module_scope)

@@ -92,7 +92,7 @@ class BufferStats(_message.Message):
     def __init__(self, head: _Optional[int] = ..., env_steps: _Optional[int] = ..., batches: _Optional[int] = ..., rejected: _Optional[int] = ..., duplicates: _Optional[int] = ..., oldest_window: _Optional[int] = ..., newest_window: _Optional[int] = ..., episodes: _Optional[int] = ..., train_success: _Optional[float] = ..., env_steps_by_task: _Optional[_Mapping[int, int]] = ...) -> None: ...
 
 class Gradients(_message.Message):
-    __slots__ = ("learner_id", "base_version", "tensors", "metrics", "batch_size", "incarnation", "seq")
+    __slots__ = ("learner_id", "base_version", "tensors", "metrics", "batch_size", "incarnation", "seq", "shared")
     class MetricsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -107,6 +107,7 @@ class Gradients(_message.Message):
     BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
+    SHARED_FIELD_NUMBER: _ClassVar[int]
     learner_id: int
     base_version: int
     tensors: _containers.RepeatedCompositeFieldContainer[Tensor]
@@ -114,7 +115,8 @@ class Gradients(_message.Message):
     batch_size: int
     incarnation: int
     seq: int
-    def __init__(self, learner_id: _Optional[int] = ..., base_version: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[Tensor, _Mapping]]] = ..., metrics: _Optional[_Mapping[str, float]] = ..., batch_size: _Optional[int] = ..., incarnation: _Optional[int] = ..., seq: _Optional[int] = ...) -> None: ...
+    shared: SharedSegment
+    def __init__(self, learner_id: _Optional[int] = ..., base_version: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[Tensor, _Mapping]]] = ..., metrics: _Optional[_Mapping[str, float]] = ..., batch_size: _Optional[int] = ..., incarnation: _Optional[int] = ..., seq: _Optional[int] = ..., shared: _Optional[_Union[SharedSegment, _Mapping]] = ...) -> None: ...
 
 class GradientAck(_message.Message):
     __slots__ = ("applied", "version", "reason", "duplicate")
@@ -153,10 +155,10 @@ class Weights(_message.Message):
     version: int
     tensors: _containers.RepeatedCompositeFieldContainer[Tensor]
     layout: str
-    shared: SharedWeights
-    def __init__(self, version: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[Tensor, _Mapping]]] = ..., layout: _Optional[str] = ..., shared: _Optional[_Union[SharedWeights, _Mapping]] = ...) -> None: ...
+    shared: SharedSegment
+    def __init__(self, version: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[Tensor, _Mapping]]] = ..., layout: _Optional[str] = ..., shared: _Optional[_Union[SharedSegment, _Mapping]] = ...) -> None: ...
 
-class SharedWeights(_message.Message):
+class SharedSegment(_message.Message):
     __slots__ = ("path", "key")
     PATH_FIELD_NUMBER: _ClassVar[int]
     KEY_FIELD_NUMBER: _ClassVar[int]
