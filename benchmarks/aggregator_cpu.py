@@ -6,7 +6,8 @@
 Starts a real `fleetrl aggregator` process from each arm's checkout (default: this one) and
 drives it as the fleet's learner and sampler do: one client streams the groups a learner takes
 (LEARNER_GROUPS: not the target critics) and pushes a real-sized gradient on each new version
-(max_grad_staleness 1), a second streams the actor at most every 0.2 s. Reports per arm the
+(max_grad_staleness 1), a second streams the actor at most every 0.2 s. `--weights shm`: the
+learner's weights and gradients go through /dev/shm segments, gRPC saying only which. Reports per arm the
 aggregator's CPU-milliseconds per version (its user + system time over the pushes) and
 versions per second. Arms run interleaved, `--repeats`
 times each, so a noisy machine affects them alike; the figures are medians.
@@ -63,8 +64,8 @@ def measure(
     model = SACModel(ModelSpec(spec_task.obs_dim, spec_task.goal_dim, spec_task.act_dim, hidden))
     sizes = model.group_sizes()
     gradient_bytes = (2 if wire == "bfloat16" else 4) * sum(sizes[g] for g in GRADIENT_GROUPS)
-    weight_bytes = 4 * sum(sizes[g] for g in LEARNER_GROUPS) if weights_via == "grpc" else 0
-    moved_mb = (gradient_bytes + weight_bytes) / 1e6  # over gRPC
+    weight_bytes = 4 * sum(sizes[g] for g in LEARNER_GROUPS)
+    moved_mb = (gradient_bytes + weight_bytes) / 1e6 if weights_via == "grpc" else 0.0  # over gRPC
     rng = np.random.default_rng(0)
     grads = {g: (rng.standard_normal(n) * 1e-4).astype(np.float32) for g, n in model.group_sizes().items()
              if g in GRADIENT_GROUPS}  # fmt: skip
@@ -84,6 +85,11 @@ def measure(
         ):
             snapshot = weights.wait_newer_than(-1, timeout=30)
             assert snapshot is not None, "no weights streamed"
+            if weights_via == "shm":  # as a learner does once it maps the aggregator's weights
+                deadline = time.monotonic() + 30
+                while not weights.shared_memory and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                assert weights.shared_memory and client.share_gradients({g: grads[g].size for g in grads})
             before, start = agg.cpu_times(), time.monotonic()
             first = snapshot.version
             while snapshot.version < first + versions:
@@ -98,6 +104,7 @@ def measure(
             "versions": made,
             "mb_moved_per_version": moved_mb,  # the gradient in, the learner's weights out (over gRPC)
             "weights_from_shared_memory": weights.shared_reads,
+            "gradients_through_shared_memory": client.shares_gradients,
             "cpu_ms_per_version": 1000 * cpu / made,
             "versions_per_sec": made / elapsed,
         }
@@ -126,8 +133,8 @@ def main(argv: list[str] | None = None) -> int:
         "--weights",
         action="append",
         default=[],
-        help="grpc | shm: how the learner's weights reach it (shm: the same-host segment, fleetrl/shm.py; "
-        "repeat for both); default grpc",
+        help="grpc | shm: how the learner's weights and gradients travel (shm: same-host segments, "
+        "fleetrl/shm.py; repeat for both); default grpc",
     )
     p.add_argument("--out", help="write the raw result (JSON) here")
     args = p.parse_args(argv)
