@@ -564,6 +564,8 @@ def run_aggregator(
                 gradients_duplicate=counts["duplicate"],
                 subscribers=server.servicer.subscribers,
                 steps_skipped=core.steps_skipped,
+                weights_shared=counts["weights_shared"],  # versions announced to /dev/shm readers
+                gradients_shared=counts["gradients_shared"],  # pushes read from a learner's segment
             )
             if writer is not None and core.version != logged:
                 logged = core.version

@@ -14,7 +14,8 @@ a synchronous data-parallel learner group does). Arms, all in one run:
 - straggler: learners compute real SAC gradients on in-memory batches; before each gradient,
   learner 0 pauses --pause-ms with probability --pause-prob. Aggregator: K = M with the
   default step_deadline_ms, each learner keeping one push in flight (as learner/worker.py does)
-  and going on with the newest weights it has;
+  and going on with the newest weights it has (weights and gradients through /dev/shm, as a
+  learner on the aggregator's host does; --grpc-only: over gRPC);
   all-reduce: every rank waits for the slowest each step. Gradients applied per second over
   the group (each a batch of the preset's size), K-of-M / all-reduce (issue 9's goal: >= 1.4).
 
@@ -34,6 +35,7 @@ import numpy as np
 from common import result_record, write_result  # benchmarks/common.py (this script's folder)
 
 from fleetrl.config import RunConfig
+from fleetrl.policy import LEARNER_GROUPS
 from fleetrl.presets import preset_config
 from fleetrl.process import free_port
 from sim.registry import get_task
@@ -93,8 +95,17 @@ def aggregator_learner(index, address, config, seconds, compute, pause, barrier,
     spec, model, batch, hp = _setup(config)
     pauser = _Pauser(index, *pause)
     fixed = compute_gradients(model, batch, hp)
-    with AggregatorClient(address) as client, client.watch(f"learner-{index}") as watcher:
+    shared = config.learner.shared_memory
+    with (
+        AggregatorClient(address) as client,
+        client.watch(f"learner-{index}", LEARNER_GROUPS, shared_memory=shared) as watcher,
+    ):
         snap = watcher.wait_newer_than(-1, timeout=60)
+        deadline = time.monotonic() + 30
+        while shared and not watcher.shared_memory and time.monotonic() < deadline:  # as learner/worker.py
+            time.sleep(0.01)
+        if watcher.shared_memory:
+            client.share_gradients({g: v.size for g, v in fixed.grads.items()})
         barrier.wait(WAIT_SEC)
         applied = pushed = need = 0
         pending = None  # with compute: one push in flight, its step overlapping the next gradient (as learners do)
@@ -125,7 +136,9 @@ def aggregator_learner(index, address, config, seconds, compute, pause, barrier,
                     model.set_flat(group, snap.tensors[group])
         if pending is not None:
             applied += int(pending.result().applied)
-        out.put({"index": index, "pushed": pushed, "applied": applied, "sec": time.monotonic() - start})
+        elapsed = time.monotonic() - start
+        sharing = {"weights_shared": watcher.shared_reads, "gradients_shared": client.shares_gradients}
+        out.put({"index": index, "pushed": pushed, "applied": applied, "sec": elapsed} | sharing)
 
 
 def allreduce_learner(index, world, port, config, seconds, compute, pause, barrier, out) -> None:  # noqa: ANN001
@@ -240,13 +253,19 @@ def main(argv: list[str] | None = None) -> int:
         help="learner.max_grad_staleness (default: the number of learners: each other learner's push may make "
         "a version while one computes, so a smaller bound drops or waits by construction)",
     )
+    p.add_argument(
+        "--grpc-only",
+        action="store_true",
+        help="learner.shared_memory=false: weights and gradients over gRPC even on the aggregator's host",
+    )
     p.add_argument("--repeats", type=int, default=3, help="runs of every arm, interleaved; figures are medians")
     p.add_argument("--out", help="write the raw result here")
     args = p.parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     config = preset_config(args.task)
     staleness = args.learners if args.max_staleness is None else args.max_staleness
-    config = replace(config, learner=replace(config.learner, max_grad_staleness=staleness))
+    learner = replace(config.learner, max_grad_staleness=staleness, shared_memory=not args.grpc_only)
+    config = replace(config, learner=learner)
     still, straggle = (0.0, 0.0), (args.pause_prob, args.pause_ms / 1000.0)
     repeats = []  # each repeat runs every arm once: a slow spell on this shared machine hits all arms alike
     for r in range(args.repeats):
@@ -279,6 +298,7 @@ def main(argv: list[str] | None = None) -> int:
         "pause": {"ms": args.pause_ms, "prob": args.pause_prob, "learner": 0},
         "step_deadline_ms": config.aggregator.step_deadline_ms,
         "max_grad_staleness": staleness,
+        "shared_memory": config.learner.shared_memory,
         "seconds_per_arm": args.seconds,
         "repeats": repeats,
         "round_aggregator_vs_allreduce": round(round_ratio, 3),  # medians over the repeats

@@ -249,7 +249,8 @@ class _GradientLoop:
                 )
             if not self.agg.shares_gradients and self.weights.shared_memory and not self._share_tried:
                 self._share_tried = True  # the weights come from the aggregator's host: so can the gradients
-                self.agg.share_gradients({g: v.size for g, v in push.grads.items()})
+                if self.agg.share_gradients({g: v.size for g, v in push.grads.items()}):
+                    log.info("learner %d: weights and gradients through /dev/shm (same host)", self.learner_id)
             pending = self.agg.push_gradients_async(push)
             pushed += 1
         if pending is not None:

@@ -184,6 +184,10 @@ def test_train_reaches_target_and_leaves_a_run_directory(tmp_path: pathlib.Path)
     allowed = config.sampler.random_steps + config.sampler.max_env_steps_per_update * learner["pushed"]
     assert sampler["env_steps"] <= allowed + 10 * 50, (sampler, learner)
     assert "rate_limited_sec" in sampler and "rate_limited_sec" in learner
+    # One host: the learner's weights and gradients went through /dev/shm, not gRPC.
+    aggregator = json.loads((run_dir / "heartbeats" / "aggregator.json").read_text())["counters"]
+    assert aggregator["gradients_shared"] > 0.9 * aggregator["gradients_applied"], aggregator
+    assert aggregator["weights_shared"] > 0, aggregator
 
 
 def test_ctrl_c_stops_the_fleet_cleanly(tmp_path: pathlib.Path) -> None:
