@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import secrets
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -237,10 +238,14 @@ class WeightsWatcher:
     """Newest weights from a WatchWeights stream, kept fresh by a daemon thread.
 
     With `shared_memory`, the first message offers the aggregator's segment (fleetrl/shm.py);
-    once mapped and its key checked, the watcher reconnects with that key and then reads each
-    announced version from the segment. Anything amiss with the segment (another host's, gone,
-    a read that keeps meeting writes) puts it back on gRPC for good.
+    once mapped and its key checked, the watcher watches again with that key. The aggregator
+    then writes every version into the segment and sends nothing more: `latest()` and
+    `wait_newer_than()` read the segment's header (one integer) and copy the weights only when
+    the version moved, and the open stream only tells the watcher when the aggregator goes (a
+    restarted one offers a new segment). A segment that cannot be read puts it back on gRPC.
     """
+
+    POLL_SEC = 0.0005  # wait_newer_than on a segment: how often it looks at the version
 
     def __init__(
         self,
@@ -254,13 +259,14 @@ class WeightsWatcher:
         self._request = pb.WatchRequest(
             subscriber=subscriber, groups=list(groups), min_interval_sec=interval, shared_memory=shared_memory
         )
-        self._reader: SharedWeightsReader | None = None
-        self.shared_reads = 0  # versions read from shared memory (the rest came over gRPC)
         self._cond = threading.Condition()
         self._latest: WeightsSnapshot | None = None
         self._closed = False
         self._call: grpc.Call | None = None  # the open WatchWeights stream, for close() to cancel
+        self._reader: SharedWeightsReader | None = None
+        self._spec: ModelSpec | None = None
         self.received = 0
+        self.shared_reads = 0  # versions copied from shared memory (the rest came over gRPC)
         self._thread = threading.Thread(target=self._run, name=f"watch-{subscriber}", daemon=True)
         self._thread.start()
 
@@ -277,9 +283,8 @@ class WeightsWatcher:
         if self._call is not None:
             self._call.cancel()
         self._thread.join(timeout=5)
-        if self._reader is not None:
-            self._reader.close()
-            self._reader = None
+        with self._cond:
+            self._drop_reader()
 
     @property
     def shared_memory(self) -> bool:
@@ -288,17 +293,54 @@ class WeightsWatcher:
 
     def latest(self) -> WeightsSnapshot | None:
         with self._cond:
+            self._poll()
             return self._latest
 
     def wait_newer_than(self, version: int, timeout: float | None = None) -> WeightsSnapshot | None:
         """The newest snapshot once its version exceeds `version`; None on timeout or close."""
+        deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
-            self._cond.wait_for(
-                lambda: self._closed or (self._latest is not None and self._latest.version > version), timeout
-            )
-            if self._latest is not None and self._latest.version > version:
-                return self._latest
-            return None
+            while True:
+                self._poll()
+                if self._latest is not None and self._latest.version > version:
+                    return self._latest
+                left = None if deadline is None else deadline - time.monotonic()
+                if self._closed or (left is not None and left <= 0):
+                    return None
+                wait = left if self._reader is None else self.POLL_SEC if left is None else min(left, self.POLL_SEC)
+                self._cond.wait(wait)  # notified by the stream thread; on a segment, a short nap
+
+    def _poll(self) -> None:
+        """With a segment (lock held): take its newest version if it moved."""
+        reader = self._reader
+        if reader is None or self._spec is None:
+            return
+        if self._latest is not None and reader.version() <= self._latest.version:
+            return
+        read = reader.read()
+        if read is None:  # every try met a write: a wedged or foreign writer
+            log.warning("%s: shared-memory weights unreadable; back on gRPC", self._request.subscriber)
+            self._request.shared_memory = False
+            self._request.shared_memory_key = 0
+            self._drop_reader()
+            if self._call is not None:
+                self._call.cancel()  # the stream thread watches again, over gRPC
+            return
+        version, tensors = read
+        if self._latest is None or version > self._latest.version:
+            self._set(WeightsSnapshot(version=version, tensors=tensors, spec=self._spec))
+            self.shared_reads += 1
+
+    def _set(self, snapshot: WeightsSnapshot) -> None:
+        self._latest = snapshot
+        self._request.after_version = snapshot.version  # a reconnect resumes after this version
+        self.received += 1
+        self._cond.notify_all()
+
+    def _drop_reader(self) -> None:
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
 
     def _run(self) -> None:
         backoff = Backoff(f"aggregator (weights for {self._request.subscriber})")
@@ -324,43 +366,25 @@ class WeightsWatcher:
 
     def _store(self, msg: pb.Weights) -> bool:
         """Keep `msg`'s weights as the newest; True: reconnect (a shared-memory switch)."""
-        if msg.tensors or not msg.HasField("shared"):
-            tensors = {t.name: from_tensor(t, "tensors").copy() for t in msg.tensors}
-            version = msg.version
-        else:  # a version announced; the weights are in the segment
-            read = self._reader.read() if self._reader is not None else None
-            if read is None or read[0] < msg.version:
-                log.warning("%s: shared-memory weights unreadable; back on gRPC", self._request.subscriber)
-                self._leave_shared_memory()
-                return True
-            version, tensors = read
-            self.shared_reads += 1
+        tensors = {t.name: from_tensor(t, "tensors").copy() for t in msg.tensors}
+        spec = ModelSpec.from_json(msg.layout)
         with self._cond:
-            self._latest = WeightsSnapshot(version=version, tensors=tensors, spec=ModelSpec.from_json(msg.layout))
-            self._request.after_version = version  # a reconnect resumes after this version
-            self.received += 1
-            self._cond.notify_all()
-        offer = msg.shared if msg.tensors and msg.HasField("shared") else None
-        if offer is None or not self._request.shared_memory or offer.key == self._request.shared_memory_key:
-            return False
-        return self._map(offer, {name: t.size for name, t in tensors.items()})
+            self._spec = spec
+            self._set(WeightsSnapshot(version=msg.version, tensors=tensors, spec=spec))
+            offer = msg.shared if msg.HasField("shared") else None
+            if offer is None or not self._request.shared_memory or offer.key == self._request.shared_memory_key:
+                return False
+            return self._map(offer, {name: t.size for name, t in tensors.items()})
 
     def _map(self, offer: pb.SharedSegment, sizes: dict[str, int]) -> bool:
+        """Map an offered segment (lock held); True: mapped, watch again with its key."""
         try:
             reader = SharedWeightsReader(offer.path, offer.key, sizes)
         except (OSError, ValueError) as err:  # another host's aggregator: its segment is not here
             log.info("%s: weights over gRPC (%s)", self._request.subscriber, err)
             self._request.shared_memory = False
             return False
-        if self._reader is not None:
-            self._reader.close()
+        self._drop_reader()
         self._reader = reader
         self._request.shared_memory_key = offer.key
         return True
-
-    def _leave_shared_memory(self) -> None:
-        self._request.shared_memory = False
-        self._request.shared_memory_key = 0
-        if self._reader is not None:
-            self._reader.close()
-            self._reader = None

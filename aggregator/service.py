@@ -53,12 +53,14 @@ WATCH_HEARTBEAT_SEC = 1.0  # a watcher re-checks its connection at least this of
 
 class _WeightsCache:
     """Serialized Weights per group selection, rebuilt once per version, shared by subscribers;
-    and, for same-host subscribers, the shared-memory segment per group selection (written once
-    per version) with its versions-only message."""
+    and, for same-host subscribers, the shared-memory segment per group selection, written on
+    every version while a stream reads it."""
 
     def __init__(self) -> None:
-        self._cache: dict[tuple[tuple[str, ...], str], pb.Weights] = {}  # (groups, "plain"|"offer"|"shared")
+        self._cache: dict[tuple[tuple[str, ...], str], pb.Weights] = {}  # (groups, "plain"|"offer")
         self.segments: dict[tuple[str, ...], SharedWeightsWriter] = {}
+        self.readers: Counter[tuple[str, ...]] = Counter()  # streams reading each segment
+        self._layout: tuple[object, str] = (None, "")  # (spec, its JSON): serialized once, not per version
 
     def get(
         self, core: AggregatorCore, groups: tuple[str, ...], offer: SharedWeightsWriter | None = None
@@ -72,23 +74,19 @@ class _WeightsCache:
         msg = pb.Weights(
             version=core.version,
             tensors=[to_tensor(g, flat[g]) for g in groups],
-            layout=core.spec.to_json(),
+            layout=self._json(core),
             shared=_shared(offer),
         )
         self._cache[key] = msg
         return msg
 
-    def shared(self, core: AggregatorCore, groups: tuple[str, ...], segment: SharedWeightsWriter) -> pb.Weights:
-        """The current version written to `segment` (once) and a message without tensors."""
-        key = (groups, "shared")
-        cached = self._cache.get(key)
-        if segment.version != core.version:
-            segment.write(core.version, core.views(groups))
-        if cached is not None and cached.version == core.version:
-            return cached
-        msg = pb.Weights(version=core.version, layout=core.spec.to_json(), shared=_shared(segment))
-        self._cache[key] = msg
-        return msg
+    def write(self, core: AggregatorCore, groups: tuple[str, ...]) -> bool:
+        """The current version into this selection's segment, once; True if written."""
+        segment = self.segments[groups]
+        if segment.version == core.version:
+            return False
+        segment.write(core.version, core.views(groups))
+        return True
 
     def segment(self, core: AggregatorCore, groups: tuple[str, ...]) -> SharedWeightsWriter | None:
         """This selection's segment, made on first use; None where /dev/shm cannot be used."""
@@ -101,6 +99,11 @@ class _WeightsCache:
                 log.warning("weights stay on gRPC: no shared-memory segment (%s)", err)
                 return None
         return self.segments[groups]
+
+    def _json(self, core: AggregatorCore) -> str:
+        if self._layout[0] is not core.spec:
+            self._layout = (core.spec, core.spec.to_json())
+        return self._layout[1]
 
     def close(self) -> None:
         for segment in self.segments.values():
@@ -225,9 +228,13 @@ class AggregatorServicer(pb_grpc.AggregatorServicer):
         return ack
 
     def _stepped(self) -> None:
-        """After a step may have made a version (lock held): lease it, then announce it."""
+        """After a step may have made a version (lock held): lease it, write it to the segments
+        same-host readers map, then announce it to the streams."""
         if self.lease is not None:
             self.lease.ensure(self.core.version)  # persisted before anyone can see it
+        for groups, readers in self._cache.readers.items():
+            if readers and self._cache.write(self.core, groups):
+                self.counts["weights_shared"] += 1
         self._announce()
 
     async def _close_due_steps(self) -> None:
@@ -326,8 +333,14 @@ class AggregatorServicer(pb_grpc.AggregatorServicer):
         with self._lock:
             self.subscribers += 1
             segment = self._cache.segment(self.core, groups) if request.shared_memory else None
-        shared = segment is not None and request.shared_memory_key == segment.key  # mapped and checked
+            shared = segment is not None and request.shared_memory_key == segment.key  # mapped and checked
+            if shared:  # from now on every version is written there (_stepped), and nothing is sent
+                self._cache.readers[groups] += 1
+                self._cache.write(self.core, groups)
         try:
+            if shared:
+                while True:  # open until the client goes or the server stops: that is all it tells
+                    await asyncio.sleep(WATCH_HEARTBEAT_SEC)
             sent = request.after_version if request.HasField("after_version") else -1
             next_send = 0.0
             while True:  # until the client goes (the stream is cancelled) or the server stops
@@ -343,17 +356,16 @@ class AggregatorServicer(pb_grpc.AggregatorServicer):
                         pass
                     continue
                 with self._lock:  # a step is at most ~1 ms: the loop waits that long at worst
-                    if shared and segment is not None:
-                        msg = self._cache.shared(self.core, groups, segment)
-                    else:
-                        msg = self._cache.get(self.core, groups, segment)
-                    self.counts["weights_shared" if shared else "weights_sent"] += 1
+                    msg = self._cache.get(self.core, groups, segment)
+                    self.counts["weights_sent"] += 1
                 sent = msg.version
                 next_send = time.monotonic() + request.min_interval_sec
                 yield msg
         finally:
             with self._lock:
                 self.subscribers -= 1
+                if shared:
+                    self._cache.readers[groups] -= 1
 
     # --- stats and evaluation ------------------------------------------------------------
     def Stats(self, request: pb.AggregatorStatsRequest, context: grpc.ServicerContext) -> pb.AggregatorStats:

@@ -8,7 +8,8 @@
 Serving a 256x256 policy's weights over gRPC costs the aggregator about 1.5 ms of CPU per
 version per learner (benchmarks/aggregator_cpu.py: 1.67 ms per MB); a copy into a mapped file
 costs a tenth of that, once per version however many local learners read it. The stream then
-carries only the version (aggregator/service.py). A learner that has mapped the aggregator's
+carries nothing: a reader looks at the header's version and copies only when it moved
+(aggregator/client.py's WeightsWatcher). A learner that has mapped the aggregator's
 weights knows it shares the host, and writes each gradient into a segment of its own the same
 way (kind "grads"); the push then names the segment instead of carrying the bytes.
 
@@ -106,6 +107,10 @@ class SharedWeightsReader:
             self.close()
             raise ValueError(f"{path}: key or size differ from the writer's (another host's segment?)")
         self._data = _views(self._map, self.sizes)
+
+    def version(self) -> int:
+        """The newest version written (-1: none yet): one integer, no copy."""
+        return int(self._header[VERSION])
 
     def read(self) -> tuple[int, dict[str, np.ndarray]] | None:
         """(version, copies of every group) as one consistent write left them; None if nothing
