@@ -1,6 +1,6 @@
 """Dense against MoE (with and without router decay), and no / plain / layered SWA, on a multi-task set.
 
-    python3 benchmarks/moe_ablation.py [--tasks A,B,...] [--seeds 0,1,2] [--arms dense,moe,moe-decay] \\
+    python3 benchmarks/moe_ablation.py [--tasks A,B,...] [--seeds 0,1,2] [--arms dense,moe,moe-decay,moe-task] \\
         [--env-steps 20000] [--max-wall-sec 900] [--episodes 50] --out benchmarks/results/moe_ablation-seed0.json
 
 Each run, one after another on this machine: `fleetrl train --tasks ...` for the same env-step
@@ -14,6 +14,8 @@ Arms:
 - dense: the dense networks (model.kind dense);
 - moe: MoE networks without router decay (the balancing loss at full weight: router_decay 0);
 - moe-decay: MoE with router decay (model.router_decay, default 1).
+- moe-task: moe-decay with gates on the task embedding alone (model.router "task"): one
+  routing per task, which the frozen-routing export keeps exactly.
 
 Figures per run: success per task for each of the three actors, expert load std/mean per layer
 (summary.json expert_load), env steps and updates. Then, per arm and actor, the mean and spread
@@ -38,6 +40,8 @@ ARMS = {
     "dense": ["--set", 'model.kind="dense"'],
     "moe": ["--set", 'model.kind="moe"', "--set", "model.router_decay=0"],
     "moe-decay": ["--set", 'model.kind="moe"'],
+    # Gates on the task embedding alone: one routing per task, what a frozen-routing export keeps.
+    "moe-task": ["--set", 'model.kind="moe"', "--set", 'model.router="task"'],
 }
 WEIGHTS = ("live", "swa", "swa_plain")
 

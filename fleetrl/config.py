@@ -182,6 +182,11 @@ class ModelConfig:
     experts: int = config_field(8, "'moe': experts per hidden layer")
     top_k: int = config_field(2, "'moe': experts each input is routed to")
     task_embed_dim: int = config_field(8, "'moe': width of the learned task embedding the gates see")
+    router: str = config_field(
+        "state",
+        "'moe': what the gates see: 'state' (normalized state ++ task embedding) or 'task' (the embedding "
+        "alone: each task keeps one routing, so `fleetrl export`'s frozen table is exact)",
+    )
     task_norm: bool = config_field(
         True,
         "multi-task runs: standardize each task's inputs with its own statistics (one shared set mixes "
@@ -361,6 +366,7 @@ class RunConfig:
             (self.sim.control_hz >= 0, "sim.control_hz", ">= 0 (0 = the task's own rate)"),
             (self.model.kind in ("dense", "moe"), "model.kind", "one of 'dense', 'moe'"),
             (self.model.experts >= 1, "model.experts", ">= 1"),
+            (self.model.router in ("state", "task"), "model.router", "one of 'state', 'task'"),
             (1 <= self.model.top_k <= self.model.experts, "model.top_k", "in 1..model.experts"),
             (self.model.task_embed_dim >= 1, "model.task_embed_dim", ">= 1"),
             (self.learner.max_policy_lag >= 0, "learner.max_policy_lag", ">= 0"),

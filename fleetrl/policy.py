@@ -12,9 +12,11 @@ Flat actor layout (the order torch's `parameters_to_vector` gives for learner/mo
            gate bias [experts]; then the output Linear as in dense
 Layers: input (obs ++ goal) -> hidden_sizes (ReLU) -> 2 * act_dim (mean ++ log_std). A MoE
 hidden layer is `experts` Linear layers mixed by a gate on the normalized input and the task's
-embedding (gate_in = input_dim + task_embed_dim): softmax over the gate's top_k logits, zero
-for the rest. Every expert is computed and masked: static shapes, no data-dependent control
-flow (the frozen-routing export keeps only the selected experts).
+embedding (gate_in = input_dim + task_embed_dim), or with router "task" on the embedding alone
+(gate_in = task_embed_dim: routing constant within a task, which a frozen-routing export keeps
+exactly): softmax over the gate's top_k logits, zero for the rest. Every expert is computed
+and masked: static shapes, no data-dependent control flow (the frozen-routing export keeps
+only the selected experts).
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ SWA_GROUP = "actor_swa"  # served, not trained: the actor's weight average (aggr
 LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0  # the range CleanRL and SB3 use for SAC
 NORM_CLIP = 5.0  # standardized inputs are clipped to +-5, as in the HER baselines
 MODEL_KINDS = ("dense", "moe")
+ROUTERS = ("state", "task")  # what a MoE gate sees: normalized state ++ task embedding, or the embedding
 
 
 @dataclass(frozen=True)
@@ -57,10 +60,13 @@ class ModelSpec:
     # A multi-task run's inputs standardized with each task's own statistics (rows picked by the
     # input's task one-hot), not one set over all: False in specs written before it existed.
     task_norm: bool = False
+    router: str = "state"  # "task": gates see only the task embedding (absent in older specs: "state")
 
     def __post_init__(self) -> None:
         if self.kind not in MODEL_KINDS:
             raise ValueError(f"model kind {self.kind!r}: expected one of {MODEL_KINDS}")
+        if self.router not in ROUTERS:
+            raise ValueError(f"router {self.router!r}: expected one of {ROUTERS}")
         if self.kind == "moe" and not 1 <= self.top_k <= self.experts:
             raise ValueError(f"top_k ({self.top_k}) must be in 1..experts ({self.experts})")
 
@@ -92,7 +98,7 @@ class ModelSpec:
 
     @property
     def gate_dim(self) -> int:
-        return self.input_dim + self.task_embed_dim
+        return self.task_embed_dim if self.router == "task" else self.input_dim + self.task_embed_dim
 
     def actor_layer_dims(self) -> list[tuple[int, int]]:
         """(in, out) of every actor layer, input to output (a MoE layer counted once)."""
@@ -133,6 +139,7 @@ def model_spec(config: RunConfig, task: TaskSpec | TaskSet) -> ModelSpec:
         tasks=len(getattr(task, "tasks", ())) or 1,
         task_embed_dim=m.task_embed_dim,
         task_norm=m.task_norm,
+        router=m.router,
     )
 
 
@@ -180,7 +187,8 @@ class NumpyActor:
         row = self.spec.norm_row(task)
         x = np.clip((obs_goal - self.mean[row]) / self.std[row], -NORM_CLIP, NORM_CLIP)
         if self.embed is not None:
-            gate_in = np.concatenate([x, np.broadcast_to(self.embed[task], (len(x), self.spec.task_embed_dim))], -1)
+            embed = np.broadcast_to(self.embed[task], (len(x), self.spec.task_embed_dim))
+            gate_in = embed if self.spec.router == "task" else np.concatenate([x, embed], -1)
             for w, b, gw, gb in self.moe:
                 gates = top_k_gates(gate_in @ gw + gb, self.spec.top_k)  # [batch, E]
                 experts = np.einsum("bi,eio->beo", x, w) + b  # [batch, E, out]

@@ -81,11 +81,13 @@ class MoELinear(nn.Module):
 
 class Body(nn.Module):
     """The hidden layers and the output layer of an actor or critic, dense or MoE (spec.kind).
-    A MoE body gates every hidden layer on the normalized input ++ the task's embedding."""
+    A MoE body gates every hidden layer on the normalized input ++ the task's embedding (or, with
+    router "task", on the embedding alone)."""
 
     def __init__(self, spec: ModelSpec, in_dim: int, out_dim: int) -> None:
         super().__init__()
         self.moe = spec.kind == "moe"
+        self.task_routed = spec.router == "task"
         if not self.moe:
             self.net = mlp(in_dim, spec.hidden_sizes, out_dim)
             return
@@ -107,9 +109,10 @@ class Body(nn.Module):
         return self.out(x)
 
     def gate_input(self, state: torch.Tensor, task: torch.Tensor | None = None) -> torch.Tensor:
-        """What every gate sees: the normalized state ++ the task's embedding (None: task 0)."""
+        """What every gate sees: the normalized state ++ the task's embedding (None: task 0); with
+        router "task", the embedding alone."""
         embed = self.task_embed[task] if task is not None else self.task_embed[0].expand(len(state), -1)
-        return torch.cat([state, embed], dim=-1)
+        return embed if self.task_routed else torch.cat([state, embed], dim=-1)
 
     def moe_layers(self) -> list[MoELinear]:
         return [layer for layer in self.hidden if isinstance(layer, MoELinear)] if self.moe else []

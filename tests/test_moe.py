@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -178,6 +179,27 @@ def test_routing_that_never_depends_on_the_state_freezes_exactly():
     assert table.action_error_max < 1e-5
     frozen = FrozenRoutingPolicy(reference_actor(ckpt), table)
     assert len(frozen.experts) == 4  # two per layer: the unselected experts are not in the network
+
+
+def test_a_task_routed_moe_routes_every_state_of_a_task_alike_and_its_frozen_table_is_exact():
+    from deploy_npu.routing import freeze_routing
+
+    spec = dataclasses.replace(MOE, router="task")
+    assert spec.gate_dim == spec.task_embed_dim
+    assert ModelSpec.from_json(spec.to_json()) == spec
+    model = _model(spec)
+    actor = NumpyActor(spec, model.get_flat("actor"), model.get_flat("obs_norm"))
+    x = np.random.default_rng(1).normal(size=(64, spec.input_dim)).astype(np.float32)
+    for task in range(spec.tasks):
+        with torch.no_grad():
+            mean, _ = model.actor(torch.from_numpy(x), torch.full((64,), task))
+        np.testing.assert_allclose(actor.forward(x, task)[0], mean.numpy(), rtol=1e-4, atol=1e-5)
+        gates = [layer.last_gates for layer in model.actor.body.moe_layers()]
+        assert all(torch.equal(g, g[:1].expand_as(g)) for g in gates)  # one routing for the whole task
+        table = freeze_routing(model.actor, f"task-{task}", x, task)
+        assert table.agreement == 1.0 and table.action_error_max < 1e-5
+    with pytest.raises(ValueError, match="router 'bogus'"):
+        dataclasses.replace(MOE, router="bogus")
 
 
 def test_fleetrl_export_freezes_a_moe_policys_routing_into_a_graph_the_audit_passes(tmp_path):
