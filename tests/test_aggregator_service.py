@@ -98,6 +98,15 @@ def test_async_push_is_acked_and_a_stale_push_is_reported(server, client):
     assert (stats.gradients_applied, stats.gradients_stale, stats.gradients_rejected) == (3, 1, 0)
 
 
+def test_a_waiting_stream_is_counted_so_new_versions_wake_it(server, client):
+    with client.watch("sampler-0", ("actor",)) as watcher:
+        watcher.wait_newer_than(-1, timeout=10)
+        assert _wait_for(lambda: server.servicer._waiters == 1)  # waiting for version 1
+        client.push_gradients(push(server.servicer.core, 0))
+        assert watcher.wait_newer_than(0, timeout=10).version == 1
+    assert _wait_for(lambda: server.servicer._waiters == 0)
+
+
 def test_a_watcher_of_some_groups_gets_only_those(server, client):
     with client.watch("evaluator-0", groups=("actor", "obs_norm")) as watcher:
         client.push_gradients(push(server.servicer.core, 0))
@@ -147,6 +156,7 @@ def test_a_same_host_watcher_reads_weights_from_shared_memory(server, client):
                     np.testing.assert_array_equal(snapshot.tensors[g], weights[g])
         assert watcher.wait_newer_than(4, timeout=10).version == 5
         assert watcher.shared_reads >= 5
+        assert server.servicer._waiters == 0  # nothing waits to be woken on each version: none is
     assert server.servicer.counts["weights_sent"] == 1  # only the offer carried tensors
     segment = server.servicer._cache.segments[groups]
     server.servicer.close()
