@@ -453,10 +453,15 @@ def _shared_push(segment: SharedWeightsWriter, msg: pb.Gradients, written_seq: i
     msg.shared.CopyFrom(pb.SharedSegment(path=segment.path, key=segment.key))
 
 
+def _another(path: str) -> str:
+    """A segment name that differs from `path` in its last hex digit: no such file."""
+    return path[:-1] + ("1" if path.endswith("0") else "0")
+
+
 SHARED_BAD_PUSHES = [  # (case, mutate(msg, segment), details, field)
     ("path outside /dev/shm", lambda m, s: (_shared_push(s, m), setattr(m.shared, "path", "/etc/passwd")),
      "is not a /dev/shm/fleetrl-", "shared"),
-    ("no such segment", lambda m, s: (_shared_push(s, m), setattr(m.shared, "path", s.path[:-1] + "0")),
+    ("no such segment", lambda m, s: (_shared_push(s, m), setattr(m.shared, "path", _another(s.path))),
      "no such segment on the aggregator's host", "shared.path"),
     ("wrong key", lambda m, s: (_shared_push(s, m), setattr(m.shared, "key", s.key ^ 1)), "key or size differ",
      "shared"),
