@@ -131,7 +131,9 @@ def aggregator_learner(index, address, config, seconds, compute, pause, barrier,
                 pending = client.push_gradients_async(push)
             else:  # a round: push, then wait for the step this gradient is in
                 applied += int(client.push_gradients(push).applied)
-                snap = watcher.wait_newer_than(snap.version, timeout=60) or snap
+                # Not past the window by much: a step the other learner, already done, never closes.
+                left = start + seconds + 1.0 - time.monotonic()
+                snap = watcher.wait_newer_than(snap.version, timeout=max(left, 0.1)) or snap
                 for group in GROUPS_SENT:
                     model.set_flat(group, snap.tensors[group])
         if pending is not None:
