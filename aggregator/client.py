@@ -129,9 +129,8 @@ class AggregatorClient:
         """For a push refused because its segment could not be read: the same push (same seq:
         a refused push is not recorded) with its bytes, sharing stopped. None: not that refusal."""
         details = err.details() or ""
-        if err.code() != grpc.StatusCode.INVALID_ARGUMENT or not message.HasField("shared"):
-            return None
-        if not details.startswith("shared"):
+        refused = err.code() == grpc.StatusCode.INVALID_ARGUMENT and details.startswith("shared")
+        if not refused or not message.HasField("shared"):
             return None
         log.warning("aggregator cannot read this learner's gradient segment (%s): gradients over gRPC", details)
         self._stop_sharing()
@@ -307,8 +306,9 @@ class WeightsWatcher:
                 left = None if deadline is None else deadline - time.monotonic()
                 if self._closed or (left is not None and left <= 0):
                     return None
-                wait = left if self._reader is None else self.POLL_SEC if left is None else min(left, self.POLL_SEC)
-                self._cond.wait(wait)  # notified by the stream thread; on a segment, a short nap
+                if self._reader is not None:  # a segment tells no one: look again shortly
+                    left = self.POLL_SEC if left is None else min(left, self.POLL_SEC)
+                self._cond.wait(left)  # else until the stream thread stores a newer snapshot
 
     def _poll(self) -> None:
         """With a segment (lock held): take its newest version if it moved."""

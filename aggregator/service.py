@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -34,10 +35,9 @@ from aggregator.core import AggregatorCore, GradientError
 from aggregator.dedup import PushDedup
 from aggregator.evals import check_eval_report, eval_row, feed_swa
 from aggregator.persistence import Checkpointer, restore
-from fleetrl import shm
 from fleetrl.checkpoint import VersionLease, save_checkpoint
 from fleetrl.config import AggregatorConfig, RunConfig
-from fleetrl.policy import GRADIENT_GROUPS, GROUPS, SWA_GROUP, model_spec
+from fleetrl.policy import GRADIENT_GROUPS, GROUPS, SWA_GROUP, ModelSpec, model_spec
 from fleetrl.process import Heartbeat, write_ready_file
 from fleetrl.proto import fleetrl_pb2 as pb
 from fleetrl.proto import fleetrl_pb2_grpc as pb_grpc
@@ -61,7 +61,6 @@ class _WeightsCache:
         self._cache: dict[tuple[tuple[str, ...], str], pb.Weights] = {}  # (groups, "plain"|"offer")
         self.segments: dict[tuple[str, ...], SharedWeightsWriter] = {}
         self.readers: Counter[tuple[str, ...]] = Counter()  # streams reading each segment
-        self._layout: tuple[object, str] = (None, "")  # (spec, its JSON): serialized once, not per version
 
     def get(
         self, core: AggregatorCore, groups: tuple[str, ...], offer: SharedWeightsWriter | None = None
@@ -75,7 +74,7 @@ class _WeightsCache:
         msg = pb.Weights(
             version=core.version,
             tensors=[to_tensor(g, flat[g]) for g in groups],
-            layout=self._json(core),
+            layout=_layout(core.spec),
             shared=_shared(offer),
         )
         self._cache[key] = msg
@@ -92,19 +91,12 @@ class _WeightsCache:
     def segment(self, core: AggregatorCore, groups: tuple[str, ...]) -> SharedWeightsWriter | None:
         """This selection's segment, made on first use; None where /dev/shm cannot be used."""
         if groups not in self.segments:
-            if not shm.available():
-                return None
-            try:
+            try:  # no /dev/shm (not Linux, or not writable) is an OSError too
                 self.segments[groups] = SharedWeightsWriter({g: v.size for g, v in core.views(groups).items()})
             except OSError as err:
                 log.warning("weights stay on gRPC: no shared-memory segment (%s)", err)
                 return None
         return self.segments[groups]
-
-    def _json(self, core: AggregatorCore) -> str:
-        if self._layout[0] is not core.spec:
-            self._layout = (core.spec, core.spec.to_json())
-        return self._layout[1]
 
     def close(self) -> None:
         for segment in self.segments.values():
@@ -152,6 +144,12 @@ class _GradientSegments:
         for reader in self._readers.values():
             reader.close()
         self._readers.clear()
+
+
+@functools.lru_cache(maxsize=8)
+def _layout(spec: ModelSpec) -> str:
+    """The spec's JSON, serialized once per spec rather than once per version sent."""
+    return spec.to_json()
 
 
 def _shared(segment: SharedWeightsWriter | None) -> pb.SharedSegment | None:

@@ -40,10 +40,6 @@ KEY, SEQ, VERSION, NBYTES = range(HEADER)
 READ_TRIES = 100
 
 
-def available() -> bool:
-    return os.path.isdir(SHM_DIR) and os.access(SHM_DIR, os.W_OK)
-
-
 class SharedWeightsWriter:
     """The writing side of one segment: the aggregator's for one group selection, or a
     learner's for its gradients (`kind` "grads"; `version` is then the push's seq)."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import time
 from collections.abc import Callable
 
@@ -160,7 +161,7 @@ def test_a_same_host_watcher_reads_weights_from_shared_memory(server, client):
     assert server.servicer.counts["weights_sent"] == 1  # only the offer carried tensors
     segment = server.servicer._cache.segments[groups]
     server.servicer.close()
-    assert not __import__("os").path.exists(segment.path)
+    assert not os.path.exists(segment.path)
 
 
 def test_a_shared_memory_watcher_falls_back_to_grpc_when_the_segment_is_unreadable(server, client):
@@ -510,7 +511,7 @@ def test_gradients_through_shared_memory_step_exactly_as_gradients_in_the_messag
 def test_a_learner_whose_segment_the_aggregator_cannot_read_sends_the_bytes_instead(server, client):
     core = server.servicer.core
     assert client.share_gradients({g: core.sizes[g] for g in GRADIENT_GROUPS})
-    __import__("os").unlink(client._gradients.path)  # as if the aggregator were on another host
+    os.unlink(client._gradients.path)  # as if the aggregator were on another host
     ack = client.push_gradients_async(push(core, 0)).result()
     assert (ack.applied, ack.version) == (True, 1)
     assert not client.shares_gradients
