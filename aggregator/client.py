@@ -245,6 +245,7 @@ class WeightsWatcher:
     """
 
     POLL_SEC = 0.0005  # wait_newer_than on a segment: how often it looks at the version
+    WRITER_STALL_SEC = 1.0  # a write still in progress after this: the writer is wedged, use gRPC
 
     def __init__(
         self,
@@ -317,8 +318,8 @@ class WeightsWatcher:
             return
         if self._latest is not None and reader.version() <= self._latest.version:
             return
-        read = reader.read()
-        if read is None:  # every try met a write: a wedged or foreign writer
+        read = reader.read(wait_sec=self.WRITER_STALL_SEC)
+        if read is None:  # a write that never finished: a wedged or foreign writer
             log.warning("%s: shared-memory weights unreadable; back on gRPC", self._request.subscriber)
             self._request.shared_memory = False
             self._request.shared_memory_key = 0

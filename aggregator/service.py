@@ -134,7 +134,7 @@ class _GradientSegments:
             if len(self._readers) >= self.LIMIT:  # learners that left: drop the oldest mapping
                 self._readers.pop(next(iter(self._readers))).close()
             self._readers[(where, key)] = reader
-        read = reader.read()
+        read = reader.read()  # no wait: the learner finished writing before it pushed
         if read is None or read[0] != request.seq:
             held = "nothing readable" if read is None else f"push {read[0]}"
             raise WireError("shared", f"the segment holds {held}, not seq {request.seq}")

@@ -3,7 +3,7 @@
     writer = SharedWeightsWriter({"actor": 1234, ...})      # the aggregator, one per group selection
     writer.write(version, views)                            # after a step: one memcpy, any readers
     reader = SharedWeightsReader(writer.path, writer.key, sizes)   # a learner on the same host
-    version, tensors = reader.read()                        # a consistent copy, or None (retry)
+    version, tensors = reader.read(wait_sec=1.0)            # a consistent copy, or None
 
 Serving a 256x256 policy's weights over gRPC costs the aggregator about 1.5 ms of CPU per
 version per learner (benchmarks/aggregator_cpu.py: 1.67 ms per MB); a copy into a mapped file
@@ -28,6 +28,7 @@ import mmap
 import os
 import re
 import secrets
+import time
 from collections.abc import Mapping
 
 import numpy as np
@@ -37,7 +38,6 @@ KINDS = ("weights", "grads")
 NAME = re.compile(r"^/dev/shm/fleetrl-(weights|grads)-(\d+)-([0-9a-f]{16})$")
 HEADER = 4  # int64s: key, seq, version, data bytes
 KEY, SEQ, VERSION, NBYTES = range(HEADER)
-READ_TRIES = 100
 
 
 class SharedWeightsWriter:
@@ -108,20 +108,23 @@ class SharedWeightsReader:
         """The newest version written (-1: none yet): one integer, no copy."""
         return int(self._header[VERSION])
 
-    def read(self) -> tuple[int, dict[str, np.ndarray]] | None:
+    def read(self, wait_sec: float = 0.0) -> tuple[int, dict[str, np.ndarray]] | None:
         """(version, copies of every group) as one consistent write left them; None if nothing
-        was written yet or every try met a write in progress."""
+        was written yet or a write was still in progress after `wait_sec`. A write takes well
+        under a millisecond, but on a busy host the writer can be preempted mid-copy for a time
+        slice or more: a reader that expects writes (a weights watcher) waits that out."""
         header = self._header
-        for _ in range(READ_TRIES):
+        deadline = time.monotonic() + wait_sec
+        while True:
             before = int(header[SEQ])
-            if before % 2:
-                os.sched_yield()
-                continue
-            version = int(header[VERSION])
-            tensors = {group: view.copy() for group, view in self._data.items()}
-            if int(header[SEQ]) == before:
-                return (version, tensors) if version >= 0 else None
-        return None
+            if before % 2 == 0:
+                version = int(header[VERSION])
+                tensors = {group: view.copy() for group, view in self._data.items()}
+                if int(header[SEQ]) == before:
+                    return (version, tensors) if version >= 0 else None
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(0.0001)  # let the writer finish
 
     def close(self) -> None:
         self._header = self._data = None  # type: ignore[assignment]

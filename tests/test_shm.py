@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import os
+import threading
 
 import numpy as np
 import pytest
 
-from fleetrl.shm import SEQ, SharedWeightsReader, SharedWeightsWriter
+from fleetrl.shm import SEQ, VERSION, SharedWeightsReader, SharedWeightsWriter
 
 SIZES = {"actor": 5, "critic": 7}
 
@@ -49,6 +50,32 @@ def test_a_write_in_progress_is_never_read(writer):
     assert reader.read() is None
     writer._header[SEQ] += 1
     assert reader.read()[0] == 1
+    reader.close()
+
+
+def test_a_reader_waits_out_a_writer_preempted_mid_write(writer):
+    """On a busy host the writer can lose its core mid-copy for a time slice or more; a reader
+    given a wait takes the write once it finishes instead of giving up (the learners' watchers
+    once fell back to gRPC this way, minutes into a FetchPush run)."""
+    reader = SharedWeightsReader(writer.path, writer.key, SIZES)
+    writer.write(1, _tensors(0))
+    new = _tensors(1)
+    writer._header[SEQ] += 1  # a write begins, and its writer is preempted
+
+    def rest_of_the_write() -> None:
+        for group, view in writer._data.items():
+            view[:] = new[group]
+        writer._header[VERSION] = 2
+        writer._header[SEQ] += 1
+
+    finish = threading.Timer(0.05, rest_of_the_write)
+    finish.start()
+    try:
+        read = reader.read(wait_sec=10.0)
+    finally:
+        finish.join()
+    assert read is not None and read[0] == 2
+    np.testing.assert_array_equal(read[1]["critic"], new["critic"])
     reader.close()
 
 
