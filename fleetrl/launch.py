@@ -86,6 +86,7 @@ class Summary:
     started_unix: float = 0.0  # epoch seconds at the command's start (report plots count from here)
     cpu: dict = field(default_factory=dict)  # fleetrl.cpu.CpuMeter.report(): per role and group
     fleet_overhead_share: float | None = None  # aggregator+buffer+evaluator+redis+launcher CPU / machine
+    counters: dict = field(default_factory=dict)  # each role's last heartbeat counters (heartbeats/*.json)
     checkpoints: list[str] = field(default_factory=list)
     mode: str = "async"  # or "sync": fleetrl train --mode sync (fleetrl/sync.py)
     expert_load: dict = field(default_factory=dict)  # a MoE run: routers' newest metrics (expert_load.json)
@@ -273,6 +274,7 @@ class LocalFleet:
             started_unix=time.time() - wall_sec,
             cpu=cpu,
             fleet_overhead_share=cpu["overhead_share"],
+            counters=_last_counters(self.run_dir / "heartbeats"),
             checkpoints=sorted(str(p) for p in (self.run_dir / "checkpoints").glob("ckpt_*.pt")),
         )
         load = self.run_dir / "expert_load.json"
@@ -308,3 +310,15 @@ class LocalFleet:
             summary.updates_per_sec = round((last.version - first) / max(wall_sec, 1e-9), 2)
         (self.run_dir / "summary.json").write_text(json.dumps(asdict(summary), indent=2))
         return summary
+
+
+def _last_counters(heartbeats: pathlib.Path) -> dict:
+    """{role: its last heartbeat's counters}: what each role did over the run (e.g. the
+    aggregator's weights_shared against its version). A torn or missing file is left out."""
+    counters = {}
+    for path in sorted(heartbeats.glob("*.json")):
+        try:
+            counters[path.stem] = json.loads(path.read_text())["counters"]
+        except (OSError, ValueError, KeyError):
+            continue
+    return counters

@@ -179,15 +179,15 @@ def test_train_reaches_target_and_leaves_a_run_directory(tmp_path: pathlib.Path)
     # are at most max_env_steps_per_update per gradient drawn, give or take ten episodes (the
     # pusher's queue, the heartbeats' age; unlimited, the sampler would run ~10x further).
     config = RunConfig.load(run_dir / "config.json")
-    sampler = json.loads((run_dir / "heartbeats" / "sampler-0.json").read_text())["counters"]
-    learner = json.loads((run_dir / "heartbeats" / "learner-0.json").read_text())["counters"]
+    sampler, learner = summary["counters"]["sampler-0"], summary["counters"]["learner-0"]  # last heartbeats
     allowed = config.sampler.random_steps + config.sampler.max_env_steps_per_update * learner["pushed"]
     assert sampler["env_steps"] <= allowed + 10 * 50, (sampler, learner)
     assert "rate_limited_sec" in sampler and "rate_limited_sec" in learner
-    # One host: the learner's weights and gradients went through /dev/shm, not gRPC.
-    aggregator = json.loads((run_dir / "heartbeats" / "aggregator.json").read_text())["counters"]
+    # One host: the learner's weights and gradients went through /dev/shm, not gRPC, to the end
+    # (a busy host once made the learner's watcher give up on the segment minutes into a run).
+    aggregator = summary["counters"]["aggregator"]
     assert aggregator["gradients_shared"] > 0.9 * aggregator["gradients_applied"], aggregator
-    assert aggregator["weights_shared"] > 0, aggregator
+    assert aggregator["weights_shared"] > 0.9 * aggregator["version"], aggregator
 
 
 def test_ctrl_c_stops_the_fleet_cleanly(tmp_path: pathlib.Path) -> None:
