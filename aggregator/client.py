@@ -12,10 +12,13 @@ aggregator restarts, and always holds only the newest version (older ones are co
 from __future__ import annotations
 
 import logging
+import queue
 import secrets
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
+from concurrent import futures
 from dataclasses import dataclass, field
 
 import grpc
@@ -84,6 +87,7 @@ class AggregatorClient:
         self.incarnation = secrets.randbits(63) or 1
         self._seq = 0
         self._gradients: SharedWeightsWriter | None = None  # share_gradients(): this client's segment
+        self._stream: _PushStream | None = None  # push_gradients_async's open PushGradientsStream
 
     def __enter__(self) -> AggregatorClient:
         return self
@@ -92,8 +96,14 @@ class AggregatorClient:
         self.close()
 
     def close(self) -> None:
+        self._drop_stream()
         self._channel.close()
         self._stop_sharing()
+
+    def _drop_stream(self) -> None:
+        if self._stream is not None:
+            self._stream.close()
+            self._stream = None
 
     @property
     def shares_gradients(self) -> bool:
@@ -155,9 +165,13 @@ class AggregatorClient:
         return self._retry(call, should_stop=should_stop, on_wait=on_wait)
 
     def push_gradients_async(self, push: GradientPush) -> PendingPush:
-        """Send without waiting: the learner computes the next gradient while this one is applied."""
+        """Send without waiting: the learner computes the next gradient while this one is
+        applied. Pushes share one PushGradientsStream (opened again after it breaks); a push
+        whose ack does not come is sent again by PushGradients (PendingPush.result)."""
         message = self._numbered(push)
-        return PendingPush(self, push, message, self._stub.PushGradients.future(message, timeout=self.timeout_sec))
+        if self._stream is None or self._stream.broken:
+            self._stream = _PushStream(self._stub)
+        return PendingPush(self, push, message, self._stream.send(message))
 
     def stats(self, timeout_sec: float = 5.0) -> pb.AggregatorStats:
         return self._stub.Stats(pb.AggregatorStatsRequest(), timeout=timeout_sec)
@@ -196,10 +210,68 @@ class AggregatorClient:
                 backoff.wait(err.code().name)
 
 
-class PendingPush:
-    """An in-flight PushGradients; result() waits for the ack, re-sending if the aggregator was away."""
+class _StreamEnded(grpc.RpcError):
+    """A push stream that closed before acking every push sent on it."""
 
-    def __init__(self, client: AggregatorClient, push: GradientPush, message: pb.Gradients, future: grpc.Future):
+    def code(self) -> grpc.StatusCode:
+        return grpc.StatusCode.UNAVAILABLE
+
+    def details(self) -> str:
+        return "the push stream ended before this push's ack"
+
+
+class _PushStream:
+    """One PushGradientsStream call. Pushes go in through a queue (gRPC's own thread sends
+    them); a reader thread hands each ack to the oldest push still waiting, in order. When the
+    call ends, every push still waiting gets its error (`broken`: open a new stream)."""
+
+    def __init__(self, stub: pb_grpc.AggregatorStub) -> None:
+        self._requests: queue.SimpleQueue[pb.Gradients | None] = queue.SimpleQueue()
+        self._call = stub.PushGradientsStream(iter(self._requests.get, None))
+        self._waiting: deque[futures.Future] = deque()
+        self._error: grpc.RpcError | None = None
+        self._lock = threading.Lock()
+        threading.Thread(target=self._read_acks, name="push-acks", daemon=True).start()
+
+    @property
+    def broken(self) -> bool:
+        return self._error is not None
+
+    def send(self, message: pb.Gradients) -> futures.Future:
+        future: futures.Future = futures.Future()
+        with self._lock:
+            if self._error is not None:
+                future.set_exception(self._error)
+                return future
+            self._waiting.append(future)
+        self._requests.put(message)
+        return future
+
+    def _read_acks(self) -> None:
+        error: grpc.RpcError = _StreamEnded()
+        try:
+            for ack in self._call:
+                with self._lock:
+                    self._waiting.popleft().set_result(ack)
+        except grpc.RpcError as err:  # the call itself: aggregator gone, a refused push, cancel()
+            error = err
+        with self._lock:
+            self._error = error
+            waiting, self._waiting = self._waiting, deque()
+        for future in waiting:
+            future.set_exception(error)
+
+    def close(self) -> None:
+        self._requests.put(None)  # ends the request iterator
+        self._call.cancel()
+
+
+class PendingPush:
+    """An in-flight push; result() waits for the ack, re-sending if the aggregator was away."""
+
+    def __init__(
+        self, client: AggregatorClient, push: GradientPush, message: pb.Gradients, future: futures.Future
+    ) -> None:
         self._client, self._push, self._message, self._future = client, push, message, future
 
     @property
@@ -216,13 +288,18 @@ class PendingPush:
         """The ack. With `retry`, a push the aggregator never took (it was unreachable, or
         stopping and cancelled the call) is sent again until acked; without, the error is raised.
         `on_wait()` runs every second of waiting (a heartbeat: a hung aggregator must not make
-        its learners look hung)."""
+        its learners look hung). An ack that has not come within the client's timeout ends the
+        stream (cancelled), and the push is sent again by PushGradients."""
+        waited = 0
         try:
             while True:
                 try:
                     return self._future.result(timeout=1.0)
-                except grpc.FutureTimeoutError:
+                except futures.TimeoutError:
                     on_wait()
+                    waited += 1
+                    if waited >= self._client.timeout_sec:
+                        self._client._drop_stream()  # fails this future with CANCELLED
         except grpc.RpcError as err:
             again = self._client._with_bytes(self._push, self._message, err)
             if again is not None:

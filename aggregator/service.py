@@ -24,6 +24,7 @@ import threading
 import time
 import traceback
 from collections import Counter
+from collections.abc import AsyncIterator
 from concurrent import futures
 
 import grpc
@@ -206,6 +207,14 @@ class AggregatorServicer(pb_grpc.AggregatorServicer):
                 self.rejected_by_learner[f"learner-{request.learner_id}"] += 1
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, cap(str(err), 512))
             raise  # abort raises; this line only tells type checkers so
+
+    async def PushGradientsStream(
+        self, requests: AsyncIterator[pb.Gradients], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.GradientAck]:
+        """PushGradients for each push of one long-lived call, acked in order; a refused push
+        ends the call with PushGradients' status (INVALID_ARGUMENT naming the field)."""
+        async for request in requests:
+            yield await self.PushGradients(request, context)
 
     def _push(self, request: pb.Gradients) -> pb.GradientAck:
         key = (request.learner_id, request.incarnation, request.seq)

@@ -1,16 +1,17 @@
 """The aggregator's CPU per version, as a one-learner fleet drives it, for one or more checkouts.
 
     python3 benchmarks/aggregator_cpu.py [--task FetchPush-v4] [--versions 3000] [--repeats 3] \\
-        [--arm NAME=CHECKOUT ...] [--weights grpc --weights shm] [--out R.json]
+        [--arm NAME=CHECKOUT ...] [--weights grpc --weights shm] [--push stream --push unary] [--out R.json]
 
 Starts a real `fleetrl aggregator` process from each arm's checkout (default: this one) and
 drives it as the fleet's learner and sampler do: one client streams the groups a learner takes
 (LEARNER_GROUPS: not the target critics) and pushes a real-sized gradient on each new version
 (max_grad_staleness 1), a second streams the actor at most every 0.2 s. `--weights shm`: the
-learner's weights and gradients go through /dev/shm segments, gRPC saying only which. Reports per arm the
-aggregator's CPU-milliseconds per version (its user + system time over the pushes) and
-versions per second. Arms run interleaved, `--repeats`
-times each, so a noisy machine affects them alike; the figures are medians.
+learner's weights and gradients go through /dev/shm segments, gRPC saying only which.
+`--push unary`: one PushGradients call per gradient instead of the learners' one long-lived
+PushGradientsStream. Reports per arm the aggregator's CPU-milliseconds per version (its user +
+system time over the pushes) and versions per second. Arms run interleaved, `--repeats` times
+each, so a noisy machine affects them alike; the figures are medians.
 
 Prints LAST each arm's CPU per version over the first arm's (below 1: cheaper).
 """
@@ -59,6 +60,7 @@ def measure(
     hidden: tuple[int, ...],
     wire: str,
     weights_via: str = "grpc",
+    push_via: str = "stream",
 ) -> dict:
     spec_task = get_task(task)
     model = SACModel(ModelSpec(spec_task.obs_dim, spec_task.goal_dim, spec_task.act_dim, hidden))
@@ -93,7 +95,11 @@ def measure(
             before, start = agg.cpu_times(), time.monotonic()
             first = snapshot.version
             while snapshot.version < first + versions:
-                client.push_gradients(GradientPush(0, snapshot.version, grads, stats, 256, wire_dtype=wire))
+                push = GradientPush(0, snapshot.version, grads, stats, 256, wire_dtype=wire)
+                if push_via == "stream":  # as a learner pushes: PushGradientsStream
+                    client.push_gradients_async(push).result()
+                else:
+                    client.push_gradients(push)
                 newer = weights.wait_newer_than(snapshot.version, timeout=30)
                 assert newer is not None, f"no version after {snapshot.version}"
                 snapshot = newer
@@ -111,6 +117,11 @@ def measure(
     finally:
         proc.terminate()
         proc.wait(30)
+
+
+def _tag(value: str, values: list[str]) -> str:
+    """An arm name's part for a setting that varies between arms ("" for one that does not)."""
+    return f"/{value}" if len(values) > 1 else ""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -136,23 +147,32 @@ def main(argv: list[str] | None = None) -> int:
         help="grpc | shm: how the learner's weights and gradients travel (shm: same-host segments, "
         "fleetrl/shm.py; repeat for both); default grpc",
     )
+    p.add_argument(
+        "--push",
+        action="append",
+        default=[],
+        help="stream | unary: gradients on one PushGradientsStream call (as learners push) or one "
+        "PushGradients call each (repeat for both); default stream",
+    )
     p.add_argument("--out", help="write the raw result (JSON) here")
     args = p.parse_args(argv)
     checkouts = dict(a.split("=", 1) for a in args.arm) or {"this": str(REPO)}
     sizes = [tuple(int(w) for w in h.split(",")) for h in args.hidden] or [(256, 256)]
     wires = args.wire or [RunConfig().learner.gradient_wire_dtype]
     vias = args.weights or ["grpc"]
+    pushes = args.push or ["stream"]
 
-    def arm_name(name: str, hidden: tuple[int, ...], wire: str, via: str) -> str:  # what varies, named
+    def arm_name(name: str, hidden: tuple[int, ...], wire: str, via: str, push: str) -> str:  # what varies
         size = f"@{'x'.join(map(str, hidden))}" if len(sizes) > 1 else ""
-        return name + size + (f"/{wire}" if len(wires) > 1 else "") + (f"/{via}" if len(vias) > 1 else "")
+        return name + size + _tag(wire, wires) + _tag(via, vias) + _tag(push, pushes)
 
     arms = {
-        arm_name(name, hidden, wire, via): (path, hidden, wire, via)
+        arm_name(name, hidden, wire, via, push): (path, hidden, wire, via, push)
         for name, path in checkouts.items()
         for hidden in sizes
         for wire in wires
         for via in vias
+        for push in pushes
     }
     commits = {
         name: subprocess.run(["git", "rev-parse", "HEAD"], cwd=path, capture_output=True, text=True).stdout.strip()
@@ -161,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict] = []
     with tempfile.TemporaryDirectory() as tmp:
         for repeat in range(args.repeats):
-            for name, (path, hidden, wire, via) in arms.items():
+            for name, (path, hidden, wire, via, push) in arms.items():
                 overrides = [
                     f'sim.task="{args.task}"',
                     "learner.num_learners=1",
@@ -174,8 +194,9 @@ def main(argv: list[str] | None = None) -> int:
                     "hidden": list(hidden),
                     "wire": wire,
                     "weights": via,
+                    "push": push,
                     "repeat": repeat,
-                    **measure(pathlib.Path(path), config_path, args.versions, args.task, hidden, wire, via),
+                    **measure(pathlib.Path(path), config_path, args.versions, args.task, hidden, wire, via, push),
                 }
                 rows.append(row)
                 print(row, flush=True)
@@ -194,11 +215,12 @@ def main(argv: list[str] | None = None) -> int:
     }
     fits = {}
     if len(sizes) > 1:  # per checkout: CPU per version = fixed + per_mb * MB moved (least squares on the medians)
-        for name, wire, via in ((n, w, v) for n in checkouts for w in wires for v in vias):
-            points = [medians[a] for a, (path, _, w, v) in arms.items() if (path, w, v) == (checkouts[name], wire, via)]
+        for name, wire, via, push in ((n, w, v, u) for n in checkouts for w in wires for v in vias for u in pushes):
+            same = (checkouts[name], wire, via, push)
+            points = [medians[a] for a, (path, _, *rest) in arms.items() if (path, *rest) == same]
             per_mb, fixed = np.polyfit([m["mb_moved_per_version"] for m in points],
                                        [m["cpu_ms_per_version"] for m in points], 1)  # fmt: skip
-            fits[name + (f"/{wire}" if len(wires) > 1 else "") + (f"/{via}" if len(vias) > 1 else "")] = {
+            fits[name + _tag(wire, wires) + _tag(via, vias) + _tag(push, pushes)] = {
                 "fixed_cpu_ms_per_version": float(fixed),
                 "cpu_ms_per_mb_moved": float(per_mb),
             }

@@ -14,7 +14,7 @@ import pytest
 
 from aggregator.client import AggregatorClient, GradientPush
 from aggregator.core import AggregatorCore
-from aggregator.service import AggregatorServer
+from aggregator.service import AggregatorServer, AggregatorServicer
 from fleetrl.checkpoint import load_checkpoint
 from fleetrl.config import AggregatorConfig
 from fleetrl.policy import GRADIENT_GROUPS, GROUPS, ModelSpec
@@ -518,6 +518,55 @@ def test_a_learner_whose_segment_the_aggregator_cannot_read_sends_the_bytes_inst
     assert client.push_gradients(push(core, 1, seed=1)).version == 2
     assert server.servicer.counts["gradients_shared"] == 0
     assert server.servicer.rejected_by_field == {"shared.path": 1}  # counted, then sent again with its bytes
+
+
+def test_async_pushes_share_one_stream_and_are_acked_in_order(server, client):
+    core, reference = server.servicer.core, make_core()
+    sent = [push(core, v, seed=v) for v in range(4)]
+    pending = [client.push_gradients_async(p) for p in sent[:3]]  # three in flight on one call
+    stream = client._stream
+    assert [(p.result().applied, p.result().version) for p in pending] == [(True, 1), (True, 2), (True, 3)]
+    assert client.push_gradients_async(sent[3]).result().version == 4
+    assert client._stream is stream and not stream.broken
+    for v, p in enumerate(sent):
+        reference.submit(v, p.grads, p.norm_stats, "learner-0", p.batch_size)
+    for group in GROUPS:
+        np.testing.assert_array_equal(core.weights()[group], reference.weights()[group])
+
+
+def test_a_refused_push_on_the_stream_is_invalid_argument_and_the_next_push_opens_a_new_stream(server, client):
+    core = server.servicer.core
+    assert client.push_gradients_async(push(core, 0)).result().applied
+    bad = push(core, 1, seed=1)
+    bad.grads["actor"] = bad.grads["actor"][:-1]
+    with pytest.raises(grpc.RpcError) as err:
+        client.push_gradients_async(bad).result()
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert err.value.details() == "tensors[actor].shape: [83], expected [84]"
+    assert server.servicer.rejected_by_field == {"tensors[actor].shape": 1}
+    assert client._stream.broken
+    assert client.push_gradients_async(push(core, 1, seed=2)).result().version == 2  # a new stream
+    assert server.servicer.counts["applied"] == 2
+
+
+def test_a_push_whose_ack_never_comes_on_the_stream_is_sent_again_and_applied_once(tmp_path, monkeypatch):
+    """An aggregator whose stream takes pushes but never acks (wedged): after the client's
+    timeout the stream is cancelled and the push goes again by PushGradients, applied once."""
+    swallowed = []
+
+    async def never_ack(self, requests, context):
+        async for request in requests:
+            swallowed.append(request.seq)
+        yield pb.GradientAck()  # pragma: no cover - the client cancels first
+
+    monkeypatch.setattr(AggregatorServicer, "PushGradientsStream", never_ack)  # bound as the server starts
+    with AggregatorServer(make_core(), CONFIG, run_dir=tmp_path) as srv:
+        with AggregatorClient(srv.address, timeout_sec=2.0) as agg:
+            waits = []
+            ack = agg.push_gradients_async(push(srv.servicer.core, 0)).result(on_wait=lambda: waits.append(1))
+        assert (ack.applied, ack.version, ack.duplicate) == (True, 1, False)
+        assert swallowed == [1] and len(waits) >= 2
+        assert srv.servicer.counts["applied"] == 1
 
 
 def test_watch_with_an_unknown_group_is_invalid_argument(stub):

@@ -18,5 +18,11 @@ def test_generated_code_defines_every_service_rpc():
     from fleetrl.proto import fleetrl_pb2 as pb
 
     services = pb.DESCRIPTOR.services_by_name
-    assert set(services["Aggregator"].methods_by_name) == {"PushGradients", "WatchWeights", "Stats", "ReportEval"}
+    assert set(services["Aggregator"].methods_by_name) == {
+        "PushGradients",
+        "PushGradientsStream",
+        "WatchWeights",
+        "Stats",
+        "ReportEval",
+    }
     assert set(services["ReplayIngest"].methods_by_name) == {"Push", "Stats"}

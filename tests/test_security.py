@@ -66,6 +66,9 @@ def test_gradients_evals_and_weights_need_the_token(aggregator, tmp_path):
         with pytest.raises(grpc.RpcError) as err:
             intruder.push_gradients(push(core, 0))
         assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        with pytest.raises(grpc.RpcError) as err:
+            intruder.push_gradients_async(push(core, 0)).result(retry=False)  # the learners' stream
+        assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
         forged = pb.EvalReport(version=0, episodes=50, success_rate=1.0, kind="full")  # "target reached"
         with pytest.raises(grpc.RpcError) as err:
             intruder.report_eval(forged)
@@ -75,9 +78,9 @@ def test_gradients_evals_and_weights_need_the_token(aggregator, tmp_path):
             next(iter(stream))
         assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
     assert core.version == 0 and not (tmp_path / "evals.jsonl").exists()
-    assert aggregator.refused.total == 3
+    assert aggregator.refused.total == 4
     with AggregatorClient(aggregator.address, timeout_sec=3.0, security=TOKEN) as fleet:
-        assert fleet.push_gradients(push(core, 0)).version == 1
+        assert fleet.push_gradients_async(push(core, 0)).result().version == 1
         assert fleet.stats().last_eval.episodes == 0
 
 

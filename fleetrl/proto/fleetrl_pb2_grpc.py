@@ -154,6 +154,11 @@ class AggregatorStub:
                 request_serializer=fleetrl_dot_proto_dot_fleetrl__pb2.Gradients.SerializeToString,
                 response_deserializer=fleetrl_dot_proto_dot_fleetrl__pb2.GradientAck.FromString,
                 _registered_method=True)
+        self.PushGradientsStream = channel.stream_stream(
+                '/fleetrl.v1.Aggregator/PushGradientsStream',
+                request_serializer=fleetrl_dot_proto_dot_fleetrl__pb2.Gradients.SerializeToString,
+                response_deserializer=fleetrl_dot_proto_dot_fleetrl__pb2.GradientAck.FromString,
+                _registered_method=True)
         self.WatchWeights = channel.unary_stream(
                 '/fleetrl.v1.Aggregator/WatchWeights',
                 request_serializer=fleetrl_dot_proto_dot_fleetrl__pb2.WatchRequest.SerializeToString,
@@ -176,6 +181,17 @@ class AggregatorServicer:
 
     def PushGradients(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PushGradientsStream(self, request_iterator, context):
+        """The same pushes on one long-lived call, one ack per push, in order: a learner's stream.
+        A push costs the aggregator about half the CPU of a PushGradients call (fewer completions
+        and thread wake-ups per message). A refused push ends the stream with PushGradients'
+        status; the learner then sends that push again by PushGradients (the same seq, so at
+        most once) and opens a new stream for the next.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -205,6 +221,11 @@ def add_AggregatorServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'PushGradients': grpc.unary_unary_rpc_method_handler(
                     servicer.PushGradients,
+                    request_deserializer=fleetrl_dot_proto_dot_fleetrl__pb2.Gradients.FromString,
+                    response_serializer=fleetrl_dot_proto_dot_fleetrl__pb2.GradientAck.SerializeToString,
+            ),
+            'PushGradientsStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.PushGradientsStream,
                     request_deserializer=fleetrl_dot_proto_dot_fleetrl__pb2.Gradients.FromString,
                     response_serializer=fleetrl_dot_proto_dot_fleetrl__pb2.GradientAck.SerializeToString,
             ),
@@ -249,6 +270,33 @@ class Aggregator:
             request,
             target,
             '/fleetrl.v1.Aggregator/PushGradients',
+            fleetrl_dot_proto_dot_fleetrl__pb2.Gradients.SerializeToString,
+            fleetrl_dot_proto_dot_fleetrl__pb2.GradientAck.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PushGradientsStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/fleetrl.v1.Aggregator/PushGradientsStream',
             fleetrl_dot_proto_dot_fleetrl__pb2.Gradients.SerializeToString,
             fleetrl_dot_proto_dot_fleetrl__pb2.GradientAck.FromString,
             options,
