@@ -290,15 +290,14 @@ class PendingPush:
         `on_wait()` runs every second of waiting (a heartbeat: a hung aggregator must not make
         its learners look hung). An ack that has not come within the client's timeout ends the
         stream (cancelled), and the push is sent again by PushGradients."""
-        waited = 0
+        give_up = time.monotonic() + self._client.timeout_sec
         try:
             while True:
                 try:
                     return self._future.result(timeout=1.0)
                 except futures.TimeoutError:
                     on_wait()
-                    waited += 1
-                    if waited >= self._client.timeout_sec:
+                    if time.monotonic() >= give_up:
                         self._client._drop_stream()  # fails this future with CANCELLED
         except grpc.RpcError as err:
             again = self._client._with_bytes(self._push, self._message, err)
