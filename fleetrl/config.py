@@ -179,11 +179,18 @@ class ModelConfig:
     kind: str = config_field(
         "dense", "'dense' MLPs, or 'moe': every hidden layer a mixture of experts gated on state and task"
     )
-    experts: int = config_field(8, "'moe': experts per hidden layer")
+    experts: int = config_field(
+        32, "'moe': experts per hidden layer (training computes only the routed ones: cost grows with top_k, not this)"
+    )
     top_k: int = config_field(2, "'moe': experts each input is routed to")
+    expert_width: int = config_field(
+        128,
+        "'moe': width of every expert (each MoE hidden layer; as many layers as learner.hidden_sizes); "
+        "0 = learner.hidden_sizes. 128 with top_k 2 is the dense default's active width (2 x 128 = 256)",
+    )
     task_embed_dim: int = config_field(8, "'moe': width of the learned task embedding the gates see")
     router: str = config_field(
-        "state",
+        "task",
         "'moe': what the gates see: 'state' (normalized state ++ task embedding) or 'task' (the embedding "
         "alone: each task keeps one routing, so `fleetrl export`'s frozen table is exact)",
     )
@@ -369,6 +376,7 @@ class RunConfig:
             (self.model.router in ("state", "task"), "model.router", "one of 'state', 'task'"),
             (1 <= self.model.top_k <= self.model.experts, "model.top_k", "in 1..model.experts"),
             (self.model.task_embed_dim >= 1, "model.task_embed_dim", ">= 1"),
+            (self.model.expert_width >= 0, "model.expert_width", ">= 0 (0 = learner.hidden_sizes)"),
             (self.learner.max_policy_lag >= 0, "learner.max_policy_lag", ">= 0"),
             (0.0 < self.learner.gamma < 1.0, "learner.gamma", "in (0, 1)"),
             (0.0 < self.aggregator.tau <= 1.0, "aggregator.tau", "in (0, 1]"),

@@ -14,9 +14,9 @@ Layers: input (obs ++ goal) -> hidden_sizes (ReLU) -> 2 * act_dim (mean ++ log_s
 hidden layer is `experts` Linear layers mixed by a gate on the normalized input and the task's
 embedding (gate_in = input_dim + task_embed_dim), or with router "task" on the embedding alone
 (gate_in = task_embed_dim: routing constant within a task, which a frozen-routing export keeps
-exactly): softmax over the gate's top_k logits, zero for the rest. Every expert is computed
-and masked: static shapes, no data-dependent control flow (the frozen-routing export keeps
-only the selected experts).
+exactly): softmax over the gate's top_k logits, zero for the rest. Only the routed experts
+are computed: with router "task" each task's experts are mixed into one Linear per layer (once
+per task and weights), with router "state" each expert multiplies only the rows routed to it.
 """
 
 from __future__ import annotations
@@ -126,13 +126,17 @@ class ModelSpec:
 
 def model_spec(config: RunConfig, task: TaskSpec | TaskSet) -> ModelSpec:
     """The networks a run trains for `task` (or a multi-task run's TaskSet, its padded width
-    and one task embedding row per task): shapes, learner.hidden_sizes and model.*."""
+    and one task embedding row per task): shapes, learner.hidden_sizes and model.* (a MoE's
+    hidden layers model.expert_width wide, one per learner.hidden_sizes entry)."""
     m = config.model
+    hidden = tuple(config.learner.hidden_sizes)
+    if m.kind == "moe" and m.expert_width:
+        hidden = (m.expert_width,) * len(hidden)
     return ModelSpec(
         task.obs_dim,
         task.goal_dim,
         task.act_dim,
-        tuple(config.learner.hidden_sizes),
+        hidden,
         kind=m.kind,
         experts=m.experts,
         top_k=m.top_k,
@@ -151,6 +155,15 @@ def top_k_gates(logits: np.ndarray, k: int) -> np.ndarray:
     return e / e.sum(axis=-1, keepdims=True)
 
 
+def _routed_rows(x: np.ndarray, gates: np.ndarray, w: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """sum_e gates[:, e] * (x @ w[e] + b[e]), each expert on only the rows routed to it."""
+    out = np.zeros((len(x), w.shape[2]), np.float32)
+    for e in np.flatnonzero(gates.any(axis=0)):
+        rows = np.flatnonzero(gates[:, e])
+        out[rows] += gates[rows, e, None] * (x[rows] @ w[e] + b[e])
+    return out
+
+
 class NumpyActor:
     """pi(a | s, g) = tanh(N(mu, sigma)) evaluated with numpy; mirrors SquashedGaussianActor."""
 
@@ -159,6 +172,7 @@ class NumpyActor:
             raise ValueError(f"actor flat vector shape {actor_flat.shape}, expected ({spec.actor_size()},)")
         self.mean, self.std = spec.split_norm(obs_norm)  # [rows, input_dim]: a row per task with task_norm
         self.spec = spec
+        self._mixed: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {}  # router "task": per task
         flat = np.asarray(actor_flat, np.float32)
         start = 0
 
@@ -186,19 +200,33 @@ class NumpyActor:
         """Pre-tanh mean and log_std for inputs [batch, input_dim] of task `task`."""
         row = self.spec.norm_row(task)
         x = np.clip((obs_goal - self.mean[row]) / self.std[row], -NORM_CLIP, NORM_CLIP)
-        if self.embed is not None:
-            embed = np.broadcast_to(self.embed[task], (len(x), self.spec.task_embed_dim))
-            gate_in = embed if self.spec.router == "task" else np.concatenate([x, embed], -1)
+        if self.embed is not None and self.spec.router == "task":
+            for w, b in self._task_layers(task):
+                x = np.maximum(x @ w + b, 0.0)
+        elif self.embed is not None:
+            gate_in = np.concatenate([x, np.broadcast_to(self.embed[task], (len(x), self.spec.task_embed_dim))], -1)
             for w, b, gw, gb in self.moe:
-                gates = top_k_gates(gate_in @ gw + gb, self.spec.top_k)  # [batch, E]
-                experts = np.einsum("bi,eio->beo", x, w) + b  # [batch, E, out]
-                x = np.maximum(np.einsum("be,beo->bo", gates, experts), 0.0)
+                x = np.maximum(_routed_rows(x, top_k_gates(gate_in @ gw + gb, self.spec.top_k), w, b), 0.0)
         for i, (w, b) in enumerate(self.layers):
             x = x @ w + b
             if i < len(self.layers) - 1:
                 x = np.maximum(x, 0.0)
         mean, log_std = np.split(x, 2, axis=-1)
         return mean, np.clip(log_std, LOG_STD_MIN, LOG_STD_MAX)
+
+    def _task_layers(self, task: int) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Router "task": each hidden layer's top_k experts of `task` mixed into one Linear, once
+        per task (sum_j g_j (x W_j + b_j) = x sum_j g_j W_j + sum_j g_j b_j): the actor then
+        costs a dense MLP of the experts' width per step."""
+        if task not in self._mixed:
+            assert self.embed is not None
+            mixed = []
+            for w, b, gw, gb in self.moe:
+                gates = top_k_gates(self.embed[task : task + 1] @ gw + gb, self.spec.top_k)[0]
+                used = np.flatnonzero(gates)
+                mixed.append((np.einsum("e,eio->io", gates[used], w[used]), gates[used] @ b[used]))
+            self._mixed[task] = mixed
+        return self._mixed[task]
 
     def deterministic(self, obs_goal: np.ndarray, task: int = 0) -> np.ndarray:
         """tanh(mean): the policy's action without exploration."""

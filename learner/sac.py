@@ -131,13 +131,33 @@ def ddpg_actor_loss(model: SACModel, batch: Batch, hp: SACHyperparams) -> torch.
 
 
 def _flat(grads: tuple[torch.Tensor | None, ...], params: list[torch.Tensor] | None = None) -> np.ndarray:
-    """One flat vector; with `params`, a None gradient (a parameter the loss never used) is zeros."""
+    """One flat vector; with `params`, a None gradient (a parameter the loss never used) is zeros.
+    A sparse gradient (MoE experts read through a sparse lookup) fills only its rows."""
     if params is not None:
         grads = tuple(torch.zeros_like(p) if g is None else g for g, p in zip(grads, params, strict=True))
-    parts = [g.reshape(-1) for g in grads if g is not None]
-    if len(parts) != len(grads):
+    if any(g is None for g in grads):
         raise ValueError("a gradient is None: pass the parameters to fill it with zeros")
-    return torch.cat(parts).cpu().numpy().astype(np.float32, copy=False)
+    present = [g for g in grads if g is not None]
+    if not any(g.is_sparse for g in present):
+        return torch.cat([g.reshape(-1) for g in present]).cpu().numpy().astype(np.float32, copy=False)
+    flat = torch.zeros(sum(g.numel() for g in present))
+    offset = 0
+    for g in present:
+        part = flat[offset : offset + g.numel()]
+        if g.is_sparse:
+            g = g.coalesce()
+            part.view(g.shape[0], -1).index_add_(0, g.indices()[0], g.values().reshape(len(g.values()), -1))
+        else:
+            part.copy_(g.reshape(-1))
+        offset += g.numel()
+    return flat.numpy()
+
+
+def grad_norm(grads: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    """Global L2 norm of dense and sparse gradients (a sparse one coalesced: a row read twice
+    holds two entries)."""
+    parts = [(g.coalesce().values() if g.is_sparse else g) for g in grads]
+    return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(parts)))
 
 
 def compute_gradients(model: SACModel, batch: Batch, hp: SACHyperparams) -> GradientResult:
@@ -230,7 +250,7 @@ def _with_balance(
     if not layers:
         return torch.autograd.grad(loss, params)
     grads = torch.autograd.grad(loss, params, retain_graph=True)
-    norm = torch.sqrt(torch.stack([g.pow(2).sum() for g in grads]).sum())
+    norm = grad_norm(grads)
     beta = torch.exp(-hp.router_decay * norm).detach()
     balance = balance_loss(layers)
     extra = torch.autograd.grad(hp.balance_coef * beta * balance, params, allow_unused=True)

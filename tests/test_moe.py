@@ -219,3 +219,66 @@ def test_fleetrl_export_freezes_a_moe_policys_routing_into_a_graph_the_audit_pas
     assert np.isfinite(routing.action_error_max) and "agreement" in report.summary()
     props = {p.key: p.value for p in onnx.load(tmp_path / "moe.onnx").metadata_props}
     assert json.loads(props["fleetrl.routing"])["layers"][0]["experts"] == list(routing.layers[0].experts)
+
+
+# Issue 18, item 1: sparse expert compute. The masked form (every expert, masked) is the
+# reference: the sparse forms must give the same values and the same gradients.
+
+
+def _masked(body, x: torch.Tensor, state: torch.Tensor, task: torch.Tensor) -> torch.Tensor:
+    gate_in = body.gate_input(state, task)
+    for layer in body.hidden:
+        x = torch.relu(layer.masked_forward(x, gate_in))
+    return body.out(x)
+
+
+@pytest.mark.parametrize("router", ["state", "task"])
+@pytest.mark.parametrize("counts", [(20, 20, 20), (5, 0, 40), (1, 1, 1)])
+def test_sparse_experts_match_the_masked_form_in_values_and_gradients(router, counts):
+    spec = dataclasses.replace(MOE, router=router, experts=6, top_k=2)
+    model = _model(spec)
+    body = model.critic.q1
+    rng = np.random.default_rng(7)
+    task = torch.from_numpy(rng.permutation(np.repeat(np.arange(3), counts)))
+    x = torch.from_numpy(rng.normal(size=(len(task), spec.input_dim + spec.act_dim)).astype(np.float32))
+    state = x[:, : spec.input_dim]
+    params = [p for p in body.parameters() if p.requires_grad]
+    outputs = []
+    for forward in (body, lambda *a: _masked(body, *a)):
+        out = forward(x, state, task)
+        grads = torch.autograd.grad(
+            (out * torch.linspace(-1, 1, len(out)).unsqueeze(-1)).sum(), params, allow_unused=True
+        )
+        dense = [
+            torch.zeros_like(p) if g is None else (g.to_dense() if g.is_sparse else g) for g, p in zip(grads, params)
+        ]
+        outputs.append((out.detach(), dense))
+    (sparse_out, sparse_grads), (masked_out, masked_grads) = outputs
+    torch.testing.assert_close(sparse_out, masked_out, atol=1e-5, rtol=1e-5)
+    for (name, _), g, ref in zip(body.named_parameters(), sparse_grads, masked_grads):
+        torch.testing.assert_close(g, ref, atol=1e-5, rtol=1e-5, msg=name)
+    assert sum(float(g.abs().sum()) for g in sparse_grads) > 0
+
+
+def test_a_task_routed_expert_gradient_touches_only_the_experts_its_tasks_chose():
+    spec = dataclasses.replace(MOE, router="task", experts=16, top_k=2)
+    body = _model(spec).actor.body
+    layer = body.moe_layers()[0]
+    x = torch.randn(12, spec.input_dim)
+    task = torch.tensor([0, 2] * 6)
+    (grad,) = torch.autograd.grad(body(x, x, task).sum(), [layer.weight])
+    assert grad.is_sparse
+    chosen = set(layer.route(body.task_embed[[0, 2]]).nonzero()[:, 1].tolist())
+    assert set(grad.coalesce().indices()[0].tolist()) == chosen and len(chosen) <= 4
+
+
+@pytest.mark.parametrize("router", ["state", "task"])
+def test_the_numpy_actor_computes_only_routed_experts_and_matches_torch(router):
+    spec = dataclasses.replace(MOE, router=router, experts=32, top_k=2)
+    model = _model(spec)
+    actor = NumpyActor(spec, model.get_flat("actor"), model.get_flat("obs_norm"))
+    x = np.random.default_rng(3).normal(size=(9, spec.input_dim)).astype(np.float32)
+    for task in range(spec.tasks):
+        with torch.no_grad():
+            mean, _ = model.actor(torch.from_numpy(x), torch.full((9,), task))
+        np.testing.assert_allclose(actor.forward(x, task)[0], mean.numpy(), rtol=1e-4, atol=1e-5)
