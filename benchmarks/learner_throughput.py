@@ -1,6 +1,12 @@
 """Learner efficiency: SAC updates per CPU-second of the real learner process ÷ a bare torch loop.
 
     python3 benchmarks/learner_throughput.py [--task FetchPush-v4] [--seconds 60] [--json out.json]
+    python3 benchmarks/learner_throughput.py --model dense --model moe-e8 --model moe-e32 [--seconds 10]
+
+With --model, only the bare loop runs, once per named model on the 4-task set (FetchReach,
+FetchPush, Meta-World reach and push; batch 256, one thread), arms interleaved over --repeats
+rounds: the learner's cost per model (issue 18: moe-e32 / moe-e8 >= 0.8, moe-e32 / dense at
+equal active width >= 0.67).
 
 One invocation measures, on the same machine:
 
@@ -44,19 +50,20 @@ from fleetrl.presets import preset_config
 from fleetrl.watchdog import Watchdog
 from learner.models import GRADIENT_GROUPS, SACModel
 from learner.sac import Batch, SACHyperparams, compute_gradients
-from sim.registry import get_task
+from sim.tasks import TaskSet
 
 WARMUP_UPDATES = 200
 START_TIMEOUT_SEC = 180.0
 
 
-def bare_updates_per_cpu_sec(config: RunConfig, seconds: float) -> float:
-    """compute_gradients + Adam on one in-memory batch, as fast as it goes; per CPU-second."""
+def bare_updates_per_cpu_sec(config: RunConfig, seconds: float, adam: bool = True) -> float:
+    """compute_gradients (+ Adam, as the aggregator steps) on one in-memory batch, as fast as it
+    goes; per CPU-second. A multi-task config draws the batch evenly over its tasks, as learners do."""
     torch.set_num_threads(config.learner.torch_threads)
-    task = get_task(config.sim.task)
-    spec = model_spec(config, task)
+    tasks = TaskSet.for_run(config)
+    spec = model_spec(config, tasks if tasks.multi else tasks.tasks[0])
     model = SACModel(spec)
-    hp = SACHyperparams.for_run(config, task.act_dim)
+    hp = SACHyperparams.for_run(config, tasks.act_dim)
     optim = {g: torch.optim.Adam(model.group_parameters(g), lr=1e-3) for g in GRADIENT_GROUPS}
     rng = np.random.default_rng(0)
     n = config.learner.batch_size
@@ -64,18 +71,19 @@ def bare_updates_per_cpu_sec(config: RunConfig, seconds: float) -> float:
     def cols(*shape: int) -> np.ndarray:
         return rng.standard_normal(shape).astype(np.float32)
 
+    place = np.arange(n) % len(tasks)
+    obs = cols(n, tasks.obs_dim)
+    if tasks.multi:  # the padded observation ends with the task's one-hot
+        obs[:, -len(tasks) :] = np.eye(len(tasks), dtype=np.float32)[place]
+    task = place if tasks.multi else None
     batch = Batch.from_numpy(
-        cols(n, task.obs_dim),
-        cols(n, task.goal_dim),
-        np.tanh(cols(n, task.act_dim)),
-        -np.ones(n, np.float32),
-        cols(n, task.obs_dim),
-        np.zeros(n, np.float32),
-    )
+        obs, cols(n, tasks.goal_dim), np.tanh(cols(n, tasks.act_dim)), -np.ones(n, np.float32), obs.copy(),
+        np.zeros(n, np.float32), task=task,
+    )  # fmt: skip
     updates, cpu0, deadline = 0, time.process_time(), time.monotonic() + seconds
     while time.monotonic() < deadline:
         result = compute_gradients(model, batch, hp)
-        for g in GRADIENT_GROUPS:
+        for g in GRADIENT_GROUPS if adam else ():
             flat = torch.from_numpy(result.grads[g])
             offset = 0
             for p in model.group_parameters(g):
@@ -84,6 +92,45 @@ def bare_updates_per_cpu_sec(config: RunConfig, seconds: float) -> float:
             optim[g].step()
         updates += 1
     return updates / (time.process_time() - cpu0)
+
+
+# --model arms: overrides on the multi-task config (4 tasks, batch 256, one torch thread).
+MODEL_ARMS: dict[str, list[str]] = {
+    "dense": ['model.kind="dense"'],  # learner.hidden_sizes [256, 256]
+    "moe-e8": ['model.kind="moe"', "model.experts=8"],  # top-2, expert width 128, task router
+    "moe-e32": ['model.kind="moe"', "model.experts=32"],  # the default MoE: active width 2 x 128
+    "moe-e32-w256": ['model.kind="moe"', "model.experts=32", "model.expert_width=256"],  # 2x the active width
+    "moe-e8-state": ['model.kind="moe"', "model.experts=8", 'model.router="state"'],
+    "moe-e32-state": ['model.kind="moe"', "model.experts=32", 'model.router="state"'],
+}
+MODEL_TASKS = ["FetchReach-v4", "FetchPush-v4", "MetaWorld-reach-v3", "MetaWorld-push-v3"]
+
+
+def model_cost(arms: list[str], base: RunConfig, seconds: float, repeats: int) -> dict:
+    """Each arm's bare updates per CPU-second, gradients alone (the learner's work) and with an
+    in-process Adam step; arms interleaved, `repeats` rounds, medians (a shared machine drifts)."""
+    rates: dict[str, dict[str, list[float]]] = {a: {"gradients": [], "with_adam": []} for a in arms}
+    for r in range(repeats):
+        for arm in arms:
+            config = with_overrides(base, MODEL_ARMS[arm]).validate()
+            rates[arm]["gradients"].append(bare_updates_per_cpu_sec(config, seconds, adam=False))
+            rates[arm]["with_adam"].append(bare_updates_per_cpu_sec(config, seconds, adam=True))
+            print(f"[round {r + 1}/{repeats}] {arm}: {rates[arm]['gradients'][-1]:.1f} updates/CPU-s", file=sys.stderr)
+    out = {}
+    for arm, rate in rates.items():
+        config = with_overrides(base, MODEL_ARMS[arm]).validate()
+        spec = model_spec(config, TaskSet.for_run(config))
+        sizes = SACModel(spec).group_sizes()
+        out[arm] = {
+            "overrides": MODEL_ARMS[arm],
+            "hidden_sizes": list(spec.hidden_sizes),
+            "params": {g: sizes[g] for g in ("actor", "critic")},
+            **{
+                k: {"runs": [round(v, 2) for v in vs], "median": round(float(np.median(vs)), 2)}
+                for k, vs in rate.items()
+            },
+        }
+    return out
 
 
 def _learner_cpu(pid: int) -> float:
@@ -156,14 +203,53 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--set", action="append", default=[], help="config override section.field=value (repeatable)")
     p.add_argument("--run-dir", help="config, logs, heartbeats of (b); default: a temporary directory")
     p.add_argument("--json", help="write the raw result (figures, commit, command) here")
+    p.add_argument(
+        "--model",
+        action="append",
+        choices=sorted(MODEL_ARMS),
+        help="instead of (a)/(b): the bare loop of each named model on the 4-task set (repeatable; "
+        "--seconds per arm and round)",
+    )
+    p.add_argument("--repeats", type=int, default=3, help="--model: interleaved rounds (medians reported)")
     args = p.parse_args(argv)
     if args.seconds <= 0:
         p.error(f"--seconds {args.seconds}: must be > 0")
     return args
 
 
+def main_models(args: argparse.Namespace) -> int:
+    """--model: the learner's cost per model on the 4-task set; ratios are the result."""
+    base = preset_config(MODEL_TASKS[0])
+    base = with_overrides(base, [f"sim.tasks={json.dumps(MODEL_TASKS)}", *args.set, "learner.torch_threads=1"])
+    arms = list(dict.fromkeys(args.model))
+    figures: dict = {"tasks": MODEL_TASKS, "batch_size": base.learner.batch_size, "torch_threads": 1}
+    figures["arms"] = model_cost(arms, base, args.seconds, args.repeats)
+    med = {a: figures["arms"][a]["gradients"]["median"] for a in arms}
+    ratios = {}
+    if {"moe-e32", "moe-e8"} <= med.keys():
+        ratios["moe-e32 / moe-e8"] = med["moe-e32"] / med["moe-e8"]  # issue 18 goal >= 0.8
+    if {"moe-e32", "dense"} <= med.keys():
+        ratios["moe-e32 / dense (equal active width)"] = med["moe-e32"] / med["dense"]  # goal >= 0.67
+    if {"moe-e32-w256", "dense"} <= med.keys():
+        ratios["moe-e32-w256 / dense (twice the active width)"] = med["moe-e32-w256"] / med["dense"]
+    figures["ratios"] = {k: round(v, 3) for k, v in ratios.items()}
+    if args.json:
+        write_result(result_record("learner_throughput_models", figures), args.json)
+    print(f"\n=== learner cost per model: {len(MODEL_TASKS)} tasks, batch {base.learner.batch_size}, 1 thread ===")
+    print(f"{'arm':16s} {'params (actor+critic)':>22s} {'grads/CPU-s':>12s} {'+Adam':>8s}")
+    for arm in arms:
+        row = figures["arms"][arm]
+        params = sum(row["params"].values())
+        print(f"{arm:16s} {params:22,d} {row['gradients']['median']:12.1f} {row['with_adam']['median']:8.1f}")
+    for name, value in figures["ratios"].items():
+        print(f"ratio {name}: {value:.3f}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.model:
+        return main_models(args)
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     run_dir = pathlib.Path(args.run_dir or tempfile.mkdtemp(prefix="fleetrl-learner-bench-"))
     overrides = ["run_id=bench", f"run_dir={json.dumps(str(run_dir))}", *args.set]

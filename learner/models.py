@@ -20,6 +20,8 @@ weights, so actors, critics and the exported ONNX all see the same transform.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 import torch
 from torch import nn
@@ -59,13 +61,13 @@ class _TakeExperts(torch.autograd.Function):
     32-expert update measured here). Like nn.Embedding(sparse=True), for any trailing shape."""
 
     @staticmethod
-    def forward(ctx, experts: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+    def forward(ctx, experts: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
         ctx.save_for_backward(idx)
         ctx.shape = experts.shape
         return experts[idx]
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:  # type: ignore[override]
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
         (idx,) = ctx.saved_tensors
         values = grad.reshape(-1, *ctx.shape[1:])
         return torch.sparse_coo_tensor(idx.reshape(1, -1), values, ctx.shape, check_invariants=False), None
@@ -141,8 +143,11 @@ class MoELinear(nn.Module):
         """Per routing (a row of `gates` [n, experts]): its experts mixed into one Linear,
         (weight [n, out, in], bias [n, out]); only the top_k experts of each are read."""
         g, idx = gates.topk(self.top_k, dim=-1)  # ties at the k-th logit (measure zero) are dropped
-        weight, bias = take_experts(self.weight, idx), take_experts(self.bias, idx)
-        return torch.einsum("nk,nkoi->noi", g, weight), torch.einsum("nk,nko->no", g, bias)
+        n, (fan_out, fan_in) = len(idx), self.weight.shape[1:]
+        weight = take_experts(self.weight, idx).view(n, self.top_k, -1)
+        bias = take_experts(self.bias, idx)
+        g = g.unsqueeze(1)  # [n, 1, k] @ [n, k, ...]: one batched matmul, no permuted copies
+        return torch.bmm(g, weight).view(n, fan_out, fan_in), torch.bmm(g, bias).view(n, fan_out)
 
     def task_forward(self, h: torch.Tensor, embeds: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         """The task router's form on rows laid out per task, h [tasks, rows, in]: task i's rows
@@ -150,6 +155,34 @@ class MoELinear(nn.Module):
         `rows` [batch] maps the batch's rows to their task's place (for the metrics only)."""
         weight, bias = self.task_weights(self._routed(embeds, rows))
         return torch.baddbmm(bias.unsqueeze(1), h, weight.transpose(1, 2))
+
+
+class TaskLayout(NamedTuple):
+    """Where a batch's rows go when laid out per task: the tasks present (sorted), each row's
+    place among them, and its slot in the [tasks x most rows] layout."""
+
+    present: torch.Tensor
+    place: torch.Tensor
+    slot: torch.Tensor
+    slots: int
+
+    @staticmethod
+    def of(task: torch.Tensor) -> TaskLayout:
+        # One update runs 8 bodies on the same batch.task: computed once, for the newest tensor.
+        global _newest_layout
+        if _newest_layout is not None and _newest_layout[0] is task and _newest_layout[1] == task._version:
+            return _newest_layout[2]
+        present, place, counts = torch.unique(task, return_inverse=True, return_counts=True)
+        order = torch.argsort(place, stable=True)
+        rank = torch.empty_like(order)
+        rank[order] = torch.arange(len(task)) - (counts.cumsum(0) - counts)[place[order]]
+        most = int(counts.max())
+        layout = TaskLayout(present, place, place * most + rank, len(present) * most)
+        _newest_layout = (task, task._version, layout)  # the version: a tensor changed in place misses
+        return layout
+
+
+_newest_layout: tuple[torch.Tensor, int, TaskLayout] | None = None
 
 
 class Body(nn.Module):
@@ -187,20 +220,16 @@ class Body(nn.Module):
         """Rows laid out per task once for all layers, [tasks, rows, width] (a task with fewer
         rows than the most padded with zeros that nothing reads; learners draw balanced batches,
         so none); each layer is then one batched matmul through every task's mixed Linear."""
-        if task is None:
-            task = torch.zeros(len(x), dtype=torch.long)
-        present, place, counts = torch.unique(task, return_inverse=True, return_counts=True)
-        order = torch.argsort(place, stable=True)
-        rank = torch.empty_like(order).index_copy_(
-            0, order, torch.arange(len(x)) - (counts.cumsum(0) - counts)[place[order]]
+        layout = TaskLayout.of(task if task is not None else torch.zeros(len(x), dtype=torch.long))
+        h = (
+            x.new_zeros(layout.slots, x.shape[1])
+            .index_copy(0, layout.slot, x)
+            .view(len(layout.present), -1, x.shape[1])
         )
-        slot = place * int(counts.max()) + rank  # each row's place in the per-task layout
-        h = x.new_zeros(len(present) * int(counts.max()), x.shape[1]).index_copy(0, slot, x)
-        h = h.view(len(present), -1, x.shape[1])
-        embeds = self.task_embed[present]
-        for layer in self.hidden:
-            h = torch.relu(layer.task_forward(h, embeds, place))
-        return self.out(h.reshape(-1, h.shape[-1])[slot])
+        embeds = self.task_embed[layout.present]
+        for layer in self.moe_layers():
+            h = torch.relu(layer.task_forward(h, embeds, layout.place))
+        return self.out(h.reshape(-1, h.shape[-1])[layout.slot])
 
     def gate_input(self, state: torch.Tensor, task: torch.Tensor | None = None) -> torch.Tensor:
         """What every gate sees: the normalized state ++ the task's embedding (None: task 0); with

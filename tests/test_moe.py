@@ -250,12 +250,13 @@ def test_sparse_experts_match_the_masked_form_in_values_and_gradients(router, co
             (out * torch.linspace(-1, 1, len(out)).unsqueeze(-1)).sum(), params, allow_unused=True
         )
         dense = [
-            torch.zeros_like(p) if g is None else (g.to_dense() if g.is_sparse else g) for g, p in zip(grads, params)
+            torch.zeros_like(p) if g is None else (g.to_dense() if g.is_sparse else g)
+            for g, p in zip(grads, params, strict=True)
         ]
         outputs.append((out.detach(), dense))
     (sparse_out, sparse_grads), (masked_out, masked_grads) = outputs
     torch.testing.assert_close(sparse_out, masked_out, atol=1e-5, rtol=1e-5)
-    for (name, _), g, ref in zip(body.named_parameters(), sparse_grads, masked_grads):
+    for (name, _), g, ref in zip(body.named_parameters(), sparse_grads, masked_grads, strict=True):
         torch.testing.assert_close(g, ref, atol=1e-5, rtol=1e-5, msg=name)
     assert sum(float(g.abs().sum()) for g in sparse_grads) > 0
 
@@ -282,3 +283,14 @@ def test_the_numpy_actor_computes_only_routed_experts_and_matches_torch(router):
         with torch.no_grad():
             mean, _ = model.actor(torch.from_numpy(x), torch.full((9,), task))
         np.testing.assert_allclose(actor.forward(x, task)[0], mean.numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_a_task_tensor_changed_in_place_is_laid_out_anew():
+    spec = dataclasses.replace(MOE, router="task")
+    body = _model(spec).actor.body
+    x = torch.randn(6, spec.input_dim)
+    task = torch.tensor([0, 0, 0, 1, 1, 1])
+    first = body(x, x, task).detach().clone()
+    task[:] = torch.tensor([2, 2, 2, 2, 1, 1])
+    torch.testing.assert_close(body(x, x, task), _masked(body, x, x, task))
+    assert not torch.allclose(first, body(x, x, task))
