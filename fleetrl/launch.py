@@ -29,15 +29,19 @@ from contextlib import closing
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from aggregator.client import AggregatorClient
 from buffer.client import IngestClient
-from fleetrl.checkpoint import CheckpointError
+from fleetrl.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint
 from fleetrl.config import RunConfig
 from fleetrl.cpu import CpuMeter
 from fleetrl.fleet import FleetHost, FleetSpec, HostSpec, Workers
 from fleetrl.local_cluster import LocalRedisCluster, free_port_pair
+from fleetrl.policy import ModelSpec
 from fleetrl.process import free_port, stop_event
 from fleetrl.progress import Progress, Snapshot
+from fleetrl.routing_stats import expert_routing
 from fleetrl.transport import Security, serving
 from fleetrl.watchdog import Watchdog
 
@@ -90,6 +94,9 @@ class Summary:
     checkpoints: list[str] = field(default_factory=list)
     mode: str = "async"  # or "sync": fleetrl train --mode sync (fleetrl/sync.py)
     expert_load: dict = field(default_factory=dict)  # a MoE run: routers' newest metrics (expert_load.json)
+    # A task-routed MoE run: per network, layer and task the experts chosen, overlaps, load
+    # (fleetrl/routing_stats.py), read from the newest checkpoint.
+    expert_routing: dict = field(default_factory=dict)
     tasks: list[str] = field(default_factory=list)  # a multi-task run's tasks (success figures are their means)
     # A multi-task run, per task: best (curve or complete full score), last (newest curve) and
     # final (the final score) success.
@@ -280,6 +287,7 @@ class LocalFleet:
         load = self.run_dir / "expert_load.json"
         if load.exists():  # a MoE run: beta, balancing loss and each layer's expert shares
             summary.expert_load = json.loads(load.read_text())
+        summary.expert_routing = _expert_routing(self.run_dir / "checkpoints")
         if final is not None:
             summary.final_success_version, result = final
             summary.final_success, summary.final_success_episodes = result.success_rate, result.episodes
@@ -322,3 +330,20 @@ def _last_counters(heartbeats: pathlib.Path) -> dict:
         except (OSError, ValueError, KeyError):
             continue
     return counters
+
+
+def _expert_routing(checkpoints: pathlib.Path) -> dict:
+    """The newest checkpoint's task routing (routing_stats.expert_routing); {} for a dense or
+    state-routed model, or no checkpoint."""
+    newest = latest_checkpoint(checkpoints) if checkpoints.is_dir() else None
+    if newest is None:
+        return {}
+    ckpt = load_checkpoint(newest)
+    spec = ModelSpec.from_json(ckpt["spec"])
+    if spec.kind != "moe" or spec.router != "task":
+        return {}
+    from sim.tasks import TaskSet  # a MoE run only: the launcher needs no sim otherwise
+
+    names = list(TaskSet.parse(ckpt["task"]).names)
+    groups = {g: np.asarray(ckpt["weights"][g], np.float32) for g in ("actor", "critic")}
+    return expert_routing(spec, groups, names) | {"version": int(ckpt["version"])}

@@ -24,10 +24,20 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeGuard
 
+from fleetrl.report_tasks import routing_figure, task_curve_figure
+
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-PLOT_NAMES = ("eval_wall.png", "eval_env_steps.png", "train_wall.png", "updates_wall.png", "cpu_share.png")
+PLOT_NAMES = (
+    "eval_wall.png",
+    "eval_env_steps.png",
+    "train_wall.png",
+    "updates_wall.png",
+    "cpu_share.png",
+    "task_success.png",
+    "expert_routing.png",
+)
 
 
 class ReportError(ValueError):
@@ -256,6 +266,15 @@ def _figures(runs: list[Run]) -> list[tuple[str, str, Figure]]:
     cpu = _cpu_figure(runs)
     if cpu is not None:
         figures.append((PLOT_NAMES[4], "CPU share per role", cpu))
+    tasks = task_curve_figure(runs, _legend_label)
+    if tasks is not None:
+        figures.append((PLOT_NAMES[5], "Evaluation success per task (curve scores)", tasks))
+    routed = next((run for run in runs if run.summary.get("expert_routing")), None)
+    routing = None if routed is None else routing_figure(routed.summary["expert_routing"])
+    if routed is not None and routing is not None:
+        version = routed.summary["expert_routing"].get("version")
+        caption = f"Experts each task is routed to, per layer ({routed.name}, version {version}; gate weight)"
+        figures.append((PLOT_NAMES[6], caption, routing))
     return figures
 
 

@@ -175,3 +175,35 @@ def test_main_prints_the_page_path(tmp_path: pathlib.Path, capsys: pytest.Captur
     assert captured.out.strip() == str(out)
     assert "1 malformed JSONL line(s) skipped" in captured.err
     assert "<title>fleetrl report: SB3 SAC+HER seed 0</title>" in out.read_text()
+
+
+def test_a_multi_task_moe_run_gets_per_task_curves_and_its_expert_routing(tmp_path: pathlib.Path) -> None:
+    from fleetrl.policy import ModelSpec
+    from fleetrl.report_tasks import task_curves
+    from fleetrl.routing_stats import expert_routing
+    from learner.models import SACModel
+
+    run = make_fleet_run(tmp_path)
+    spec = ModelSpec(7, 3, 2, hidden_sizes=(8,), kind="moe", experts=6, top_k=2, tasks=2, router="task")
+    model = SACModel(spec)
+    groups = {g: model.get_flat(g) for g in ("actor", "critic")}
+    summary = json.loads((run / "summary.json").read_text())
+    summary["expert_routing"] = expert_routing(spec, groups, ["FetchReach-v4", "FetchPush-v4"]) | {"version": 9}
+    (run / "summary.json").write_text(json.dumps(summary))
+    evals = [
+        {"version": k, "success_rate": k / 4, "episodes": 10, "env_steps": 100 * k, "time": START + 60 * k}
+        | {"task_success": {"FetchReach-v4": k / 2, "FetchPush-v4": 0.0}}
+        for k in range(3)
+    ]
+    _write_jsonl(run / "evals.jsonl", evals)
+    loaded = load_run(run)
+    assert task_curves(loaded.evals) == {
+        "FetchPush-v4": [(0.0, 0.0), (1.0, 0.0), (2.0, 0.0)],
+        "FetchReach-v4": [(0.0, 0.0), (1.0, 0.5), (2.0, 1.0)],
+    }
+    page = write_report([loaded], tmp_path / "report.html", "multi-task")
+    names = [p.name for p in _images(page)]
+    assert names[-2:] == ["task_success.png", "expert_routing.png"]
+    assert "version 9" in page.read_text()
+    for image in _images(page):
+        assert image.read_bytes()[:8] == PNG_MAGIC, image
