@@ -68,7 +68,8 @@ class ReplaySampler:
 
     `balance_tasks` (a multi-task run's registry task ids): every batch holds batch_size / n
     rows of each task (the remainder to the first ones), whatever each task's share of the
-    buffer. A task with no row yet leaves its quota to the others.
+    buffer, or the shares set_task_shares gave. A task with no row yet leaves its quota to the
+    others.
     """
 
     def __init__(
@@ -89,6 +90,7 @@ class ReplaySampler:
             raise ValueError(f"sampling {sampling!r}: expected one of {REPLAY_SAMPLING}")
         self.sampling, self.half_life, self.max_policy_lag = sampling, half_life, max_policy_lag
         self.balance_tasks = tuple(balance_tasks) if len(balance_tasks) > 1 else ()
+        self.task_shares: np.ndarray | None = None  # of balance_tasks; None: even
         self.lag_fallbacks = 0  # 'version' batches drawn from the newest rows: none was young enough
         self.limit = limit  # flow control: sampling waits while samplers lag (buffer/ratelimit.py)
         self.rate_limited_sec = 0.0
@@ -254,12 +256,30 @@ class ReplaySampler:
             task_id=records["task_id"].astype(np.int64),
         )
 
+    def set_task_shares(self, shares: np.ndarray | None) -> None:
+        """Each balance_tasks task's share of every batch from now on (None: even). The prefetch
+        thread reads the newest: one assignment, no lock needed."""
+        if shares is not None:
+            shares = np.asarray(shares, np.float64)
+            if shares.shape != (len(self.balance_tasks),) or not np.all(shares >= 0) or shares.sum() <= 0:
+                raise ValueError(
+                    f"task shares {shares.tolist()}: need {len(self.balance_tasks)} values >= 0 with a positive sum"
+                )
+            shares = shares / shares.sum()
+        self.task_shares = shares
+
     def _quota(self, batch_size: int) -> np.ndarray | None:
-        """Rows still wanted per task of balance_tasks (None: no balancing)."""
+        """Rows still wanted per task of balance_tasks (None: no balancing): even, or by
+        task_shares (largest remainders, so the quotas sum to batch_size)."""
         if not self.balance_tasks:
             return None
-        n = len(self.balance_tasks)
-        return np.array([batch_size // n + (i < batch_size % n) for i in range(n)], np.int64)
+        n, shares = len(self.balance_tasks), self.task_shares
+        if shares is None:
+            return np.array([batch_size // n + (i < batch_size % n) for i in range(n)], np.int64)
+        exact = shares * batch_size
+        quota = np.floor(exact).astype(np.int64)
+        quota[np.argsort(quota - exact)[: batch_size - int(quota.sum())]] += 1
+        return quota
 
     def _fill_quota(self, draws: np.ndarray, quota: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The draws each task still has room for, and the quota left after them. A task not

@@ -123,6 +123,7 @@ class SamplerConfig:
 
 
 REPLAY_SAMPLING = ("uniform", "recency", "version")
+TASK_SAMPLING = ("even", "success")
 ALGOS = ("sac", "ddpg")
 
 
@@ -163,6 +164,13 @@ class LearnerConfig:
         "max_policy_lag versions behind the learner's)",
     )
     recency_half_life: int = config_field(200_000, "'recency' sampling: transitions of age that halve a row's weight")
+    task_sampling: str = config_field(
+        "even",
+        "a multi-task run's share of each task in a batch: 'even', or 'success' (by the evaluator's newest "
+        "curve score: share = task_min_share + the rest in proportion to 1 - success, so a solved task "
+        "keeps task_min_share and the unsolved ones get the learner; learner/task_schedule.py)",
+    )
+    task_min_share: float = config_field(0.1, "'success' task sampling: the least share of a batch any task keeps")
     max_policy_lag: int = config_field(20_000, "'version' sampling: versions a row's policy may lag the learner's")
     gradient_wire_dtype: str = config_field(
         "float32",
@@ -370,6 +378,12 @@ class RunConfig:
                 "one of " + ", ".join(repr(name) for name in REPLAY_SAMPLING),
             ),
             (self.learner.recency_half_life >= 1, "learner.recency_half_life", ">= 1"),
+            (self.learner.task_sampling in TASK_SAMPLING, "learner.task_sampling", "one of 'even', 'success'"),
+            (
+                0.0 <= self.learner.task_min_share * max(len(self.sim.tasks), 1) <= 1.0,
+                "learner.task_min_share",
+                "in [0, 1 / the run's tasks]: every task's least share must fit in one batch",
+            ),
             (self.sim.control_hz >= 0, "sim.control_hz", ">= 0 (0 = the task's own rate)"),
             (self.model.kind in ("dense", "moe"), "model.kind", "one of 'dense', 'moe'"),
             (self.model.experts >= 1, "model.experts", ">= 1"),

@@ -30,6 +30,7 @@ from fleetrl.proto import fleetrl_pb2 as pb
 from fleetrl.transport import Security
 from learner.models import GROUPS, SACModel
 from learner.sac import Batch, SACHyperparams, compute_gradients
+from learner.task_schedule import TaskSchedule
 from sim.tasks import TaskSet
 
 log = logging.getLogger("fleetrl.learner")
@@ -176,6 +177,8 @@ def run_learner(config: RunConfig, learner_id: int, endpoints: LearnerEndpoints,
             batches = Batches(replay, config.learner.batch_size, device, config.learner.prefetch, tasks)
             try:
                 loop = _GradientLoop(config, learner_id, tasks.act_dim, agg, weights, batches, heartbeat)
+                if tasks.multi and config.learner.task_sampling == "success":
+                    loop.schedule = TaskSchedule(tasks.names, replay, agg, config.learner.task_min_share)
                 if endpoints.ack_log_dir:
                     loop.ledger = AckLedger(endpoints.ack_log_dir, f"learner-{learner_id}", agg.incarnation)
                 pushed = loop.run(snapshot, stop)
@@ -207,6 +210,7 @@ class _GradientLoop:
         self.config, self.learner_id = config, learner_id
         self.agg, self.weights, self.batches, self.heartbeat = agg, weights, batches, heartbeat
         self.ledger: AckLedger | None = None
+        self.schedule: TaskSchedule | None = None  # learner.task_sampling 'success'
         self._share_tried = False
 
     def run(self, snapshot: WeightsSnapshot, stop: threading.Event) -> int:
@@ -216,6 +220,8 @@ class _GradientLoop:
         loaded, need, pushed = snapshot.version, snapshot.version, 0
         pending: PendingPush | None = None  # one push in flight: its step overlaps the next gradient
         while not stop.is_set():
+            if self.schedule is not None:
+                self.schedule.refresh()
             fresh = _fresh_weights(self.weights, snapshot, need, self.heartbeat)
             if fresh is None:
                 continue

@@ -255,6 +255,20 @@ def test_balanced_sampling_gives_an_absent_tasks_share_to_the_others(redis_clien
     assert len(batch) == 300 and counts[2] == 0 and counts[0] >= 100 and counts[1] >= 100
 
 
+def test_task_shares_set_each_tasks_rows_in_a_batch_and_a_bad_set_is_refused(redis_client, make_transitions):
+    storage = TemporalStorage(redis_client, RUN, SCHEMA, BIG)
+    for task in range(3):
+        storage.write(make_transitions(500, first_id=500 * task), task_id=task, policy_version=0)
+    sampler = ReplaySampler(redis_client, RUN, SCHEMA, BIG, seed=0, refresh_interval_sec=0.0, balance_tasks=(0, 1, 2))
+    sampler.set_task_shares(np.array([0.1, 0.3, 0.6]))
+    assert np.bincount(sampler.sample(256).task_id, minlength=3).tolist() == [26, 77, 153]  # sums to 256
+    sampler.set_task_shares(None)
+    assert np.bincount(sampler.sample(256).task_id, minlength=3).tolist() == [86, 85, 85]
+    for bad in ([0.5, 0.5], [0.5, -0.1, 0.6], [0.0, 0.0, 0.0]):
+        with pytest.raises(ValueError, match="need 3 values >= 0 with a positive sum"):
+            sampler.set_task_shares(np.array(bad))
+
+
 def test_an_unknown_sampling_strategy_is_refused(redis_client):
     with pytest.raises(ValueError, match="sampling 'newest': expected one of"):
         ReplaySampler(redis_client, RUN, SCHEMA, BIG, seed=0, sampling="newest")

@@ -36,6 +36,7 @@ def test_a_multi_task_moe_run_scores_and_reports_every_task(tmp_path: pathlib.Pa
         "eval.max_interval_sec": "3",
         "learner.min_replay_transitions": "300",
         "sampler.random_steps": "100",
+        "learner.task_sampling": '"success"',  # batches shared by the evaluator's per-task scores
     }
     sets = [arg for key, value in settings.items() for arg in ("--set", f"{key}={value}")]
     proc = subprocess.run(
@@ -71,6 +72,15 @@ def test_a_multi_task_moe_run_scores_and_reports_every_task(tmp_path: pathlib.Pa
     assert {f"eval/curve_success/{task}" for task in TASKS} <= tags, tags
     # The MoE routers saw both tasks: expert load is measured per layer as in a one-task run.
     assert summary["expert_load"], "no expert-load metrics from the MoE learner"
+    # ... and what each task is routed to, read from the newest checkpoint (the task router).
+    routing = summary["expert_routing"]
+    assert set(routing) == {"actor", "critic.q1", "critic.q2", "version"}, routing.keys()
+    for layer in routing["actor"].values():
+        assert set(layer["tasks"]) == set(TASKS) and all(len(t["experts"]) == 2 for t in layer["tasks"].values())
+        assert set(layer["overlap"]) == {"|".join(TASKS)}
+    # learner.task_sampling "success": the learner took its batch shares from a curve score.
+    learner_log = (run_dir / "logs" / "learner-0.log").read_text()
+    assert "task shares from the v" in learner_log, learner_log[-3000:]
     # Layered SWA: scored live versions were offered, the average was scored beside them, and
     # the checkpoint carries it for fleetrl export.
     averaged = [row for row in evals if row["kind"] == "swa_curve"]

@@ -1,0 +1,98 @@
+"""learner.task_sampling 'success' (issue 18, item 3): a solved task keeps its floor, the
+unsolved ones get the rest of every batch; the schedule follows the evaluator's newest curve."""
+
+from __future__ import annotations
+
+import grpc
+import numpy as np
+import pytest
+
+from fleetrl.config import ConfigError, RunConfig, with_overrides
+from fleetrl.proto import fleetrl_pb2 as pb
+from learner.task_schedule import TaskSchedule, success_shares
+
+NAMES = ["FetchReach-v4", "FetchPush-v4", "MetaWorld-push-v3"]
+
+
+@pytest.mark.parametrize(
+    ("success", "min_share", "expected"),
+    [
+        ([1.0, 0.0, 0.0], 0.1, [0.1, 0.45, 0.45]),  # solved: its floor; the rest split by need
+        ([1.0, 0.5, 0.0], 0.1, [0.1, 0.1 + 0.7 / 3, 0.1 + 1.4 / 3]),
+        ([0.0, 0.0, 0.0], 0.1, [1 / 3, 1 / 3, 1 / 3]),  # nothing solved: even
+        ([1.0, 1.0, 1.0], 0.1, [1 / 3, 1 / 3, 1 / 3]),  # everything solved: even, not undefined
+        ([1.0, 0.0, 0.0], 0.0, [0.0, 0.5, 0.5]),
+    ],
+)
+def test_success_shares(success, min_share, expected):
+    shares = success_shares(success, min_share)
+    np.testing.assert_allclose(shares, expected, atol=1e-12)
+    assert shares.sum() == pytest.approx(1.0)
+
+
+def test_a_floor_the_tasks_cannot_all_keep_is_refused_at_launch_and_by_the_math():
+    with pytest.raises(ValueError, match=r"min_share \(0.4\) must be in \[0, 1/3\]"):
+        success_shares([0.0, 0.0, 0.0], 0.4)
+    config = with_overrides(RunConfig(), [f"sim.tasks={NAMES!r}".replace("'", '"'), "learner.task_min_share=0.4"])
+    with pytest.raises(ConfigError, match="learner.task_min_share"):
+        config.validate()
+    with pytest.raises(ConfigError, match="learner.task_sampling"):
+        with_overrides(RunConfig(), ['learner.task_sampling="hardest"']).validate()
+
+
+class FakeReplay:
+    def __init__(self) -> None:
+        self.calls: list[np.ndarray | None] = []
+
+    def set_task_shares(self, shares: np.ndarray | None) -> None:
+        self.calls.append(shares)
+
+
+class FakeAggregator:
+    """Answers stats() from a script of curve scores (None: the aggregator is away)."""
+
+    def __init__(self, script: list[pb.EvalReport | None]) -> None:
+        self.script, self.calls = script, 0
+
+    def stats(self, timeout_sec: float = 5.0) -> pb.AggregatorStats:
+        assert 0 < timeout_sec <= 5.0  # a learner never blocks long on it
+        report = self.script[min(self.calls, len(self.script) - 1)]
+        self.calls += 1
+        if report is None:
+            raise _Unavailable()
+        return pb.AggregatorStats(last_curve=report)
+
+
+class _Unavailable(grpc.RpcError):
+    def code(self) -> grpc.StatusCode:
+        return grpc.StatusCode.UNAVAILABLE
+
+
+def _curve(version: int, *rates: float) -> pb.EvalReport:
+    return pb.EvalReport(version=version, kind="curve", task_success=dict(zip(NAMES, rates, strict=True)))
+
+
+def test_the_schedule_follows_each_new_curve_score_and_keeps_its_shares_otherwise():
+    replay = FakeReplay()
+    agg = FakeAggregator(
+        [pb.EvalReport(), None, _curve(10, 1.0, 0.0, 0.0), _curve(10, 0.0, 0.0, 0.0), _curve(20, 1.0, 1.0, 0.0)]
+    )
+    schedule = TaskSchedule(NAMES, replay, agg, min_share=0.1, refresh_sec=0.0)
+    schedule.refresh()  # no score yet: nothing set
+    schedule.refresh()  # aggregator away: nothing set, no error
+    assert replay.calls == [] and schedule.scored_version == -1
+    schedule.refresh()
+    np.testing.assert_allclose(replay.calls[-1], [0.1, 0.45, 0.45])
+    schedule.refresh()  # the same version again: ignored
+    assert len(replay.calls) == 1
+    schedule.refresh()
+    np.testing.assert_allclose(replay.calls[-1], [0.1, 0.1, 0.8])
+    assert schedule.scored_version == 20 and agg.calls == 5
+
+
+def test_the_schedule_asks_at_most_every_refresh_sec():
+    agg = FakeAggregator([_curve(1, 0.0, 0.0, 0.0)])
+    schedule = TaskSchedule(NAMES, FakeReplay(), agg, min_share=0.1, refresh_sec=3600.0)
+    for _ in range(5):
+        schedule.refresh()
+    assert agg.calls == 1
