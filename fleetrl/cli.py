@@ -47,7 +47,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--tasks",
         metavar="TASK,TASK,...",
-        help="a multi-task run (sim.tasks; the first task names the run and picks the preset)",
+        help="a multi-task run (sim.tasks; the first task names the run; the first with a preset picks it)",
     )
     p.add_argument("--run-id", help="shorthand for --set run_id=ID")
 
@@ -164,7 +164,7 @@ def _parser(export_args: bool = True) -> argparse.ArgumentParser:
 
 def _config(args: argparse.Namespace):
     from fleetrl.config import RunConfig, with_overrides
-    from fleetrl.presets import preset_config
+    from fleetrl.presets import preset_config, preset_task
 
     overrides = list(args.set)
     shorthands = {
@@ -189,8 +189,8 @@ def _config(args: argparse.Namespace):
     if args.config:  # a resolved config (presets included) from `fleetrl config --json`
         return with_overrides(RunConfig.load(args.config), overrides)
     # The task's preset goes under the overrides, so a user's --set always wins.
-    task = with_overrides(RunConfig(), overrides).sim.task
-    return with_overrides(preset_config(task), overrides)
+    sim = with_overrides(RunConfig(), overrides).sim
+    return with_overrides(preset_config(preset_task(list(sim.tasks) or [sim.task])), overrides)
 
 
 def _train(args: argparse.Namespace) -> int:

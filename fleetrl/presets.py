@@ -49,6 +49,15 @@ TASK_PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
+def preset_task(tasks: list[str]) -> str:
+    """The task whose preset a run starts from: a multi-task run takes the first of its tasks
+    with a non-empty preset, so `--tasks FetchReach-v4,FetchPush-v4` trains Push with the
+    manipulation recipe (Reach's own preset is the defaults; the recipe leaves Reach's learning
+    alone: its HER rule only touches episodes whose achieved goal never moved, and a Reach
+    gripper always moves). A one-task run takes its task's."""
+    return next((t for t in tasks if TASK_PRESETS.get(t)), tasks[0])
+
+
 def preset_overrides(task: str) -> list[str]:
     """The preset as `section.field=json` override strings ([] for a task without one)."""
     return [f"{key}={json.dumps(value)}" for key, value in TASK_PRESETS.get(task, {}).items()]

@@ -67,3 +67,13 @@ def test_config_listing_marks_what_the_preset_changed():
     assert eps.startswith("sampler.random_action_prob = 0.3  [default 0.0]")
     tau = next(line for line in lines if line.startswith("aggregator.tau = "))
     assert "[default" not in tau  # a field the preset leaves alone is not marked
+
+
+def test_a_multi_task_run_takes_the_first_preset_among_its_tasks_whatever_their_order(capsys):
+    push_first = _cli_config(capsys, "--tasks", "FetchPush-v4,FetchReach-v4")
+    reach_first = _cli_config(capsys, "--tasks", "FetchReach-v4,MetaWorld-reach-v3,FetchPush-v4")
+    for config in (push_first, reach_first):
+        assert config["preset"] == "FetchPush-v4"
+        assert config["sampler"]["random_action_prob"] == TASK_PRESETS["FetchPush-v4"]["sampler.random_action_prob"]
+    assert reach_first["sim"]["task"] == "FetchReach-v4"  # the first task still names the run
+    assert _cli_config(capsys, "--tasks", "FetchReach-v4,MetaWorld-reach-v3")["preset"] == "FetchReach-v4"
