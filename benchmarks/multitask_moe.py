@@ -1,0 +1,173 @@
+"""Multi-task learning at a budget that can learn (issue 18): dense vs MoE on 4 tasks, 45 minutes.
+
+    python3 benchmarks/multitask_moe.py run --arms dense,moe --seeds 0,1,2 [--minutes 45] [--root R]
+    python3 benchmarks/multitask_moe.py score R/moe-seed0 R/dense-seed0 ... [--json out.json]
+
+`run`: one `fleetrl train --tasks ...` per arm and seed, one after another (this machine has 2
+cores: runs side by side would share them), each capped at --minutes, checkpoints kept every
+--checkpoint-versions so every mark has one, layered SWA on (so each checkpoint also holds the
+layered and plain weight averages). The first task with a preset picks it (FetchPush's). Each
+run's directory is R/<arm>-seed<S>; then `score` runs on them.
+
+`score`: per run, at each mark (15, 30, 45 minutes by default) the newest checkpoint made by
+then (progress.jsonl maps wall-clock to versions) scored on --episodes held-out episodes per
+task (`fleetrl evaluate`), live weights; at the last mark also the layered and plain averages.
+Per task, the wall-clock to 90% is the first curve score (eval.curve_episodes per task) at or
+above 0.9 (evals.jsonl). Then per arm and mark: each task's mean, min and max over seeds, and
+the mean over the tasks. Figures come last.
+
+The arms (override any with --set, applied to every arm):
+    dense         learner.hidden_sizes 256x256
+    moe           the default MoE: 32 experts, top-2, 128 wide, task router, router decay 1
+    moe-nodecay   the same, router decay 0 (the balancing loss at full weight throughout)
+    moe-success   the default MoE with learner.task_sampling "success"
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import statistics
+import subprocess
+import sys
+
+from common import REPO, result_record, write_result  # benchmarks/common.py (this script's folder)
+
+TASKS = "FetchPush-v4,FetchReach-v4,MetaWorld-reach-v3,MetaWorld-push-v3"
+ARMS = {
+    "dense": ['model.kind="dense"'],
+    "moe": ['model.kind="moe"'],
+    "moe-nodecay": ['model.kind="moe"', "model.router_decay=0"],
+    "moe-success": ['model.kind="moe"', 'learner.task_sampling="success"'],
+}
+TARGET = 0.9
+
+
+def train(arm: str, seed: int, args: argparse.Namespace) -> pathlib.Path:
+    run_dir = pathlib.Path(args.root) / f"{arm}-seed{seed}"
+    sets = [*ARMS[arm], 'aggregator.swa="layered"', f"aggregator.checkpoint_every_versions={args.checkpoint_versions}"]
+    sets += ["aggregator.keep_checkpoints=100000", "eval.final_episodes=0", *args.set]
+    cmd = [sys.executable, "-m", "fleetrl.cli", "train", "--tasks", args.tasks, "--seed", str(seed)]
+    cmd += ["--max-wall-sec", str(60 * args.minutes), "--run-dir", str(run_dir)]
+    cmd += [a for s in sets for a in ("--set", s)]
+    print(f"[{arm} seed {seed}] {' '.join(cmd[2:])}", file=sys.stderr)
+    subprocess.run(cmd, cwd=REPO, check=False)  # a run short of its target exits 1: still scored
+    return run_dir
+
+
+def _evaluate(run_dir: pathlib.Path, checkpoint: pathlib.Path, weights: str, episodes: int) -> dict:
+    cmd = [sys.executable, "-m", "fleetrl.cli", "evaluate", str(run_dir), "--checkpoint", str(checkpoint)]
+    cmd += ["--episodes", str(episodes), "--weights", weights, "--json"]
+    out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+    if out.returncode != 0:
+        return {"error": out.stderr.strip()[-500:]}
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def checkpoint_at(run_dir: pathlib.Path, minutes: float) -> pathlib.Path | None:
+    """The newest checkpoint whose version the run had reached `minutes` after its start."""
+    progress = [json.loads(line) for line in (run_dir / "progress.jsonl").read_text().splitlines() if line.strip()]
+    reached = max((p["version"] for p in progress if p["wall_sec"] <= 60 * minutes), default=-1)
+    made = sorted(run_dir.glob("checkpoints/ckpt_*.pt"))
+    eligible = [p for p in made if int(p.stem.split("_")[1]) <= reached]
+    return eligible[-1] if eligible else None
+
+
+def minutes_to_target(run_dir: pathlib.Path) -> dict[str, float | None]:
+    """Per task: wall-clock minutes of the first curve score of the live policy >= TARGET."""
+    summary = json.loads((run_dir / "summary.json").read_text())
+    first: dict[str, float | None] = {task: None for task in summary.get("tasks", [])}
+    for line in (run_dir / "evals.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        if row.get("kind", "curve") != "curve":
+            continue
+        for task, rate in row.get("task_success", {}).items():
+            if rate >= TARGET and first.get(task) is None:
+                first[task] = round((row["time"] - summary["started_unix"]) / 60, 2)
+    return first
+
+
+def score_run(run_dir: pathlib.Path, marks: list[float], episodes: int) -> dict:
+    out: dict = {"run_dir": str(run_dir), "minutes_to_90": minutes_to_target(run_dir), "marks": {}}
+    summary = json.loads((run_dir / "summary.json").read_text())
+    out["updates_per_sec"], out["final_env_steps"] = summary.get("updates_per_sec"), summary.get("final_env_steps")
+    out["expert_routing_overlap"] = {
+        layer: row["overlap"] for layer, row in summary.get("expert_routing", {}).get("actor", {}).items()
+    }
+    for k, mark in enumerate(marks):
+        ckpt = checkpoint_at(run_dir, mark)
+        if ckpt is None:
+            continue
+        kinds = ("live", "swa", "swa_plain") if k == len(marks) - 1 else ("live",)
+        scores = {w: _evaluate(run_dir, ckpt, w, episodes) for w in kinds}
+        out["marks"][f"{mark:g}"] = {"checkpoint": ckpt.name} | scores
+        print(f"{run_dir.name} @ {mark:g} min ({ckpt.name}): {scores['live'].get('task_success')}", file=sys.stderr)
+    return out
+
+
+def _spread(values: list[float]) -> dict:
+    return {"mean": round(statistics.fmean(values), 3), "min": min(values), "max": max(values), "n": len(values)}
+
+
+def summarize(runs: list[dict]) -> dict:
+    """Per arm (the run directory's name before '-seed'), mark and task: mean/min/max over seeds."""
+    arms: dict[str, dict] = {}
+    for run in runs:
+        arm = pathlib.Path(run["run_dir"]).name.rsplit("-seed", 1)[0]
+        for mark, scores in run["marks"].items():
+            for weights, score in scores.items():
+                if not isinstance(score, dict) or "task_success" not in score:
+                    continue
+                cell = arms.setdefault(arm, {}).setdefault(f"{mark}min/{weights}", {})
+                for task, rate in score["task_success"].items():
+                    cell.setdefault(task, []).append(rate)
+                cell.setdefault("mean over tasks", []).append(score["success_rate"])
+    return {
+        arm: {key: {t: _spread(v) for t, v in cell.items()} for key, cell in cells.items()}
+        for arm, cells in arms.items()
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="train every arm and seed, one after another")
+    run.add_argument("--arms", default="dense,moe", help=f"comma-separated, of {sorted(ARMS)}")
+    run.add_argument("--seeds", default="0")
+    run.add_argument("--tasks", default=TASKS)
+    run.add_argument("--minutes", type=float, default=45.0, help="wall-clock cap per run")
+    run.add_argument("--checkpoint-versions", type=int, default=2000, help="versions between checkpoints")
+    run.add_argument("--root", default="runs/multitask_moe")
+    run.add_argument("--set", action="append", default=[], help="section.field=value for every arm")
+    score = sub.add_parser("score", help="score run directories at the marks")
+    score.add_argument("run_dirs", nargs="+")
+    score.add_argument("--marks", default="15,30,45", help="minutes")
+    score.add_argument("--episodes", type=int, default=50, help="held-out episodes per task")
+    score.add_argument("--json", help="write the raw result (figures, commit, command) here")
+    args = p.parse_args(argv)
+    if args.command == "run":
+        unknown = set(args.arms.split(",")) - set(ARMS)
+        if unknown:
+            p.error(f"--arms: unknown {sorted(unknown)}; expected some of {sorted(ARMS)}")
+        for seed in [int(s) for s in args.seeds.split(",")]:
+            for arm in args.arms.split(","):
+                train(arm, seed, args)
+        return 0
+    marks = [float(m) for m in args.marks.split(",")]
+    runs = [score_run(pathlib.Path(d), marks, args.episodes) for d in args.run_dirs]
+    figures = {"marks_min": marks, "episodes_per_task": args.episodes, "runs": runs, "arms": summarize(runs)}
+    if args.json:
+        write_result(result_record("multitask_moe", figures), args.json)
+    for run_fig in runs:
+        print(f"\n{run_fig['run_dir']}: minutes to {TARGET:g} per task (curve): {run_fig['minutes_to_90']}")
+        for mark, scores in run_fig["marks"].items():
+            print(
+                f"  {mark} min: "
+                + ", ".join(f"{w} {s.get('task_success', s)}" for w, s in scores.items() if w != "checkpoint")
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
