@@ -224,7 +224,8 @@ class LocalFleet:
         return final
 
     def _sample_cpu(self, dog: Watchdog, force: bool = False) -> None:
-        """Every role's CPU time, the Redis nodes (roles `redis-<port>`) and the launcher included."""
+        """Every role's CPU time, the Redis nodes (roles `redis-<port>`) and the launcher included
+        (its own CPU: its children are the roles, counted as themselves)."""
         if not force and time.monotonic() - self._cpu_sampled < CPU_SAMPLE_SEC:
             return
         self._cpu_sampled = time.monotonic()

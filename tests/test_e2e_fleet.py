@@ -174,6 +174,9 @@ def test_train_reaches_target_and_leaves_a_run_directory(tmp_path: pathlib.Path)
     groups = summary["cpu"]["groups"]
     assert {"aggregator", "buffer", "evaluator", "learner", "sampler", "redis", "launcher"} <= set(groups)
     assert 0 < summary["fleet_overhead_share"] < 1 and groups["learner"]["cpu_sec"] > 0
+    # Each process counted once, by itself: no role (the launcher included, whose children are
+    # the roles) used more than the whole machine over the run.
+    assert all(role["share"] <= 1 for role in summary["cpu"]["roles"].values()), summary["cpu"]["roles"]
     assert [json.loads(line) for line in (run_dir / "progress.jsonl").read_text().splitlines()]
     # Flow control held the run to its replay ratio: the sampler's env steps past its warm-up
     # are at most max_env_steps_per_update per gradient drawn, give or take ten episodes (the
