@@ -195,12 +195,27 @@ class LocalFleet:
                 progress.note(f"fleet up: redis {cluster.addresses}, buffer {buffer}, aggregator {aggregator}")
                 reason = self._monitor(dog, progress, buffer, aggregator)
                 self._sample_cpu(dog, force=True)  # the roles' last readings before they stop
+                self._stop_workers(dog, progress, buffer, aggregator)
                 self.stop_roles(dog)
                 restarts = dog.restarts
             final = self._final_score(progress)
         finally:
             progress.close()
         return self._summarize(progress, reason, restarts, final)
+
+    def _stop_workers(self, dog: Watchdog, progress: Progress, buffer: str, aggregator: str) -> None:
+        """Stop the samplers, learners and evaluator, then read the services once more: the
+        summary's env steps and version then hold every push acked until the end, not only
+        those acked before the last poll. A service that does not answer leaves the last poll."""
+        dog.stop([name for name, running in dog.roles.items() if running.spec.stage == 0])
+        c = self.config
+        with (
+            IngestClient(buffer, sampler_id=0, run_id=c.run_id, security=self.security) as ingest,
+            AggregatorClient(aggregator, security=self.security) as agg,
+        ):
+            snap = Snapshot.take(ingest, agg, time.monotonic() - self.started_at, dog.restarts)
+        if snap is not None:
+            progress.update(snap)
 
     def _final_score(self, progress: Progress) -> tuple[int, EvalResult] | None:
         """(version, result) of the last checkpoint over eval.final_episodes, after the fleet
