@@ -12,7 +12,7 @@
     fleetrl evaluate   RUN_DIR [--episodes 50]                  # score the run's last checkpoint
     fleetrl deploy-check RUN_DIR --hz 120 [--delay-ms 10]      # the exported policy as a 120 Hz controller
     fleetrl fleet up   fleet.yaml --host NAME                   # this host's share of a multi-host fleet
-    fleetrl report     RUN_DIR [RUN_DIR ...] --out report.html   # curves, updates/s, CPU per role
+    fleetrl report     RUN_DIR [RUN_DIR ...] [--out HTML]       # curves, updates/s, CPU per role
     fleetrl certs      --out DIR [--hosts H1,H2]                 # a self-signed TLS set for a fleet
 
 Each role subcommand takes the addresses of the services it needs, so the same fleet can be
