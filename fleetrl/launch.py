@@ -192,7 +192,10 @@ class LocalFleet:
             events = self.run_dir / "events.jsonl"  # every restart: what, when, why
             with closing(cluster), Watchdog(self.run_dir / "logs", events_path=events) as dog:  # roles stop first
                 buffer, aggregator = self.start_roles(dog, cluster)
-                progress.note(f"fleet up: redis {cluster.addresses}, buffer {buffer}, aggregator {aggregator}")
+                progress.note(
+                    f"fleet up: {len(dog.roles)} roles started (redis {cluster.addresses}, buffer {buffer}, "
+                    f"aggregator {aggregator}); {progress.goal()}"
+                )
                 reason = self._monitor(dog, progress, buffer, aggregator)
                 self._sample_cpu(dog, force=True)  # the roles' last readings before they stop
                 self._stop_workers(dog, progress, buffer, aggregator)
@@ -213,7 +216,7 @@ class LocalFleet:
             IngestClient(buffer, sampler_id=0, run_id=c.run_id, security=self.security) as ingest,
             AggregatorClient(aggregator, security=self.security) as agg,
         ):
-            snap = Snapshot.take(ingest, agg, time.monotonic() - self.started_at, dog.restarts)
+            snap = Snapshot.take(ingest, agg, time.monotonic() - self.started_at, dog.restarts, _roles(dog))
         if snap is not None:
             progress.update(snap)
 
@@ -256,7 +259,7 @@ class LocalFleet:
                 for event in dog.poll():
                     progress.note(event)
                 self._sample_cpu(dog)
-                snap = Snapshot.take(ingest, agg, time.monotonic() - self.started_at, dog.restarts)
+                snap = Snapshot.take(ingest, agg, time.monotonic() - self.started_at, dog.restarts, _roles(dog))
                 if snap is not None:
                     progress.update(snap)
                     if progress.target is not None and progress.target.full is not None:
@@ -326,6 +329,11 @@ class LocalFleet:
             summary.updates_per_sec = round((last.version - first) / max(wall_sec, 1e-9), 2)
         (self.run_dir / "summary.json").write_text(json.dumps(asdict(summary), indent=2))
         return summary
+
+
+def _roles(dog: Watchdog) -> tuple[int, int]:
+    """(running now, started): the progress line's roles."""
+    return dog.running(), len(dog.roles)
 
 
 def _last_counters(heartbeats: pathlib.Path) -> dict:
