@@ -34,6 +34,9 @@ import time
 STARTED_AT = time.monotonic()  # wall-clock figures count from the command's start
 
 
+SERVICES = ("buffer", "aggregator")  # roles that serve gRPC: they take listen and advertise addresses
+
+
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="RunConfig JSON (as written to <run_dir>/config.json); default: built-in")
     p.add_argument(
@@ -110,11 +113,13 @@ def _parser(export_args: bool = True) -> argparse.ArgumentParser:
         for need in needs:
             p.add_argument(f"--{need}", required=True, help=f"address(es) of the {need}, host:port[,host:port]")
         p.add_argument("--id", type=int, default=0, help="index of this process within its role")
-        p.add_argument("--port", type=int, default=0, help="port to serve on, on 127.0.0.1 (services only)")
-        p.add_argument("--listen", help="HOST:PORT to serve on (services; 0.0.0.0 for every interface)")
-        p.add_argument("--advertise", help="HOST:PORT other hosts reach this service at (services; default: --listen)")
-        p.add_argument("--ready-file", help="write the bound address here once serving")
-        p.add_argument("--run-dir", help="checkpoints and TensorBoard go here (aggregator)")
+        if role in SERVICES:  # each role's help lists only the flags it reads
+            p.add_argument("--port", type=int, default=0, help="port to serve on, on 127.0.0.1")
+            p.add_argument("--listen", help="HOST:PORT to serve on (0.0.0.0 for every interface)")
+            p.add_argument("--advertise", help="HOST:PORT other hosts reach this service at (default: --listen)")
+            p.add_argument("--ready-file", help="write the bound address here once serving")
+        if role == "aggregator":
+            p.add_argument("--run-dir", help="checkpoints and TensorBoard go here")
         p.add_argument("--heartbeat", help="heartbeat JSON file the watchdog reads")
         p.add_argument("--metrics", metavar="HOST:PORT", help="serve Prometheus metrics here (default: none)")
         if role in ("sampler", "learner"):
