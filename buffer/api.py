@@ -49,9 +49,16 @@ class TransitionWriter(Protocol):
     """
 
     def write(
-        self, transitions: Transitions, *, task_id: int, policy_version: int, key: PushKey | None = None
+        self,
+        transitions: Transitions,
+        *,
+        task_id: int,
+        policy_version: int,
+        key: PushKey | None = None,
+        env_steps: int = 0,
     ) -> WriteResult:
-        """Store the rows, tagged with the task and the weight version that acted."""
+        """Store the rows, tagged with the task and the weight version that acted; count the
+        batch and its `env_steps` in the run's counters once, with the rows."""
         ...
 
 

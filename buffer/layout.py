@@ -98,6 +98,11 @@ class RecordLayout:
         """Set of evicted windows whose keys are still to be UNLINKed."""
         return f"{self.prefix}:{{{self.run_id}}}:evict"
 
+    @property
+    def counters_key(self) -> str:
+        """Hash of the run's acked figures: env steps, batches, env steps per task."""
+        return f"{self.prefix}:{{{self.run_id}}}:counters"
+
     def dedup_key(self, sampler_id: int, incarnation: int) -> str:
         """The dedup record of one sampler process: its newest seq, where it went, its state."""
         return f"{self.prefix}:{{{self.run_id}}}:dedup:{sampler_id}:{incarnation}"

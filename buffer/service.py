@@ -23,7 +23,7 @@ from redis.exceptions import RedisError, SlotNotCoveredError
 
 from buffer.layout import MAX_UINT32
 from buffer.ratelimit import RATE_LIMITED, SampleToInsertRatio
-from buffer.storage import PushKey, TemporalStorage
+from buffer.storage import PushKey, RunCounters, TemporalStorage
 from fleetrl.config import BufferConfig
 from fleetrl.local_cluster import connect
 from fleetrl.process import Heartbeat, write_ready_file
@@ -91,10 +91,11 @@ def rejection_reason(field_name: str) -> str:
 
 @dataclass
 class IngestCounters:
-    """What one ingest service has done since it started (the head is the run's, global)."""
+    """What one ingest service has done since it started; the head, env steps and batches are
+    the run's (kept in Redis with the data, so they hold across restarts and services)."""
 
     head: int = 0
-    env_steps: int = 0
+    env_steps: int = 0  # env steps ever acked, each batch once
     batches: int = 0
     duplicates: int = 0
     rejected_by_reason: dict[str, int] = field(default_factory=dict)
@@ -132,22 +133,30 @@ class ReplayIngestServicer(pb_grpc.ReplayIngestServicer):
         self.schema = schema
         self.run_id = run_id
         self.config = config
-        self._counters = IngestCounters()
+        self._counters = IngestCounters()  # this service's own; the run's figures are in Redis
+        self._run = RunCounters(0, 0, {})  # the run's figures last read from Redis
         self.refused = RefusalCounter()  # set by IngestServer: calls refused for their token
         self._outcomes: deque[bool] = deque(maxlen=TRAIN_SUCCESS_EPISODES)  # newest training episodes
         self._lock = threading.Lock()
 
-    def counters(self) -> IngestCounters:
-        """A copy of the counters."""
+    def counters(self, run: RunCounters | None = None) -> IngestCounters:
+        """A copy of the counters. The run's figures: `run`, else read from Redis now (while
+        Redis fails, the last ones read: a heartbeat still beats)."""
+        if run is None:
+            try:
+                run = self.storage.counters()
+            except REDIS_FAILURES:
+                run = self._run
         with self._lock:
+            self._run = run
             c = self._counters
             recent = self._outcomes
             success = sum(recent) / len(recent) if recent else 0.0
             reasons = dict(c.rejected_by_reason)
             if self.refused.total:
                 reasons["authorization"] = self.refused.total
-            counts = (c.head, c.env_steps, c.batches, c.duplicates, reasons, c.episodes, success, c.rate_limited)
-            return IngestCounters(*counts, dict(c.env_steps_by_task))
+            counts = (c.head, run.env_steps, run.batches, c.duplicates, reasons, c.episodes, success, c.rate_limited)
+            return IngestCounters(*counts, run.env_steps_by_task)
 
     def Push(self, request: pb.TransitionBatch, context: grpc.ServicerContext) -> pb.PushAck:
         try:
@@ -175,8 +184,12 @@ class ReplayIngestServicer(pb_grpc.ReplayIngestServicer):
                         self._counters.rate_limited += 1
                     details = f"{RATE_LIMITED}: learners sampled {sampled} rows of {inserted} stored; retry shortly"
                     context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, details)
-            result = self.storage.write(
-                transitions, task_id=request.task_id, policy_version=request.policy_version, key=key
+            result = self.storage.write(  # counts the batch and its env steps in Redis, once
+                transitions,
+                task_id=request.task_id,
+                policy_version=request.policy_version,
+                key=key,
+                env_steps=request.env_steps,
             )
         except REDIS_FAILURES as e:
             context.abort(grpc.StatusCode.UNAVAILABLE, f"redis write failed, batch not acked: {cap(str(e), 200)}")
@@ -188,10 +201,6 @@ class ReplayIngestServicer(pb_grpc.ReplayIngestServicer):
             return pb.PushAck(seq=request.seq, stored=0, duplicate=True, head=head)
         with self._lock:
             self._counters.head = max(self._counters.head, head)
-            self._counters.env_steps += request.env_steps
-            by_task = self._counters.env_steps_by_task
-            by_task[request.task_id] = by_task.get(request.task_id, 0) + request.env_steps
-            self._counters.batches += 1
             self._counters.episodes += request.episodes
             failures = request.episodes - request.successes
             self._outcomes.extend([True] * request.successes + [False] * failures)
@@ -200,9 +209,9 @@ class ReplayIngestServicer(pb_grpc.ReplayIngestServicer):
     def Stats(self, request: pb.BufferStatsRequest, context: grpc.ServicerContext) -> pb.BufferStats:
         try:
             head, oldest, _ = self.storage.snapshot()
+            c = self.counters(self.storage.counters())
         except REDIS_FAILURES as e:
             context.abort(grpc.StatusCode.UNAVAILABLE, f"redis read failed: {e}")
-        c = self.counters()
         return pb.BufferStats(
             head=head,
             env_steps=c.env_steps,

@@ -14,7 +14,9 @@ A write is three steps:
 2. SETRANGE the fixed-size records into their windows (other nodes; a retry rewrites the
    same bytes at the same positions, so a half-failed write that is retried doubles nothing).
 3. commit (Lua, run slot): mark the reservation written and advance the committed head over
-   every leading reservation that is written. A reservation still unwritten after
+   every leading reservation that is written. The commit that marks it written also counts
+   the batch and its env steps in the run's counters (`counters()`), so they are counted once
+   per push, kept with the data and restored by any ingest service that starts. A reservation still unwritten after
    `stalled_write_timeout_sec` (its writer and sampler both died) is skipped: recorded in the
    skipped set, which readers treat as invalid for good; a late retry of it is re-reserved.
 
@@ -86,8 +88,9 @@ end
 return evictions(0, start)
 """
 
-# KEYS: committed, pending, dedup, skipped, oldest, evict.
-# ARGV: start (-1: only advance), n, seq, now_ms, stalled_ms, window_size, first_window, last_window.
+# KEYS: committed, pending, dedup, skipped, oldest, evict, counters.
+# ARGV: start (-1: only advance), n, seq, now_ms, stalled_ms, window_size, first_window, last_window,
+# env_steps, task_id (the batch's, counted when this call commits it).
 # Returns {state, committed, oldest}: state 1 committed by this call, 2 by an earlier attempt,
 # -1 skipped as stalled (the caller reserves anew).
 _COMMIT_LUA = """
@@ -106,6 +109,11 @@ if start >= 0 then
   end
   if state >= 1 and seq > 0 and tonumber(redis.call('HGET', KEYS[3], 'start') or '-1') == start then
     redis.call('HSET', KEYS[3], 'state', 'done')
+  end
+  if state == 1 then
+    redis.call('HINCRBY', KEYS[7], 'batches', 1)
+    redis.call('HINCRBY', KEYS[7], 'env_steps', ARGV[9])
+    redis.call('HINCRBY', KEYS[7], 'env_steps:' .. ARGV[10], ARGV[9])
   end
 end
 local committed = tonumber(redis.call('GET', KEYS[1]) or '0')
@@ -155,6 +163,15 @@ class WriteResult(NamedTuple):
     duplicate: bool  # stored before: by an earlier attempt, maybe through another ingest service
 
 
+class RunCounters(NamedTuple):
+    """The run's acked figures, kept in Redis with the data: every ingest service, and every
+    incarnation of one, reads and adds to the same ones."""
+
+    env_steps: int  # env steps of every batch stored, each batch once
+    batches: int
+    env_steps_by_task: dict[int, int]  # registry task id -> env steps
+
+
 class Snapshot(NamedTuple):
     """What a reader needs: positions [0, committed) are final (written, or skipped and listed
     in `skipped`); windows below `oldest_window` are evicted."""
@@ -187,9 +204,16 @@ class TemporalStorage:
         self._snapshot = client.register_script(_SNAPSHOT_LUA)
 
     def write(
-        self, transitions: Transitions, *, task_id: int, policy_version: int, key: PushKey | None = None
+        self,
+        transitions: Transitions,
+        *,
+        task_id: int,
+        policy_version: int,
+        key: PushKey | None = None,
+        env_steps: int = 0,
     ) -> WriteResult:
-        """Store a batch once per `key` (None: no idempotency, every call stores).
+        """Store a batch once per `key` (None: no idempotency, every call stores), and count it
+        and its `env_steps` in the run's counters in the same commit (once, like the rows).
 
         When this returns, the rows are in Redis and below the committed head. Raises
         ValueError for rows that do not fit the schema and redis.RedisError when Redis fails
@@ -206,7 +230,7 @@ class TemporalStorage:
                 return WriteResult(self.snapshot().committed, 0, True)
             self._write_records(records, start, oldest, evict)
             self._replicate([self.layout.window_key(s.window) for s in self.layout.segments(start, n)])
-            state, committed = self._commit_positions(start, n, key)
+            state, committed = self._commit_positions(start, n, key, (env_steps, task_id))
             self._replicate([self.layout.committed_key])  # the commit and the dedup record, on one node
             if state == 1:
                 return WriteResult(committed, n, False)
@@ -268,7 +292,11 @@ class TemporalStorage:
         if evict:  # only once UNLINK succeeded: a failure leaves them for the next write
             self.client.srem(self.layout.evict_key, *evict)
 
-    def _commit_positions(self, start: int, n: int, key: PushKey | None) -> tuple[int, int]:
+    def _commit_positions(
+        self, start: int, n: int, key: PushKey | None, counted: tuple[int, int] = (0, 0)
+    ) -> tuple[int, int]:
+        """`counted`: (env_steps, task_id) of the batch, added to the run's counters when this
+        call commits it."""
         layout = self.layout
         seq = key.seq if key is not None else 0
         dedup = layout.dedup_key(key.sampler_id, key.incarnation) if key is not None else layout.dedup_key(0, 0)
@@ -283,8 +311,9 @@ class TemporalStorage:
                     layout.skipped_key,
                     layout.oldest_key,
                     layout.evict_key,
+                    layout.counters_key,
                 ],
-                args=[start, n, seq, _now_ms(), self.stalled_ms, layout.window_size, first, last],
+                args=[start, n, seq, _now_ms(), self.stalled_ms, layout.window_size, first, last, *counted],
             )
         )
         return state, committed
@@ -308,6 +337,13 @@ class TemporalStorage:
         committed, oldest, *skipped = self._snapshot(keys=[layout.committed_key, layout.oldest_key, layout.skipped_key])
         ranges = tuple((int(a), int(b)) for a, b in (cast(bytes, m).split(b":") for m in skipped))
         return Snapshot(int(committed), int(oldest), ranges)
+
+    def counters(self) -> RunCounters:
+        """The run's env steps and batches stored, each batch once, whichever ingest service (or
+        incarnation of one) stored it."""
+        fields = cast("dict[bytes, bytes]", self.client.hgetall(self.layout.counters_key))
+        by_task = {int(k[len(b"env_steps:") :]): int(v) for k, v in fields.items() if k.startswith(b"env_steps:")}
+        return RunCounters(int(fields.get(b"env_steps", 0)), int(fields.get(b"batches", 0)), by_task)
 
     def flow(self) -> tuple[int, int]:
         """(rows committed, rows sampled) of the run, read together (one slot, one round trip)."""

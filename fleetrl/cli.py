@@ -12,7 +12,7 @@
     fleetrl evaluate   RUN_DIR [--episodes 50]                  # score the run's last checkpoint
     fleetrl deploy-check RUN_DIR --hz 120 [--delay-ms 10]      # the exported policy as a 120 Hz controller
     fleetrl fleet up   fleet.yaml --host NAME                   # this host's share of a multi-host fleet
-    fleetrl report     RUN_DIR [RUN_DIR ...] --out report.html   # curves, updates/s, CPU per role
+    fleetrl report     RUN_DIR [RUN_DIR ...] [--out HTML]       # curves, updates/s, CPU per role
     fleetrl certs      --out DIR [--hosts H1,H2]                 # a self-signed TLS set for a fleet
 
 Each role subcommand takes the addresses of the services it needs, so the same fleet can be
@@ -32,6 +32,9 @@ import sys
 import time
 
 STARTED_AT = time.monotonic()  # wall-clock figures count from the command's start
+
+
+SERVICES = ("buffer", "aggregator")  # roles that serve gRPC: they take listen and advertise addresses
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -110,11 +113,13 @@ def _parser(export_args: bool = True) -> argparse.ArgumentParser:
         for need in needs:
             p.add_argument(f"--{need}", required=True, help=f"address(es) of the {need}, host:port[,host:port]")
         p.add_argument("--id", type=int, default=0, help="index of this process within its role")
-        p.add_argument("--port", type=int, default=0, help="port to serve on, on 127.0.0.1 (services only)")
-        p.add_argument("--listen", help="HOST:PORT to serve on (services; 0.0.0.0 for every interface)")
-        p.add_argument("--advertise", help="HOST:PORT other hosts reach this service at (services; default: --listen)")
-        p.add_argument("--ready-file", help="write the bound address here once serving")
-        p.add_argument("--run-dir", help="checkpoints and TensorBoard go here (aggregator)")
+        if role in SERVICES:  # each role's help lists only the flags it reads
+            p.add_argument("--port", type=int, default=0, help="port to serve on, on 127.0.0.1")
+            p.add_argument("--listen", help="HOST:PORT to serve on (0.0.0.0 for every interface)")
+            p.add_argument("--advertise", help="HOST:PORT other hosts reach this service at (default: --listen)")
+            p.add_argument("--ready-file", help="write the bound address here once serving")
+        if role == "aggregator":
+            p.add_argument("--run-dir", help="checkpoints and TensorBoard go here")
         p.add_argument("--heartbeat", help="heartbeat JSON file the watchdog reads")
         p.add_argument("--metrics", metavar="HOST:PORT", help="serve Prometheus metrics here (default: none)")
         if role in ("sampler", "learner"):

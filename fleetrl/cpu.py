@@ -7,6 +7,11 @@
 
 A restarted role gets a new pid: the meter keeps the last reading of every pid it has seen,
 so a role's total covers all its incarnations (up to each one's last sample).
+
+Each process counts its own CPU only (user + system), never its reaped children's: the
+launcher's children are the roles, each metered as itself, and a process also inherits the
+children's time of whatever ran before it exec'd (`./scripts/train.sh` runs pip first). Roles
+start no processes of their own, so own CPU is all of a role's work.
 """
 
 from __future__ import annotations
@@ -20,6 +25,12 @@ from fleetrl.process import locked_kib
 # What the issue calls the fleet's overhead: everything but acting (samplers) and learning
 # (learners). The launcher's own progress polling is counted too.
 OVERHEAD_GROUPS = ("aggregator", "buffer", "evaluator", "redis", "launcher")
+
+
+def own_cpu_sec(times) -> float:
+    """A process's own CPU-seconds from psutil's cpu_times(): user + system, not the
+    children_user / children_system of its reaped children (counted where they ran)."""
+    return times.user + times.system
 
 
 def role_group(name: str) -> str:
@@ -43,10 +54,15 @@ class CpuMeter:
                 rss = process.memory_info().rss / 2**20
             except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
                 continue  # gone since: its last reading stands
-            self._seconds[(name, pid)] = t.user + t.system + t.children_user + t.children_system
+            self.record(name, pid, own_cpu_sec(t))
             self.peak_rss_mib[name] = round(max(self.peak_rss_mib.get(name, 0.0), rss), 1)
             locked = locked_kib(pid) / 1024
             self.peak_locked_mib[name] = round(max(self.peak_locked_mib.get(name, 0.0), locked), 1)
+
+    def record(self, name: str, pid: int, cpu_sec: float) -> None:
+        """One reading of a role's process: its CPU so far. A newer reading of the same pid
+        replaces the older one; another pid of the same role (a restart) adds to it."""
+        self._seconds[(name, pid)] = cpu_sec
 
     def seconds(self) -> dict[str, float]:
         """CPU-seconds per role name, every incarnation summed."""

@@ -199,15 +199,33 @@ class LocalFleet:
             events = self.run_dir / "events.jsonl"  # every restart: what, when, why
             with closing(cluster), Watchdog(self.run_dir / "logs", events_path=events) as dog:  # roles stop first
                 buffer, aggregator = self.start_roles(dog, cluster)
-                progress.note(f"fleet up: redis {cluster.addresses}, buffer {buffer}, aggregator {aggregator}")
+                progress.note(
+                    f"fleet up: {len(dog.roles)} roles started (redis {cluster.addresses}, buffer {buffer}, "
+                    f"aggregator {aggregator}); {progress.goal()}"
+                )
                 reason = self._monitor(dog, progress, buffer, aggregator)
                 self._sample_cpu(dog, force=True)  # the roles' last readings before they stop
+                self._stop_workers(dog, progress, buffer, aggregator)
                 self.stop_roles(dog)
                 restarts = dog.restarts
             final = self._final_score(progress)
         finally:
             progress.close()
         return self._summarize(progress, reason, restarts, final)
+
+    def _stop_workers(self, dog: Watchdog, progress: Progress, buffer: str, aggregator: str) -> None:
+        """Stop the samplers, learners and evaluator, then read the services once more: the
+        summary's env steps and version then hold every push acked until the end, not only
+        those acked before the last poll. A service that does not answer leaves the last poll."""
+        dog.stop([name for name, running in dog.roles.items() if running.spec.stage == 0])
+        c = self.config
+        with (
+            IngestClient(buffer, sampler_id=0, run_id=c.run_id, security=self.security) as ingest,
+            AggregatorClient(aggregator, security=self.security) as agg,
+        ):
+            snap = Snapshot.take(ingest, agg, time.monotonic() - self.started_at, dog.restarts, _roles(dog))
+        if snap is not None:
+            progress.update(snap)
 
     def _final_score(self, progress: Progress) -> tuple[int, EvalResult] | None:
         """(version, result) of the last checkpoint over eval.final_episodes, after the fleet
@@ -231,7 +249,8 @@ class LocalFleet:
         return final
 
     def _sample_cpu(self, dog: Watchdog, force: bool = False) -> None:
-        """Every role's CPU time, the Redis nodes (roles `redis-<port>`) and the launcher included."""
+        """Every role's CPU time, the Redis nodes (roles `redis-<port>`) and the launcher included
+        (its own CPU: its children are the roles, counted as themselves)."""
         if not force and time.monotonic() - self._cpu_sampled < CPU_SAMPLE_SEC:
             return
         self._cpu_sampled = time.monotonic()
@@ -247,7 +266,7 @@ class LocalFleet:
                 for event in dog.poll():
                     progress.note(event)
                 self._sample_cpu(dog)
-                snap = Snapshot.take(ingest, agg, time.monotonic() - self.started_at, dog.restarts)
+                snap = Snapshot.take(ingest, agg, time.monotonic() - self.started_at, dog.restarts, _roles(dog))
                 if snap is not None:
                     progress.update(snap)
                     if progress.target is not None and progress.target.full is not None:
@@ -318,6 +337,11 @@ class LocalFleet:
             summary.updates_per_sec = round((last.version - first) / max(wall_sec, 1e-9), 2)
         (self.run_dir / "summary.json").write_text(json.dumps(asdict(summary), indent=2))
         return summary
+
+
+def _roles(dog: Watchdog) -> tuple[int, int]:
+    """(running now, started): the progress line's roles."""
+    return dog.running(), len(dog.roles)
 
 
 def _last_counters(heartbeats: pathlib.Path) -> dict:

@@ -55,9 +55,10 @@ class Snapshot:
     restarts: int
     rejected_by_learner: tuple[tuple[str, int], ...] = ()  # learners whose pushes were refused
     env_steps_by_task: tuple[tuple[int, int], ...] = ()  # registry task id -> env steps acked
+    roles: tuple[int, int] = (0, 0)  # (running now, started): processes the launcher watches
 
     @classmethod
-    def take(cls, ingest, agg, wall_sec: float, restarts: int) -> Snapshot | None:
+    def take(cls, ingest, agg, wall_sec: float, restarts: int, roles: tuple[int, int] = (0, 0)) -> Snapshot | None:
         """Poll both services once; None while either is unreachable (it may be restarting)."""
         try:
             buf = ingest.stats()
@@ -76,6 +77,7 @@ class Snapshot:
             restarts=restarts,
             rejected_by_learner=tuple(sorted(ag.rejected_by_learner.items())),
             env_steps_by_task=tuple(sorted(buf.env_steps_by_task.items())),
+            roles=roles,
         )
 
 
@@ -195,6 +197,12 @@ class Progress:
         self._jsonl.write(json.dumps(row) + "\n")
         self._jsonl.flush()
 
+    def goal(self) -> str:
+        """What ends the run: 'target 0.90 over 50 episodes, cap 600 s or 4000 env steps'."""
+        c = self.config
+        cap = f"{c.max_wall_sec:.0f} s" + (f" or {c.max_env_steps} env steps" if c.max_env_steps else "")
+        return f"target {c.target_success:.2f} over {c.eval.episodes} episodes, cap {cap}"
+
     def _line(self) -> str:
         s = self.last
         assert s is not None
@@ -202,12 +210,14 @@ class Progress:
         return (
             f"{s.wall_sec:6.1f}s env_steps {s.env_steps} ({r.env_steps_per_sec:.0f}/s) transitions {s.transitions} "
             f"({r.transitions_per_sec:.0f}/s) version {s.version} ({r.updates_per_sec:.1f}/s) "
-            f"eval {_eval_text(s.curve)} train {s.train_success:.2f} restarts {s.restarts}"
+            f"eval {_eval_text(s.curve)} train {s.train_success:.2f} roles {s.roles[0]}/{s.roles[1]} "
+            f"restarts {s.restarts}"
             + "".join(f" {name} rejected {n}" for name, n in s.rejected_by_learner)
+            + f" | {self.goal()}"
         )
 
     def _table(self) -> Table:
-        table = Table(title=f"fleetrl {self.config.sim.task}  ->  {self.config.run_dir}")
+        table = Table(title=f"fleetrl {self.config.sim.task}  ->  {self.config.run_dir}", caption=self.goal())
         columns = (
             "wall s",
             "env steps",
@@ -216,6 +226,7 @@ class Progress:
             "updates/s",
             "eval success",
             "train success",
+            "roles running",
             "rejected pushes",
         )
         for col in columns:
@@ -231,6 +242,7 @@ class Progress:
                 f"{r.updates_per_sec:.1f}",
                 _eval_text(s.curve),
                 f"{s.train_success:.2f} (last 100)" if s.train_episodes else "-",
+                f"{s.roles[0]}/{s.roles[1]}",
                 ", ".join(f"{name} {n}" for name, n in s.rejected_by_learner) or "-",
             )
         return table

@@ -1,6 +1,6 @@
 """`fleetrl report`: one self-contained HTML page that compares run directories.
 
-    fleetrl report runs/reach-a runs/reach-b sb3/seed0 --out report.html --title "FetchReach"
+    fleetrl report runs/reach-a runs/reach-b sb3/seed0 --title "FetchReach"   # runs/reach-a/report.html
 
     runs = [load_run(p) for p in ("runs/reach-a", "sb3/seed0")]
     write_report(runs, pathlib.Path("report.html"), "FetchReach")  # + report_files/*.png
@@ -52,14 +52,16 @@ class Run:
     summary: dict[str, Any]
     evals: list[dict[str, Any]]  # evals.jsonl; `wall_sec` filled in (None when it cannot be known)
     progress: list[dict[str, Any]]  # progress.jsonl
-    cpu: dict[str, dict[str, float]]  # role -> {"cpu_sec", "share"}; share of wall_sec * cores
+    cpu: dict[str, dict[str, float]]  # role (all its processes) -> {"cpu_sec", "share"}; share of wall_sec * cores
     config: dict[str, Any] = field(default_factory=dict)
     skipped_lines: int = 0  # malformed lines of evals.jsonl and progress.jsonl, left out
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run_dirs", nargs="+", help="run directories to compare (summary.json and/or evals.jsonl)")
-    parser.add_argument("--out", default="report.html", help="HTML page to write; plots go to <stem>_files/")
+    parser.add_argument(
+        "--out", help="HTML page to write (default: report.html in the first run directory); plots go to <stem>_files/"
+    )
     parser.add_argument("--title", help="page title; default: the runs' labels")
 
 
@@ -69,7 +71,8 @@ def main(args: argparse.Namespace) -> int:
     for note in _notes(runs):
         print(f"fleetrl report: warning: {note}", file=sys.stderr)
     title = args.title or "fleetrl report: " + ", ".join(run.name for run in runs)
-    print(write_report(runs, pathlib.Path(args.out), title))
+    out = pathlib.Path(args.out) if args.out else pathlib.Path(args.run_dirs[0]) / "report.html"
+    print(write_report(runs, out, title))
     return 0
 
 
@@ -94,6 +97,8 @@ def load_run(path: str | pathlib.Path) -> Run:
         config = {}
     cpu = summary.get("cpu")
     cpu = cpu if isinstance(cpu, dict) else {}
+    groups = cpu.get("groups")  # fleetrl.cpu.CpuMeter.report(): per role ("sampler": every sampler process)
+    cpu = groups if isinstance(groups, dict) else cpu
     return Run(
         name=str(summary.get("label") or run_dir.resolve().name),
         summary=summary,
@@ -322,6 +327,27 @@ td,th{border:1px solid #ccc;padding:4px 8px;text-align:left}th{background:#f2f2f
 figure{margin:1.5em 0}figcaption{font-weight:bold;margin-bottom:.3em}.note{color:#a60}"""
 
 
+def _cpu_table(runs: list[Run]) -> str:
+    """A row per run that measured CPU, a column per role: CPU share of the machine (seconds)."""
+    measured = [run for run in runs if run.cpu]
+    if not measured:
+        return ""
+    esc = html.escape
+    roles = sorted({role for run in measured for role in run.cpu})
+
+    def cell(run: Run, role: str) -> str:
+        entry = run.cpu.get(role)
+        return "—" if entry is None else f"{entry['share']:.1%} ({_fmt(entry.get('cpu_sec'), '.1f')} s)"
+
+    header = "<th>run</th>" + "".join(f"<th>{esc(role)}</th>" for role in roles)
+    rows = "".join(
+        f"<tr><td>{esc(run.name)}</td>" + "".join(f"<td>{esc(cell(run, role))}</td>" for role in roles) + "</tr>\n"
+        for run in measured
+    )
+    caption = "CPU per role: share of wall-clock x cores (CPU-seconds)"
+    return f"<h2>{esc(caption)}</h2>\n<table><tr>{header}</tr>\n{rows}</table>\n"
+
+
 def _notes(runs: list[Run]) -> list[str]:
     notes = [f"{r.name}: {r.skipped_lines} malformed JSONL line(s) skipped" for r in runs if r.skipped_lines]
     unplaced = [r.name for r in runs if any(e["wall_sec"] is None for e in r.evals)]
@@ -342,5 +368,5 @@ def _page(runs: list[Run], title: str, images: list[tuple[str, str]]) -> str:
     return (
         f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{esc(title)}</title>'
         f"<style>{STYLE}</style></head>\n<body><h1>{esc(title)}</h1>\n<p>Generated {esc(generated)}</p>\n"
-        f"<table><tr>{header}</tr>\n{rows}</table>\n{notes}{plots}</body></html>\n"
+        f"<table><tr>{header}</tr>\n{rows}</table>\n{_cpu_table(runs)}{notes}{plots}</body></html>\n"
     )

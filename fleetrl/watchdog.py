@@ -125,6 +125,10 @@ class Watchdog:
     def restarts(self) -> int:
         return sum(r.restarts for r in self.roles.values())
 
+    def running(self) -> int:
+        """How many roles have a live process now (not exited, not waiting out a backoff)."""
+        return sum(r.restart_at is None and r.proc.poll() is None for r in self.roles.values())
+
     def pids(self) -> dict[str, int]:
         """The current pid of every role (CPU accounting)."""
         return {name: running.proc.pid for name, running in self.roles.items()}

@@ -247,6 +247,28 @@ def test_ingest_client_pushes_and_reads_stats(server, make_transitions):
         assert client.stats().env_steps == 6
 
 
+def test_a_restarted_service_reports_the_env_steps_acked_before_it(redis_client, make_transitions):
+    """The proto's env_steps are "env steps ever acked": an ingest service that starts over the
+    run's Redis (after a crash, or beside another) reports what was acked before it, and a
+    retried push it answers as a duplicate adds nothing."""
+
+    def serve() -> IngestServer:
+        return IngestServer(TemporalStorage(redis_client, RUN, SCHEMA, CONFIG), task_ids=(TASK,), schema=SCHEMA,
+                            run_id=RUN, config=CONFIG)  # fmt: skip
+
+    with serve() as first, grpc.insecure_channel(first.address, options=GRPC_OPTIONS) as channel:
+        for seq in (1, 2):
+            pb_grpc.ReplayIngestStub(channel).Push(good_batch(make_transitions, n=4, seq=seq), timeout=5)
+    with serve() as second, grpc.insecure_channel(second.address, options=GRPC_OPTIONS) as channel:
+        stub = pb_grpc.ReplayIngestStub(channel)
+        assert stub.Push(good_batch(make_transitions, n=4, seq=2), timeout=5).duplicate  # acked by the first
+        stub.Push(good_batch(make_transitions, n=3, seq=3), timeout=5)
+        stats = stub.Stats(pb.BufferStatsRequest(), timeout=5)
+        assert (stats.env_steps, stats.batches, dict(stats.env_steps_by_task)) == (11, 3, {TASK: 11})
+        assert (stats.head, stats.duplicates) == (11, 1)
+        assert (second.servicer.counters().env_steps, second.servicer.counters().batches) == (11, 3)
+
+
 def test_run_ingest_service_serves_until_sigterm(clean_redis_cluster, tmp_path, make_transitions):
     ready = tmp_path / "ready"
     script = textwrap.dedent(

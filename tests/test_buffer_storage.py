@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from buffer.storage import PushKey, Snapshot, TemporalStorage, WriteResult
+from buffer.storage import PushKey, RunCounters, Snapshot, TemporalStorage, WriteResult
 from fleetrl.config import BufferConfig
 from fleetrl.wire import TransitionSchema
 
@@ -184,3 +184,47 @@ def test_an_unlink_that_failed_is_retried_by_the_next_write(redis_client, make_t
 def test_capacity_below_two_windows_is_refused(redis_client):
     with pytest.raises(ValueError, match="capacity_transitions"):
         storage(redis_client, capacity=WINDOW)
+
+
+def test_the_run_counters_count_each_push_once_through_retries_and_restarts(redis_client, make_transitions):
+    first = storage(redis_client)
+    first.write(make_transitions(4), task_id=0, policy_version=0, key=PushKey(1, 7, 1), env_steps=3)
+    first.write(make_transitions(4), task_id=0, policy_version=0, key=PushKey(1, 7, 1), env_steps=3)  # a retry
+    restarted = storage(redis_client)  # an ingest restart: the counters are in Redis, not in the process
+    assert restarted.counters() == RunCounters(env_steps=3, batches=1, env_steps_by_task={0: 3})
+    restarted.write(make_transitions(4), task_id=0, policy_version=0, key=PushKey(1, 7, 1), env_steps=3)
+    restarted.write(make_transitions(2), task_id=5, policy_version=0, key=PushKey(1, 7, 2), env_steps=2)
+    restarted.write(make_transitions(1), task_id=5, policy_version=0, env_steps=1)  # no key: every call counts
+    assert first.counters() == RunCounters(env_steps=6, batches=3, env_steps_by_task={0: 3, 5: 3})
+    assert storage(redis_client, run_id="other").counters() == RunCounters(0, 0, {})
+
+
+def test_a_push_skipped_as_stalled_counts_once_when_its_retry_is_stored(redis_client, make_transitions):
+    store = storage(redis_client, stalled_sec=0.2)
+    key = PushKey(1, 11, 1)
+    store._reserve_positions(3, key)  # its ingest died after reserving, before writing: never acked
+    time.sleep(0.3)
+    assert store.advance() == 3 and store.counters().batches == 0  # skipped: nothing counted
+    store.write(make_transitions(3, first_id=10), task_id=0, policy_version=0, key=key, env_steps=3)  # the retry
+    store.write(make_transitions(3, first_id=10), task_id=0, policy_version=0, key=key, env_steps=3)
+    assert store.counters() == RunCounters(env_steps=3, batches=1, env_steps_by_task={0: 3})
+
+
+def test_the_same_pushes_through_concurrent_writers_count_once(redis_client, make_transitions):
+    """Every writer retries every push of two sampler incarnations at once, as several ingest
+    services behind one cluster could: each push is counted once, as it is stored once."""
+    pushes = [PushKey(sampler, 100 + sampler, seq) for sampler in range(2) for seq in range(1, 9)]
+
+    def write() -> None:
+        own = storage(redis_client)
+        for key in pushes:
+            own.write(make_transitions(2), task_id=key.sampler_id, policy_version=0, key=key, env_steps=key.seq)
+
+    threads = [threading.Thread(target=write) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    steps = sum(range(1, 9))
+    assert storage(redis_client).counters() == RunCounters(2 * steps, len(pushes), {0: steps, 1: steps})
+    assert storage(redis_client).head() == 2 * len(pushes)

@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 import redis
 
+from buffer.client import IngestClient
 from buffer.layout import RecordLayout
 from buffer.storage import TemporalStorage
 from fleetrl.checkpoint import load_checkpoint
@@ -100,6 +101,8 @@ def test_sigkill_of_a_sampler_and_of_the_ingest_service_loses_and_doubles_nothin
             procs["sampler"].send_signal(signal.SIGTERM)  # a clean stop: its last acks are logged
             assert procs["sampler"].wait(30) == 0
             stored = _stored_rows(cluster, config)
+            with IngestClient(buffer, sampler_id=0, run_id=config.run_id) as ingest:
+                stats = ingest.stats(wait_for_ready=True, timeout_sec=60)  # the restarted service's figures
         finally:
             _stop_all(procs)
     ledger = read_ledgers(acks, "sampler-")
@@ -122,6 +125,11 @@ def test_sigkill_of_a_sampler_and_of_the_ingest_service_loses_and_doubles_nothin
         f"stored transitions {len(stored)}, lost {len(lost)}, doubled {len(doubled)}"
     )
     assert acked_rows <= len(stored) <= acked_rows + per_batch, (acked_rows, len(stored))
+    # The service's counters survived its SIGKILL (they are kept in Redis with the data): every
+    # batch stored counted once, the acked ones and the killed sampler's push in flight, if stored.
+    in_flight = (len(stored) - acked_rows) // per_batch
+    print(f"faults: buffer stats after its restart: env steps {stats.env_steps}, batches {stats.batches}")
+    assert (stats.batches, stats.env_steps) == (len(acked) + in_flight, acked_steps + 50 * in_flight)
     logs_text = "".join(p.read_text(errors="replace") for p in logs.iterdir())
     assert "Traceback" not in logs_text, logs_text[-3000:]
 

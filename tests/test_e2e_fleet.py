@@ -24,6 +24,7 @@ from aggregator.client import AggregatorClient
 from buffer.layout import RecordLayout
 from fleetrl.config import RunConfig, with_overrides
 from fleetrl.launch import free_port
+from fleetrl.ledger import read_ledgers
 from fleetrl.local_cluster import LocalRedisCluster
 from sim.registry import get_task
 
@@ -174,6 +175,9 @@ def test_train_reaches_target_and_leaves_a_run_directory(tmp_path: pathlib.Path)
     groups = summary["cpu"]["groups"]
     assert {"aggregator", "buffer", "evaluator", "learner", "sampler", "redis", "launcher"} <= set(groups)
     assert 0 < summary["fleet_overhead_share"] < 1 and groups["learner"]["cpu_sec"] > 0
+    # Each process counted once, by itself: no role (the launcher included, whose children are
+    # the roles) used more than the whole machine over the run.
+    assert all(role["share"] <= 1 for role in summary["cpu"]["roles"].values()), summary["cpu"]["roles"]
     assert [json.loads(line) for line in (run_dir / "progress.jsonl").read_text().splitlines()]
     # Flow control held the run to its replay ratio: the sampler's env steps past its warm-up
     # are at most max_env_steps_per_update per gradient drawn, give or take ten episodes (the
@@ -250,6 +254,37 @@ def test_watchdog_restarts_killed_roles_and_training_continues(tmp_path: pathlib
     out, _ = again.communicate(timeout=120)
     assert _resumed_versions(run_dir)[-1] >= final, out[-3000:]  # a clean stop resumes where it ended
     assert json.loads((run_dir / "summary.json").read_text())["final_version"] > final
+
+
+def test_the_summary_counts_every_acked_env_step_across_a_buffer_sigkill(tmp_path: pathlib.Path) -> None:
+    """SIGKILL the ingest service mid-run; the watchdog restarts it and the run goes on to its
+    env-step cap. The summary's env steps are the samplers' acked env steps (their ack ledgers,
+    read after the samplers stopped), not a count that restarted from zero with the service."""
+    run_dir, acks = tmp_path / "run", tmp_path / "run" / "acks"
+    extra = ("--set", "max_env_steps=4000", "--target-success", "1.0", *ONCE)
+    proc = _train(run_dir, "--max-wall-sec", "300", *extra)
+
+    def acked_steps() -> int:
+        return sum(r["env_steps"] for r in read_ledgers(acks, "sampler-"))
+
+    try:
+        _wait_until(lambda: acked_steps() >= 1000, 150, "1000 acked env steps", [("train", proc)])
+        os.kill(_role_pid(proc, "buffer"), signal.SIGKILL)  # the sampler retries until it is back
+        out, _ = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1, out[-3000:]  # ended by the cap, short of the target: exit status 1
+    assert "buffer exited" in out and "Traceback" not in out
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["stop_reason"] == "max_env_steps 4000 reached", summary["stop_reason"]
+    ledger = read_ledgers(acks, "sampler-")
+    assert len({(r["incarnation"], r["seq"]) for r in ledger}) == len(ledger)  # one line per acked push
+    acked = sum(r["env_steps"] for r in ledger)
+    # Counted by the buffer beyond the acked: at most the one push the stopping sampler had in
+    # flight (stored, its ack never recorded): one 50-step episode.
+    print(f"\nenv steps after a buffer SIGKILL: summary {summary['final_env_steps']}, ledger {acked}")
+    assert acked <= summary["final_env_steps"] <= acked + 50, (summary["final_env_steps"], acked)
 
 
 def test_sigstopped_roles_go_silent_and_are_replaced(tmp_path: pathlib.Path) -> None:

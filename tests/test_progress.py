@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 from fleetrl.config import RunConfig, with_overrides
@@ -58,3 +59,14 @@ def test_a_learner_whose_pushes_are_rejected_is_named(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.count("learner-3:") == 2
     assert "learner-3: 2 gradient pushes rejected" in err and "learner-3: 4 gradient pushes rejected" in err
+
+
+def test_the_progress_line_shows_the_target_the_cap_and_the_roles_running(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "400")  # one log line, unwrapped
+    overrides = ["eval.episodes=50", "target_success=0.9", "max_wall_sec=600", "max_env_steps=4000"]
+    progress = Progress(with_overrides(RunConfig(), overrides), tmp_path, started_at=0.0)
+    progress.update(dataclasses.replace(_snap(1.0), roles=(8, 9)))  # one of nine roles down
+    progress.close()
+    err = capsys.readouterr().err
+    assert "roles 8/9" in err
+    assert "target 0.90 over 50 episodes, cap 600 s or 4000 env steps" in err

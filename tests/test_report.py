@@ -9,6 +9,7 @@ import re
 
 import pytest
 
+from fleetrl.cpu import CpuMeter
 from fleetrl.report import ReportError, add_arguments, load_run, main, write_report
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -39,7 +40,7 @@ def make_fleet_run(root: pathlib.Path) -> pathlib.Path:
         "started_unix": START,
         "updates_per_sec": 8.0,
         "fleet_overhead_share": 0.125,
-        "cpu": {"learner": {"cpu_sec": 50.0, "share": 0.25}, "sampler": {"cpu_sec": 20.0, "share": 0.1}},
+        "cpu": _cpu_block(),
     }
     (run / "summary.json").write_text(json.dumps(summary))
     (run / "config.json").write_text(json.dumps({"sim": {"task": "FetchPush-v4"}, "sampler": {"seed": 7}}))
@@ -55,6 +56,14 @@ def make_fleet_run(root: pathlib.Path) -> pathlib.Path:
     ]
     _write_jsonl(run / "progress.jsonl", progress)
     return run
+
+
+def _cpu_block() -> dict:
+    """What the launcher writes: two samplers' and a learner's processes, 100 s on 2 cores."""
+    meter = CpuMeter()
+    for name, pid, sec in (("learner-0", 10, 50.0), ("sampler-0", 11, 12.0), ("sampler-1", 12, 8.0)):
+        meter.record(name, pid, sec)
+    return meter.report(wall_sec=100.0, cores=2)
 
 
 def make_baseline_run(root: pathlib.Path) -> pathlib.Path:
@@ -98,6 +107,8 @@ def test_report_compares_both_runs_with_valid_pngs(tmp_path: pathlib.Path) -> No
     assert "90.0 s (1.5 min)" in text  # wall-clock to target
     assert "12.5%" in text  # fleet overhead share
     assert "<td>7</td>" in text  # seed from config.json
+    assert "<th>learner</th><th>sampler</th>" in text  # CPU per role: every sampler together
+    assert "<td>25.0% (50.0 s)</td><td>10.0% (20.0 s)</td>" in text
     assert "1 malformed JSONL line(s) skipped" in text
     images = _images(page)
     assert [p.name for p in images] == [
@@ -207,3 +218,14 @@ def test_a_multi_task_moe_run_gets_per_task_curves_and_its_expert_routing(tmp_pa
     assert "version 9" in page.read_text()
     for image in _images(page):
         assert image.read_bytes()[:8] == PNG_MAGIC, image
+
+
+def test_main_writes_into_the_first_run_directory_by_default(tmp_path: pathlib.Path, monkeypatch) -> None:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    fleet, baseline = make_fleet_run(tmp_path), make_baseline_run(tmp_path)
+    monkeypatch.chdir(tmp_path)  # not where the page goes
+
+    assert main(parser.parse_args([str(fleet), str(baseline)])) == 0
+    assert (fleet / "report.html").exists() and (fleet / "report_files" / "cpu_share.png").exists()
+    assert not (tmp_path / "report.html").exists()

@@ -118,6 +118,15 @@ def test_exiting_the_context_stops_every_role_and_names_are_unique(tmp_path):
     assert proc.poll() == -signal.SIGTERM
 
 
+def test_running_counts_the_roles_with_a_live_process(tmp_path):
+    with Watchdog(tmp_path, stop_grace_sec=2) as dog:
+        for name in ("a", "b", "c"):
+            dog.start(RoleSpec(name, SLEEPER, max_restarts=0))
+        assert dog.running() == 3
+        dog.stop(["b"])  # exited, not yet restarted
+        assert dog.running() == 2 and len(dog.roles) == 3
+
+
 def test_role_env_and_output_reach_the_log(tmp_path):
     argv = (sys.executable, "-c", "import os, sys; print(os.environ['ROLE_X']); print('err', file=sys.stderr)")
     with Watchdog(tmp_path, stop_grace_sec=2) as dog:
