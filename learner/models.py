@@ -69,8 +69,13 @@ class _TakeExperts(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
         (idx,) = ctx.saved_tensors
-        values = grad.reshape(-1, *ctx.shape[1:])
-        return torch.sparse_coo_tensor(idx.reshape(1, -1), values, ctx.shape, check_invariants=False), None
+        # Coalesced here (an expert read twice, by two tasks, summed once): later norms and
+        # flattening then take the gradient as it is.
+        experts, slot = torch.unique(idx.reshape(-1), return_inverse=True)
+        values = grad.new_zeros(len(experts), *ctx.shape[1:]).index_add_(0, slot, grad.reshape(-1, *ctx.shape[1:]))
+        return torch.sparse_coo_tensor(
+            experts.unsqueeze(0), values, ctx.shape, is_coalesced=True, check_invariants=False
+        ), None
 
 
 def take_experts(experts: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
