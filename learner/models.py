@@ -144,10 +144,9 @@ class MoELinear(nn.Module):
         out = out * gates[rows, experts].unsqueeze(-1)
         return x.new_zeros(len(x), self.weight.shape[1]).index_add(0, rows, out)
 
-    def task_weights(self, gates: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Per routing (a row of `gates` [n, experts]): its experts mixed into one Linear,
-        (weight [n, out, in], bias [n, out]); only the top_k experts of each are read."""
-        g, idx = gates.topk(self.top_k, dim=-1)  # ties at the k-th logit (measure zero) are dropped
+    def task_weights(self, g: torch.Tensor, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per routing (a row of `idx` [n, k] experts with gates `g` [n, k]): its experts mixed
+        into one Linear, (weight [n, out, in], bias [n, out]); only those experts are read."""
         n, (fan_out, fan_in) = len(idx), self.weight.shape[1:]
         weight = take_experts(self.weight, idx).view(n, self.top_k, -1)
         bias = take_experts(self.bias, idx)
@@ -158,7 +157,13 @@ class MoELinear(nn.Module):
         """The task router's form on rows laid out per task, h [tasks, rows, in]: task i's rows
         (embedding `embeds[i]`) through its mixed Linear, one batched matmul for all tasks.
         `rows` [batch] maps the batch's rows to their task's place (for the metrics only)."""
-        weight, bias = self.task_weights(self._routed(embeds, rows))
+        logits = self.gate(embeds)
+        top, idx = logits.topk(self.top_k, dim=-1)  # ties at the k-th logit (measure zero): k kept
+        g = torch.softmax(top, dim=-1)  # = the masked softmax over all experts, at the top k
+        if self.training:
+            gates = torch.zeros_like(logits).scatter(-1, idx, g)
+            self.last_gates, self.last_logits = gates[rows], logits[rows]
+        weight, bias = self.task_weights(g, idx)
         return torch.baddbmm(bias.unsqueeze(1), h, weight.transpose(1, 2))
 
 
