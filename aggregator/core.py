@@ -30,9 +30,9 @@ import numpy as np
 import torch
 
 from aggregator.swa import LayeredSWA
-from fleetrl.config import AggregatorConfig
-from fleetrl.policy import SWA_GROUP
-from fleetrl.wire import cap
+from foundation.config import AggregatorConfig
+from foundation.policy import SWA_GROUP
+from foundation.wire import cap
 from learner.models import GRADIENT_GROUPS, GROUPS, ModelSpec, SACModel, norm_from_stats
 
 HUGE_GRADIENT = 1e15  # an element this large squares past float32 range inside Adam

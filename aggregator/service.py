@@ -36,16 +36,16 @@ from aggregator.core import AggregatorCore, GradientError
 from aggregator.dedup import PushDedup
 from aggregator.evals import check_eval_report, eval_row, feed_swa
 from aggregator.persistence import Checkpointer, restore
-from fleetrl.checkpoint import VersionLease, save_checkpoint
-from fleetrl.config import AggregatorConfig, RunConfig
-from fleetrl.policy import GRADIENT_GROUPS, GROUPS, SWA_GROUP, ModelSpec, model_spec
-from fleetrl.process import Heartbeat, write_ready_file
-from fleetrl.proto import fleetrl_pb2 as pb
-from fleetrl.proto import fleetrl_pb2_grpc as pb_grpc
-from fleetrl.shm import SharedWeightsReader, SharedWeightsWriter
-from fleetrl.tb import ScalarWriter
-from fleetrl.transport import GRPC_OPTIONS, NO_SECURITY, RefusalCounter, Security, StandardServices, parse_hostport
-from fleetrl.wire import WIRE_DTYPES, WireError, cap, from_tensor, to_tensor
+from foundation.checkpoint import VersionLease, save_checkpoint
+from foundation.config import AggregatorConfig, RunConfig
+from foundation.policy import GRADIENT_GROUPS, GROUPS, SWA_GROUP, ModelSpec, model_spec
+from foundation.process import Heartbeat, write_ready_file
+from foundation.proto import fleetrl_pb2 as pb
+from foundation.proto import fleetrl_pb2_grpc as pb_grpc
+from foundation.shm import SharedWeightsReader, SharedWeightsWriter
+from foundation.tb import ScalarWriter
+from foundation.transport import GRPC_OPTIONS, NO_SECURITY, RefusalCounter, Security, StandardServices, parse_hostport
+from foundation.wire import WIRE_DTYPES, WireError, cap, from_tensor, to_tensor
 from sim.tasks import TaskSet
 
 log = logging.getLogger("fleetrl.aggregator")

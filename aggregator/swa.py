@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fleetrl.policy import ModelSpec
+from foundation.policy import ModelSpec
 
 SWA_MODES = ("off", "plain", "layered")
 
@@ -40,7 +40,7 @@ class Admitted:
 
 
 def actor_parts(spec: ModelSpec) -> tuple[np.ndarray, list[list[np.ndarray]]]:
-    """Index arrays into the flat actor (fleetrl/policy.py's layout): the router part, and per
+    """Index arrays into the flat actor (foundation/policy.py's layout): the router part, and per
     MoE layer, per expert, that expert's weights and bias. What is in neither is shared."""
     router: list[np.ndarray] = []
     experts: list[list[np.ndarray]] = []

@@ -31,11 +31,11 @@ from buffer.api import SampledBatch
 from buffer.layout import RecordLayout
 from buffer.ratelimit import RATE_LIMITED, SampleToInsertRatio
 from buffer.storage import TemporalStorage
-from fleetrl.config import REPLAY_SAMPLING, BufferConfig
-from fleetrl.proto import fleetrl_pb2 as pb
-from fleetrl.proto import fleetrl_pb2_grpc as pb_grpc
-from fleetrl.transport import NO_SECURITY, UNREACHABLE_LOG_SEC, Backoff, Security
-from fleetrl.wire import Transitions, TransitionSchema, batch_to_proto
+from foundation.config import REPLAY_SAMPLING, BufferConfig
+from foundation.proto import fleetrl_pb2 as pb
+from foundation.proto import fleetrl_pb2_grpc as pb_grpc
+from foundation.transport import NO_SECURITY, UNREACHABLE_LOG_SEC, Backoff, Security
+from foundation.wire import Transitions, TransitionSchema, batch_to_proto
 
 log = logging.getLogger("fleetrl.buffer.client")
 # A push refused by flow control is offered again after 25 ms, then 50, ... up to 400 ms: the

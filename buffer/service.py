@@ -24,20 +24,20 @@ from redis.exceptions import RedisError, SlotNotCoveredError
 from buffer.layout import MAX_UINT32
 from buffer.ratelimit import RATE_LIMITED, SampleToInsertRatio
 from buffer.storage import PushKey, TemporalStorage
-from fleetrl.config import BufferConfig
-from fleetrl.local_cluster import connect
-from fleetrl.process import Heartbeat, write_ready_file
-from fleetrl.proto import fleetrl_pb2 as pb
-from fleetrl.proto import fleetrl_pb2_grpc as pb_grpc
-from fleetrl.transport import (
+from foundation.config import BufferConfig
+from foundation.process import Heartbeat, write_ready_file
+from foundation.proto import fleetrl_pb2 as pb
+from foundation.proto import fleetrl_pb2_grpc as pb_grpc
+from foundation.transport import (
     GRPC_OPTIONS,
     NO_SECURITY,
     RefusalCounter,
     Security,
     StandardServices,
+    connect,
     parse_hostport,
 )
-from fleetrl.wire import Transitions, TransitionSchema, WireError, batch_from_proto, cap
+from foundation.wire import Transitions, TransitionSchema, WireError, batch_from_proto, cap
 
 # Redis failures worth a retry: the push is answered UNAVAILABLE and the sampler retries.
 log = logging.getLogger("fleetrl.buffer")

@@ -29,7 +29,7 @@ from deploy_npu.freeze import load_policy_checkpoint, reference_actor
 from deploy_npu.parity import OnnxPolicy, drive
 from deploy_npu.pipeline import resolve_task
 from deploy_npu.routing import calibration_states, freeze_routing
-from fleetrl.config import RunConfig
+from foundation.config import RunConfig
 from sim.rate import NATIVE_HZ
 
 

@@ -24,11 +24,12 @@ import numpy as np
 import torch
 from torch import nn
 
-from fleetrl.checkpoint import load_checkpoint
+from deploy_npu.layers import mean_head
+from deploy_npu.routing import FrozenRoutingPolicy, RoutingTable
+from foundation.checkpoint import load_checkpoint
 from learner.models import ACTOR_GROUPS, ModelSpec, Normalizer, SquashedGaussianActor, build_actor
 
 if TYPE_CHECKING:
-    from deploy_npu.routing import RoutingTable
     from sim.tasks import TaskSet
 
 
@@ -72,7 +73,7 @@ def _read_state(checkpoint: str | os.PathLike | Mapping[str, Any]) -> tuple[Mapp
     except Exception as exc:  # torch.load raises pickle, zip and EOF errors alike on a bad file
         raise CheckpointError(
             f"cannot read checkpoint {str(path)!r} ({type(exc).__name__}: {exc}); "
-            "expected a file written by fleetrl.checkpoint.save_checkpoint"
+            "expected a file written by foundation.checkpoint.save_checkpoint"
         ) from exc
     if not isinstance(state, Mapping):
         raise CheckpointError(f"checkpoint {str(path)!r} holds a {type(state).__name__}, expected a dict")
@@ -166,16 +167,6 @@ class DeterministicPolicy(nn.Module):
         return [first]
 
 
-def mean_head(head: nn.Linear) -> nn.Linear:
-    """The actor's output layer (mean ++ log_std) without its log_std rows."""
-    act_dim = head.out_features // 2
-    linear = nn.Linear(head.in_features, act_dim)
-    with torch.no_grad():
-        linear.weight.copy_(head.weight[:act_dim])
-        linear.bias.copy_(head.bias[:act_dim])
-    return linear
-
-
 @dataclass(frozen=True)
 class TaskInput:
     """One task of a multi-task run, exported on its own observation ++ desired_goal.
@@ -255,8 +246,6 @@ def _frozen(ckpt: PolicyCheckpoint, routing: RoutingTable | None) -> nn.Module:
                 f"checkpoint {ckpt.source}: a moe policy exports with one task's frozen routing: "
                 "freeze_routing(...) first (fleetrl export does)"
             )
-        from deploy_npu.routing import FrozenRoutingPolicy
-
         return FrozenRoutingPolicy(reference_actor(ckpt), routing).eval().requires_grad_(False)
     module = DeterministicPolicy(reference_actor(ckpt), ckpt.spec.act_dim).eval()
     return module.requires_grad_(False)

@@ -24,7 +24,7 @@ import onnxruntime as ort
 import torch
 
 from deploy_npu.freeze import PolicyCheckpoint
-from fleetrl.config import RandomizationConfig
+from foundation.config import RandomizationConfig
 from learner.models import ModelSpec
 from sim import TASKS, TaskSpec, get_task, goal_success, make_env
 

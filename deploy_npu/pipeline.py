@@ -46,7 +46,7 @@ from deploy_npu.parity import (
 )
 from deploy_npu.quantize import Int8Report, audit_int8, quantize_int8
 from deploy_npu.routing import RoutingTable, calibration_states, freeze_routing
-from fleetrl.config import config_field
+from foundation.config import config_field
 from sim.registry import TaskSpec, get_task
 from sim.tasks import TaskSet
 

@@ -18,16 +18,16 @@ from dataclasses import dataclass
 import grpc
 import torch
 
-from aggregator.client import AggregatorClient, GradientPush, PendingPush, WeightsSnapshot, WeightsWatcher
+from aggregator.client import AggregatorClient, GradientPush, PendingPush, WeightsWatcher
 from buffer.client import ReplaySampler
 from buffer.ratelimit import rate_limit
-from fleetrl.config import RunConfig
-from fleetrl.ledger import AckLedger
-from fleetrl.local_cluster import connect
-from fleetrl.policy import LEARNER_GROUPS
-from fleetrl.process import Heartbeat
-from fleetrl.proto import fleetrl_pb2 as pb
-from fleetrl.transport import Security
+from foundation.acting import WeightsSnapshot
+from foundation.config import RunConfig
+from foundation.ledger import AckLedger
+from foundation.policy import LEARNER_GROUPS
+from foundation.process import Heartbeat
+from foundation.proto import fleetrl_pb2 as pb
+from foundation.transport import Security, connect
 from learner.models import GROUPS, SACModel
 from learner.sac import Batch, SACHyperparams, compute_gradients
 from sim.tasks import TaskSet

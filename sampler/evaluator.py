@@ -28,16 +28,16 @@ from dataclasses import dataclass, field
 import grpc
 import numpy as np
 
-from aggregator.client import AggregatorClient, WeightsSnapshot
+from aggregator.client import AggregatorClient
 from buffer.client import IngestClient
-from fleetrl.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint
-from fleetrl.config import EvalConfig, RunConfig
-from fleetrl.policy import ACTOR_GROUPS, SWA_GROUP, ModelSpec
-from fleetrl.process import Heartbeat
-from fleetrl.proto import fleetrl_pb2 as pb
-from fleetrl.transport import Security
-from fleetrl.wire import to_tensor
-from sampler.worker import Policy, rollout
+from foundation.acting import Policy, WeightsSnapshot, rollout
+from foundation.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint
+from foundation.config import EvalConfig, RunConfig
+from foundation.policy import ACTOR_GROUPS, SWA_GROUP, ModelSpec
+from foundation.process import Heartbeat
+from foundation.proto import fleetrl_pb2 as pb
+from foundation.transport import Security
+from foundation.wire import to_tensor
 from sim.registry import goal_reward
 from sim.tasks import TaskSet
 

@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 from redis.cluster import RedisCluster
 
-from fleetrl.local_cluster import LocalRedisCluster
-from fleetrl.wire import Transitions, TransitionSchema
+from fleet.local_cluster import LocalRedisCluster
+from foundation.wire import Transitions, TransitionSchema
 
 
 @pytest.fixture(scope="session")

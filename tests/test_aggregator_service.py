@@ -15,14 +15,14 @@ import pytest
 from aggregator.client import AggregatorClient, GradientPush
 from aggregator.core import AggregatorCore
 from aggregator.service import AggregatorServer, AggregatorServicer
-from fleetrl.checkpoint import load_checkpoint
-from fleetrl.config import AggregatorConfig
-from fleetrl.policy import GRADIENT_GROUPS, GROUPS, ModelSpec
-from fleetrl.proto import fleetrl_pb2 as pb
-from fleetrl.proto import fleetrl_pb2_grpc as pb_grpc
-from fleetrl.shm import SharedWeightsWriter
-from fleetrl.transport import GRPC_OPTIONS
-from fleetrl.wire import WIRE_DTYPES, from_tensor, to_tensor
+from foundation.checkpoint import load_checkpoint
+from foundation.config import AggregatorConfig
+from foundation.policy import GRADIENT_GROUPS, GROUPS, ModelSpec
+from foundation.proto import fleetrl_pb2 as pb
+from foundation.proto import fleetrl_pb2_grpc as pb_grpc
+from foundation.shm import SharedWeightsWriter
+from foundation.transport import GRPC_OPTIONS
+from foundation.wire import WIRE_DTYPES, from_tensor, to_tensor
 from learner.models import norm_stats
 
 SPEC = ModelSpec(obs_dim=3, goal_dim=2, act_dim=2, hidden_sizes=(8,))

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from fleetrl.cpu import CpuMeter, role_group
+from foundation.cpu import CpuMeter, role_group
 
 
 @pytest.mark.parametrize(

@@ -25,8 +25,8 @@ from deploy_npu.parity import (
     random_inputs,
     task_for_spec,
 )
-from fleetrl.checkpoint import load_checkpoint, save_checkpoint
-from fleetrl.config import AggregatorConfig
+from foundation.checkpoint import load_checkpoint, save_checkpoint
+from foundation.config import AggregatorConfig
 from learner.models import GRADIENT_GROUPS, ModelSpec, norm_stats
 from sim import get_task
 

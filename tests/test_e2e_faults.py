@@ -3,7 +3,7 @@
 Real redis-server nodes, a real ingest service, aggregator, sampler and learner processes
 (the `fleetrl` CLI). The sampler, the ingest service and the aggregator are SIGKILLed mid-run
 and started again; afterwards an independent reader (this test, straight from Redis and from
-the checkpoint files) checks against the processes' ack ledgers (fleetrl/ledger.py): every
+the checkpoint files) checks against the processes' ack ledgers (foundation/ledger.py): every
 acked batch is stored once, and every acked gradient is applied once or rolled back with the
 weights of a crash, never lost otherwise and never applied twice.
 """
@@ -25,12 +25,12 @@ import redis
 
 from buffer.layout import RecordLayout
 from buffer.storage import TemporalStorage
-from fleetrl.checkpoint import load_checkpoint
-from fleetrl.config import RunConfig, WatchdogConfig, with_overrides
-from fleetrl.launch import free_port
-from fleetrl.ledger import read_ledgers
-from fleetrl.local_cluster import LocalRedisCluster, answers, cluster_ok
-from fleetrl.watchdog import Watchdog
+from fleet.launch import free_port
+from fleet.local_cluster import LocalRedisCluster, answers, cluster_ok
+from fleet.watchdog import Watchdog
+from foundation.checkpoint import load_checkpoint
+from foundation.config import RunConfig, WatchdogConfig, with_overrides
+from foundation.ledger import read_ledgers
 from sampler.worker import row_fingerprint
 from sim.registry import get_task
 
@@ -42,7 +42,7 @@ TASK = "FetchReach-v4"
 def _start(role: str, config: pathlib.Path, log_dir: pathlib.Path, *args: str) -> subprocess.Popen:
     with open(log_dir / f"{role}.log", "ab") as log:
         return subprocess.Popen(
-            [sys.executable, "-m", "fleetrl.cli", role, "--config", str(config), *args],
+            [sys.executable, "-m", "fleet.cli", role, "--config", str(config), *args],
             stdout=log,
             stderr=subprocess.STDOUT,
         )

@@ -14,8 +14,8 @@ import signal
 import pytest
 
 from aggregator.client import AggregatorClient
-from fleetrl.config import RunConfig, with_overrides
-from fleetrl.ledger import read_ledgers
+from foundation.config import RunConfig, with_overrides
+from foundation.ledger import read_ledgers
 from tests.test_e2e_faults import TASK, _role_args, _start, _stop_all, _wait_for
 
 pytestmark = pytest.mark.e2e

@@ -31,7 +31,7 @@ import time
 import pytest
 import yaml
 
-from fleetrl.ledger import read_ledgers
+from foundation.ledger import read_ledgers
 
 pytestmark = pytest.mark.e2e
 
@@ -160,7 +160,7 @@ def test_one_spec_runs_a_fleet_over_five_namespaces_and_rides_out_a_link_failure
             for host in HOSTS:
                 with open(tmp_path / f"fleet-{host}.log", "wb") as log:
                     procs[host] = subprocess.Popen(
-                        ["ip", "netns", "exec", net.namespaces[host], sys.executable, "-m", "fleetrl.cli", "fleet",
+                        ["ip", "netns", "exec", net.namespaces[host], sys.executable, "-m", "fleet.cli", "fleet",
                          "up", str(spec_path), "--host", host],
                         stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
                     )  # fmt: skip

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from fleetrl.wire import Transitions
+from foundation.wire import Transitions
 from learner.worker import Batches, resolve_device
 
 
@@ -83,8 +83,8 @@ def test_device_auto_is_cpu_without_cuda_and_cuda_without_a_gpu_is_a_clear_error
 
 
 def test_a_learner_keeps_its_own_target_critics_like_the_aggregators_polyak_update():
-    from aggregator.client import WeightsSnapshot
-    from fleetrl.policy import ModelSpec
+    from foundation.acting import WeightsSnapshot
+    from foundation.policy import ModelSpec
     from learner.models import SACModel
     from learner.worker import _load
 

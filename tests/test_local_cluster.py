@@ -16,10 +16,11 @@ import pytest
 import redis
 import redis.cluster
 
-from fleetrl import local_cluster
-from fleetrl.config import WatchdogConfig
-from fleetrl.local_cluster import LocalClusterError, LocalRedisCluster, connect, parse_addresses
-from fleetrl.watchdog import Watchdog
+from fleet import local_cluster
+from fleet.local_cluster import LocalClusterError, LocalRedisCluster
+from fleet.watchdog import Watchdog
+from foundation.config import WatchdogConfig
+from foundation.transport import connect, parse_addresses
 from tests.test_watchdog import poll_until
 
 REPO = Path(__file__).resolve().parents[1]
@@ -100,7 +101,7 @@ def test_nodes_die_with_a_killed_parent(tmp_path):
     script = textwrap.dedent(
         f"""
         import time
-        from fleetrl.local_cluster import LocalRedisCluster
+        from fleet.local_cluster import LocalRedisCluster
         cluster = LocalRedisCluster().start()
         open({str(pid_file)!r} + ".tmp", "w").write(",".join(map(str, cluster.pids)))
         import os; os.replace({str(pid_file)!r} + ".tmp", {str(pid_file)!r})

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from fleetrl.policy import ModelSpec, NumpyActor, top_k_gates
+from foundation.policy import ModelSpec, NumpyActor, top_k_gates
 from learner.models import MoELinear, SACModel, norm_stats
 from learner.sac import Batch, SACHyperparams, compute_gradients
 
@@ -151,7 +151,7 @@ def _reach_checkpoint(favour: tuple[int, int] | None = None) -> dict:
     """A MoE AggregatorCore state with FetchReach's dims; `favour`: gates that always pick those
     two experts with equal weight (state-independent routing)."""
     from aggregator.core import AggregatorCore
-    from fleetrl.config import AggregatorConfig
+    from foundation.config import AggregatorConfig
 
     core = AggregatorCore(REACH_MOE, AggregatorConfig(seed=1), 1, 1, "FetchReach-v4")
     state = core.state()

@@ -13,10 +13,10 @@ import pytest
 from aggregator.client import AggregatorClient
 from aggregator.core import AggregatorCore
 from aggregator.service import AggregatorServer
-from fleetrl.config import AggregatorConfig, ConfigError, EvalConfig, RunConfig, with_overrides
-from fleetrl.proto import fleetrl_pb2_grpc as pb_grpc
-from fleetrl.transport import GRPC_OPTIONS
-from fleetrl.wire import to_tensor
+from foundation.config import AggregatorConfig, ConfigError, EvalConfig, RunConfig, with_overrides
+from foundation.proto import fleetrl_pb2_grpc as pb_grpc
+from foundation.transport import GRPC_OPTIONS
+from foundation.wire import to_tensor
 from sampler.evaluator import evaluate
 from sim.registry import make_env
 from tests.test_aggregator_service import SPEC, push
@@ -132,7 +132,7 @@ def test_samplers_the_buffer_and_the_evaluator_do_not_load_torch():
     """torch is ~200 MiB resident, and a sampler pins what it touches (mlockall): the roles that
     never encode or decode a checkpoint must not import it (the CLI once did, for an error type)."""
     code = (
-        "import sys, fleetrl.cli, sampler.worker, sampler.evaluator, buffer.service; "
+        "import sys, fleet.cli, sampler.worker, sampler.evaluator, buffer.service; "
         "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO)

@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from fleetrl.report import ReportError, add_arguments, load_run, main, write_report
+from fleet.report import ReportError, add_arguments, load_run, main, write_report
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 START = 1_700_000_000.0  # started_unix of the synthetic fleet run

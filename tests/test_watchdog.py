@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from fleetrl.watchdog import RoleFailed, RoleSpec, Watchdog
+from fleet.watchdog import RoleFailed, RoleSpec, Watchdog
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = {"PYTHONPATH": str(REPO)}
@@ -60,7 +60,7 @@ def test_a_role_with_a_stale_heartbeat_is_restarted_and_a_beating_one_is_not(tmp
     beating = (
         sys.executable,
         "-c",
-        "import time\nfrom fleetrl.process import Heartbeat\n"
+        "import time\nfrom foundation.process import Heartbeat\n"
         f"hb = Heartbeat({str(live_beat)!r}, interval_sec=0.1)\n"
         "while True:\n    hb.beat()\n    time.sleep(0.1)\n",
     )

@@ -43,6 +43,19 @@ class RandomizationConfig:
     )
 
 
+# The names sim/registry.py registers, in task_id order: what validate() accepts as sim.task.
+# The config sits below the roles and imports none of them, so the names are kept here too;
+# sim/registry.py refuses to import when its TASKS and this tuple differ.
+TASK_NAMES = (
+    "FetchReach-v4",
+    "FetchPush-v4",
+    "FetchPickAndPlace-v4",
+    "FetchSlide-v4",
+    "MetaWorld-reach-v3",
+    "MetaWorld-push-v3",
+)
+
+
 @dataclass(frozen=True)
 class SimConfig:
     task: str = config_field("FetchReach-v4", "task name from the sim registry (sim/registry.py)")
@@ -153,7 +166,7 @@ class LearnerConfig:
     shared_memory: bool = config_field(
         True,
         "on the aggregator's host, weights and gradients go through /dev/shm segments, gRPC carrying "
-        "only which version or push (fleetrl/shm.py); other hosts, or false: all bytes over gRPC",
+        "only which version or push (foundation/shm.py); other hosts, or false: all bytes over gRPC",
     )
     buffer_refresh_sec: float = config_field(0.05, "how often the learner looks for new transitions in Redis")
     replay_sampling: str = config_field(
@@ -316,7 +329,7 @@ class RunConfig:
     target_success: float = config_field(0.9, "stop when the evaluator reports at least this success rate")
     max_wall_sec: float = config_field(600.0, "stop after this many seconds whatever the success")
     max_env_steps: int = config_field(0, "stop after this many env steps; 0 = no limit")
-    preset: str = config_field("", "task preset applied under the overrides (fleetrl/presets.py); '' = none")
+    preset: str = config_field("", "task preset applied under the overrides (fleet/presets.py); '' = none")
     sim: SimConfig = field(default_factory=SimConfig)
     buffer: BufferConfig = field(default_factory=BufferConfig)
     sampler: SamplerConfig = field(default_factory=SamplerConfig)
@@ -355,7 +368,7 @@ class RunConfig:
             (
                 self.learner.gradient_wire_dtype in ("float32", "bfloat16"),
                 "learner.gradient_wire_dtype",
-                "one of 'float32', 'bfloat16' (fleetrl.wire.WIRE_DTYPES)",
+                "one of 'float32', 'bfloat16' (foundation.wire.WIRE_DTYPES)",
             ),
             (
                 self.learner.replay_sampling in REPLAY_SAMPLING,
@@ -443,10 +456,10 @@ class RunConfig:
         return self
 
     def _check_task(self) -> None:
-        from sim.registry import TASKS  # the registry is the authority; imported only to validate
-
-        if self.sim.task not in TASKS:
-            raise ConfigError(f"sim.task ({self.sim.task!r}) must be a registered task{_suggest(self.sim.task, TASKS)}")
+        if self.sim.task not in TASK_NAMES:
+            raise ConfigError(
+                f"sim.task ({self.sim.task!r}) must be a registered task{_suggest(self.sim.task, TASK_NAMES)}"
+            )
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True)

@@ -1,7 +1,7 @@
 """Shared wire types: numpy <-> proto Tensor, and the transition batch column schema.
 
 This is the one small module of shared types that every role may import (with
-fleetrl.config and the generated protos). It holds no role's logic.
+foundation.config and the generated protos). It holds no role's logic.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fleetrl.proto import fleetrl_pb2 as pb
+from foundation.proto import fleetrl_pb2 as pb
 
 ALLOWED_DTYPES = ("float32",)  # what every message may carry; gradients may also come as bfloat16
 WIRE_DTYPES = ("float32", "bfloat16")
