@@ -362,12 +362,8 @@ def _listen(args: argparse.Namespace) -> tuple[str, str | None]:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = _parser(export_args=bool(argv) and argv[0] == "export").parse_args(argv)
-    from fleet.local_cluster import LocalClusterError
-    from fleet.report import ReportError
-    from fleet.watchdog import RoleFailed
-    from foundation.checkpoint import CheckpointError
-    from foundation.config import ConfigError, help_lines
-    from foundation.transport import SecurityError
+    from foundation.config import help_lines
+    from foundation.errors import FleetrlError
 
     try:
         if args.command == "train":
@@ -408,16 +404,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "fleet":
             return _fleet(args)
         return _role(args)
-    except ConfigError as err:
-        print(f"fleetrl: config error: {err}", file=sys.stderr)
-        return 2
-    except SecurityError as err:
-        print(f"fleetrl: security error: {err}", file=sys.stderr)
-        return 2
-    except (ReportError, CheckpointError) as err:
-        print(f"fleetrl: {err}", file=sys.stderr)
-        return 2
-    except (LocalClusterError, RoleFailed, TimeoutError) as err:
+    except FleetrlError as err:  # every error fleetrl raises on purpose: bad input 2, a failed run 1
+        label = f"{err.label}: " if err.label else ""
+        print(f"fleetrl: {label}{err}", file=sys.stderr)
+        return err.exit_status
+    except TimeoutError as err:
         print(f"fleetrl: {err}", file=sys.stderr)
         return 1
 

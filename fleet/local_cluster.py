@@ -37,6 +37,7 @@ from redis.cluster import RedisCluster
 
 from fleet.watchdog import Watchdog, role_spec
 from foundation.config import WatchdogConfig
+from foundation.errors import RunFailed
 from foundation.process import HANDED_OUT_PORTS, parent_death_prefix, terminate
 from foundation.transport import Security, connect
 
@@ -47,7 +48,7 @@ _PORT_ATTEMPTS = 20
 _LOG_TAIL_LINES = 20
 
 
-class LocalClusterError(RuntimeError):
+class LocalClusterError(RunFailed, RuntimeError):
     """The local cluster could not be started or formed; the message carries the node logs."""
 
 

@@ -24,13 +24,15 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeGuard
 
+from foundation.errors import FleetrlError
+
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 PLOT_NAMES = ("eval_wall.png", "eval_env_steps.png", "train_wall.png", "updates_wall.png", "cpu_share.png")
 
 
-class ReportError(ValueError):
+class ReportError(FleetrlError, ValueError):
     """A run directory (or argument) the report cannot use; the message names the path."""
 
 

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from foundation.config import WatchdogConfig
+from foundation.errors import RunFailed
 from foundation.process import parent_death_prefix, terminate
 
 log = logging.getLogger("fleetrl.watchdog")
@@ -96,7 +97,7 @@ class _Running:
     probed: float = 0.0
 
 
-class RoleFailed(RuntimeError):
+class RoleFailed(RunFailed, RuntimeError):
     """A role kept dying past its restart budget."""
 
 

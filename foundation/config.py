@@ -15,14 +15,20 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any
 
+from foundation.errors import FleetrlError
+from foundation.policy import MODEL_KINDS, ROUTERS
+from foundation.wire import WIRE_DTYPES
+
 
 def config_field(default: Any, help: str) -> Any:
     """A dataclass field with a help line; tuples and other immutables only."""
     return field(default=default, metadata={"help": help})
 
 
-class ConfigError(ValueError):
+class ConfigError(FleetrlError, ValueError):
     """A configuration value is out of range; the message names the field and the limit."""
+
+    label = "config error"
 
 
 @dataclass(frozen=True)
@@ -366,9 +372,9 @@ class RunConfig:
             (self.learner.max_grad_staleness >= 0, "learner.max_grad_staleness", ">= 0"),
             (self.learner.device in ("auto", "cpu", "cuda"), "learner.device", "one of 'auto', 'cpu', 'cuda'"),
             (
-                self.learner.gradient_wire_dtype in ("float32", "bfloat16"),
+                self.learner.gradient_wire_dtype in WIRE_DTYPES,
                 "learner.gradient_wire_dtype",
-                "one of 'float32', 'bfloat16' (foundation.wire.WIRE_DTYPES)",
+                f"one of {_one_of(WIRE_DTYPES)} (foundation.wire.WIRE_DTYPES)",
             ),
             (
                 self.learner.replay_sampling in REPLAY_SAMPLING,
@@ -377,9 +383,9 @@ class RunConfig:
             ),
             (self.learner.recency_half_life >= 1, "learner.recency_half_life", ">= 1"),
             (self.sim.control_hz >= 0, "sim.control_hz", ">= 0 (0 = the task's own rate)"),
-            (self.model.kind in ("dense", "moe"), "model.kind", "one of 'dense', 'moe'"),
+            (self.model.kind in MODEL_KINDS, "model.kind", f"one of {_one_of(MODEL_KINDS)}"),
             (self.model.experts >= 1, "model.experts", ">= 1"),
-            (self.model.router in ("state", "task"), "model.router", "one of 'state', 'task'"),
+            (self.model.router in ROUTERS, "model.router", f"one of {_one_of(ROUTERS)}"),
             (1 <= self.model.top_k <= self.model.experts, "model.top_k", "in 1..model.experts"),
             (self.model.task_embed_dim >= 1, "model.task_embed_dim", ">= 1"),
             (self.learner.max_policy_lag >= 0, "learner.max_policy_lag", ">= 0"),
@@ -451,14 +457,15 @@ class RunConfig:
         ]
         for ok, name, limit in checks:
             if not ok:
-                raise ConfigError(f"{name} ({_get(self, name)!r}) must be {limit}")
+                raise ConfigError(f"{name} ({_get(self, name)!r}) must be {limit}", field=name)
         self._check_task()
         return self
 
     def _check_task(self) -> None:
         if self.sim.task not in TASK_NAMES:
             raise ConfigError(
-                f"sim.task ({self.sim.task!r}) must be a registered task{_suggest(self.sim.task, TASK_NAMES)}"
+                f"sim.task ({self.sim.task!r}) must be a registered task{_suggest(self.sim.task, TASK_NAMES)}",
+                field="sim.task",
             )
 
     def to_json(self) -> str:
@@ -471,6 +478,11 @@ class RunConfig:
     @classmethod
     def load(cls, path: str | pathlib.Path) -> RunConfig:
         return cls.from_json(pathlib.Path(path).read_text())
+
+
+def _one_of(names: tuple[str, ...]) -> str:
+    """'a', 'b', 'c': the names as a message lists them."""
+    return ", ".join(repr(name) for name in names)
 
 
 def _suggest(value: str, choices: Any) -> str:

@@ -31,6 +31,7 @@ import grpc.aio
 from redis.cluster import ClusterNode, RedisCluster
 
 from foundation.config import SecurityConfig
+from foundation.errors import FleetrlError
 
 log = logging.getLogger("fleetrl.transport")
 
@@ -58,8 +59,10 @@ def parse_hostport(address: str, field: str = "address") -> tuple[str, int]:
     return host, int(port)
 
 
-class SecurityError(ValueError):
+class SecurityError(FleetrlError, ValueError):
     """A security setting cannot be used (missing file, half a TLS pair); names the field."""
+
+    label = "security error"
 
 
 def _read(path: str, field: str) -> bytes:

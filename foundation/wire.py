@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from foundation.errors import FleetrlError
 from foundation.proto import fleetrl_pb2 as pb
 
 ALLOWED_DTYPES = ("float32",)  # what every message may carry; gradients may also come as bfloat16
@@ -24,8 +25,10 @@ def cap(text: str, limit: int = 60) -> str:
     return text if len(text) <= limit else f"{text[: limit - 15]}... ({len(text)} chars)"
 
 
-class WireError(ValueError):
+class WireError(FleetrlError, ValueError):
     """A message does not match its contract. `field` names the offending field."""
+
+    field: str  # always set: the offending field
 
     def __init__(self, field: str, message: str) -> None:
         super().__init__(f"{field}: {message}")

@@ -31,9 +31,9 @@ import numpy as np
 from aggregator.client import AggregatorClient
 from buffer.client import IngestClient
 from foundation.acting import Policy, WeightsSnapshot, rollout
-from foundation.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint
+from foundation.checkpoint import CheckpointError, latest_checkpoint, load_policy_checkpoint
 from foundation.config import EvalConfig, RunConfig
-from foundation.policy import ACTOR_GROUPS, SWA_GROUP, ModelSpec
+from foundation.policy import ACTOR_GROUPS, SWA_GROUP
 from foundation.process import Heartbeat
 from foundation.proto import fleetrl_pb2 as pb
 from foundation.transport import Security
@@ -125,20 +125,10 @@ def score_checkpoint(
     found = latest_checkpoint(path) if os.path.isdir(path) else path
     if found is None:
         raise CheckpointError(f"{path}: no checkpoint in this folder")
-    state = load_checkpoint(found)
-    groups = state.get("weights", {})
-    missing = [g for g in ACTOR_GROUPS if g not in groups] + (["spec"] if "spec" not in state else [])
-    if missing:
-        raise CheckpointError(f"{found}: lacks {missing}; not a policy checkpoint")
-    tensors = {g: np.asarray(groups[g], np.float32) for g in ACTOR_GROUPS}
-    if weights != "live":
-        average = (state.get(weights) or {}).get("actor")
-        if average is None:
-            raise CheckpointError(f"{found}: holds no {weights} weight average (train with aggregator.swa on)")
-        tensors["actor"] = np.asarray(average, np.float32)
+    ckpt = load_policy_checkpoint(found, weights)  # checks groups, spec, and NaN or inf weights
     policy = Policy()
-    policy.refresh(WeightsSnapshot(int(state["version"]), tensors, ModelSpec.from_json(state["spec"])))
-    tasks = TaskSet.parse(state["task"]) if state.get("task") else TaskSet.for_run(config)
+    policy.refresh(WeightsSnapshot(ckpt.version, {"actor": ckpt.actor, "obs_norm": ckpt.obs_norm}, ckpt.spec))
+    tasks = TaskSet.parse(ckpt.task) if ckpt.task else TaskSet.for_run(config)
     envs = eval_envs(tasks, config)
     try:
         per_task = {

@@ -29,6 +29,7 @@ import gymnasium as gym
 import numpy as np
 
 from foundation.config import TASK_NAMES, RandomizationConfig
+from foundation.errors import FleetrlError
 from foundation.wire import TransitionSchema
 from sim.randomization import DomainRandomization
 from sim.rate import NATIVE_HZ, ControlRate, episode_steps
@@ -41,7 +42,7 @@ with contextlib.redirect_stderr(io.StringIO()):
 gym.register_envs(gymnasium_robotics)
 
 
-class UnknownTaskError(ValueError):
+class UnknownTaskError(FleetrlError, ValueError):
     """A task name or id is not in the registry; the message lists the known tasks."""
 
 

@@ -190,3 +190,17 @@ def test_fleetrl_evaluate_names_what_is_missing(tmp_path, capsys):
 
     assert main(["evaluate", str(tmp_path)]) == 2
     assert "no config.json" in capsys.readouterr().err
+
+
+def test_a_checkpoint_with_nan_weights_is_refused_before_any_episode(tmp_path):
+    # score_checkpoint reads the policy with the same function as export (foundation.checkpoint).
+    from aggregator.core import AggregatorCore
+    from foundation.checkpoint import save_checkpoint
+    from foundation.config import AggregatorConfig, RunConfig
+
+    core = AggregatorCore(ModelSpec(10, 3, 4, (32, 32)), AggregatorConfig(), grads_per_step=1, max_staleness=1)
+    state = core.state()
+    state["weights"]["actor"] = np.full_like(state["weights"]["actor"], np.nan)
+    save_checkpoint(tmp_path, state, keep=1)
+    with pytest.raises(CheckpointError, match="NaN or inf"):
+        score_checkpoint(tmp_path, RunConfig(), episodes=4)

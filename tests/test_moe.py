@@ -168,8 +168,9 @@ def _reach_checkpoint(favour: tuple[int, int] | None = None) -> dict:
 
 
 def test_routing_that_never_depends_on_the_state_freezes_exactly():
-    from deploy_npu.freeze import load_policy_checkpoint, reference_actor
+    from deploy_npu.freeze import reference_actor
     from deploy_npu.routing import FrozenRoutingPolicy, freeze_routing
+    from foundation.checkpoint import load_policy_checkpoint
 
     ckpt = load_policy_checkpoint(_reach_checkpoint(favour=(2, 3)))
     states = np.random.default_rng(5).normal(size=(300, 13)).astype(np.float32)

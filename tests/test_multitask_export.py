@@ -10,8 +10,9 @@ import pytest
 import torch
 
 from aggregator.core import AggregatorCore
-from deploy_npu.freeze import TaskInput, freeze_policy, load_policy_checkpoint, reference_actor
+from deploy_npu.freeze import TaskInput, freeze_policy, reference_actor
 from deploy_npu.pipeline import DeployCheckConfig, export_and_check
+from foundation.checkpoint import load_policy_checkpoint
 from foundation.config import AggregatorConfig
 from learner.models import GRADIENT_GROUPS, ModelSpec, norm_stats
 from sim.tasks import TaskSet

@@ -69,7 +69,7 @@ def test_bad_arguments_are_refused():
 
 def test_export_takes_the_average_only_when_it_scored_above_the_live_policy():
     from aggregator.core import AggregatorCore
-    from deploy_npu.freeze import CheckpointError, load_policy_checkpoint
+    from foundation.checkpoint import CheckpointError, load_policy_checkpoint
     from foundation.config import AggregatorConfig
 
     spec = ModelSpec(10, 3, 4, (16,))
