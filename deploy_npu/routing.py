@@ -1,7 +1,7 @@
 """Frozen routing: a MoE policy's per-task expert table, and the static network built from it.
 
-    states = calibration_states(ckpt, task, episodes=10)        # fresh rollouts of the task
-    table = freeze_routing(ckpt, task, states)                   # per layer: experts, fixed gates
+    states = calibration_states(ckpt.spec, ckpt.actor, ckpt.obs_norm, task, episodes=10)  # fresh rollouts
+    table = freeze_routing(reference_actor(ckpt), task.name, states)  # per layer: experts, fixed gates
     table.agreement, table.action_error_max                      # how faithful the freeze is
     module = FrozenRoutingPolicy(reference_actor(ckpt), table)   # what export_onnx traces
 

@@ -19,6 +19,7 @@ import grpc
 import torch
 
 from aggregator.client import AggregatorClient, GradientPush, PendingPush, WeightsWatcher
+from buffer.api import BatchSource
 from buffer.client import ReplaySampler
 from buffer.ratelimit import rate_limit
 from foundation.acting import WeightsSnapshot
@@ -69,7 +70,8 @@ def resolve_device(name: str) -> torch.device:
 
 
 class Batches:
-    """Training batches from the replay sampler, optionally prepared one ahead in a thread.
+    """Training batches from a batch source (buffer.api.BatchSource: the replay sampler),
+    optionally prepared one ahead in a thread.
 
     With prefetch the next batch is sampled (and turned into tensors on the device) while the
     current gradient is computed: torch's kernels release the GIL, so the two overlap.
@@ -77,9 +79,9 @@ class Batches:
     """
 
     def __init__(
-        self, replay: ReplaySampler, batch_size: int, device: torch.device, prefetch: bool, tasks: TaskSet | None = None
+        self, source: BatchSource, batch_size: int, device: torch.device, prefetch: bool, tasks: TaskSet | None = None
     ) -> None:
-        self.replay, self.batch_size, self.device = replay, batch_size, device
+        self.source, self.batch_size, self.device = source, batch_size, device
         self.tasks = tasks if tasks is not None and tasks.multi else None  # rows' task places, multi-task only
         self.version = 0  # the learner's weights version ('version' sampling bounds the rows' lag by it)
         self._queue: queue.Queue[Batch | BaseException] = queue.Queue(maxsize=1)
@@ -90,7 +92,7 @@ class Batches:
             self._thread.start()
 
     def _make(self) -> Batch:
-        sampled = self.replay.sample(self.batch_size, self.version)
+        sampled = self.source.sample(self.batch_size, self.version)
         t, task = sampled.transitions, None
         if self.tasks is not None:
             task = self.tasks.indices(sampled.task_id)
@@ -98,7 +100,7 @@ class Batches:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            if not self.replay.wait_to_sample(self.batch_size, self._stop):  # flow control
+            if not self.source.wait_to_sample(self.batch_size, self._stop):  # flow control
                 return
             try:
                 item: Batch | BaseException = self._make()
@@ -116,7 +118,7 @@ class Batches:
     def next(self, stop: threading.Event) -> Batch | None:
         """The next batch; None once `stop` is set."""
         if self._thread is None:
-            return self._make() if self.replay.wait_to_sample(self.batch_size, stop) else None
+            return self._make() if self.source.wait_to_sample(self.batch_size, stop) else None
         while not stop.is_set():
             try:
                 item = self._queue.get(timeout=0.5)
@@ -175,7 +177,7 @@ def run_learner(config: RunConfig, learner_id: int, endpoints: LearnerEndpoints,
             device = resolve_device(config.learner.device)
             batches = Batches(replay, config.learner.batch_size, device, config.learner.prefetch, tasks)
             try:
-                loop = _GradientLoop(config, learner_id, tasks.act_dim, agg, weights, batches, heartbeat)
+                loop = _GradientLoop(config, learner_id, tasks.act_dim, agg, weights, batches, replay, heartbeat)
                 if endpoints.ack_log_dir:
                     loop.ledger = AckLedger(endpoints.ack_log_dir, f"learner-{learner_id}", agg.incarnation)
                 pushed = loop.run(snapshot, stop)
@@ -201,11 +203,13 @@ class _GradientLoop:
         agg: AggregatorClient,
         weights: WeightsWatcher,
         batches: Batches,
+        replay: ReplaySampler,
         heartbeat: Heartbeat,
     ) -> None:
         self.hp = SACHyperparams.for_run(config, act_dim)
         self.config, self.learner_id = config, learner_id
         self.agg, self.weights, self.batches, self.heartbeat = agg, weights, batches, heartbeat
+        self.replay = replay  # its size and flow-control counters, for the heartbeat
         self.ledger: AckLedger | None = None
         self._share_tried = False
 
@@ -239,7 +243,7 @@ class _GradientLoop:
                 self._record(pending, ack)
                 # The next gradient may be computed on weights at most max_grad_staleness behind.
                 need = max(need, int(ack.version) - self.config.learner.max_grad_staleness)
-                replay = self.batches.replay
+                replay = self.replay
                 self.heartbeat.beat(
                     pushed=pushed,
                     version=ack.version,

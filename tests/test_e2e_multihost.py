@@ -32,6 +32,7 @@ import pytest
 import yaml
 
 from foundation.ledger import read_ledgers
+from tests.conftest import wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -130,14 +131,17 @@ def _acked_steps(run_dir: pathlib.Path) -> int:
 
 
 def _wait(condition, timeout_sec: float, what: str, procs: dict, run_dir: pathlib.Path) -> None:
-    deadline = time.monotonic() + timeout_sec  # a bound against hanging, not a timing check
-    while not condition():
+    """wait_until, with each host's log tail in the message of a failure."""
+
+    def hosts_up_and() -> bool:
         for host, proc in procs.items():
             assert proc.poll() is None, f"fleet up --host {host} exited {proc.returncode}:\n{_tail(run_dir, host)}"
-        assert time.monotonic() < deadline, f"no {what} after {timeout_sec}s:\n" + "".join(
-            _tail(run_dir, h) for h in procs
-        )
-        time.sleep(0.5)
+        return condition()
+
+    def tails() -> str:
+        return f"{what}:\n" + "".join(_tail(run_dir, h) for h in procs)
+
+    wait_until(hosts_up_and, timeout_sec, tails, interval_sec=0.5)
 
 
 def _tail(run_dir: pathlib.Path, host: str) -> str:

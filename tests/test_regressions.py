@@ -19,7 +19,7 @@ from foundation.transport import GRPC_OPTIONS
 from foundation.wire import to_tensor
 from sampler.evaluator import evaluate
 from sim.registry import make_env
-from tests.test_aggregator_service import SPEC, push
+from tests.helpers import SPEC, push
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -94,7 +94,7 @@ def test_early_stop_never_cuts_a_version_that_reaches_the_target_exactly():
 
 
 def test_after_a_crash_the_restored_version_jumps_past_every_version_that_may_have_been_broadcast(tmp_path):
-    from tests.test_aggregator_service import CONFIG, make_core
+    from tests.helpers import CONFIG, make_core
 
     server = AggregatorServer(make_core(), CONFIG, run_dir=tmp_path)
     with AggregatorClient(server.address, timeout_sec=5.0) as agg:
@@ -114,7 +114,7 @@ def test_after_a_crash_the_restored_version_jumps_past_every_version_that_may_ha
 
 def test_a_watcher_reconnects_when_the_aggregator_restarts_gracefully(tmp_path):
     """Watchers outlive an aggregator restart on the same address: they reconnect and resume."""
-    from tests.test_aggregator_service import CONFIG, make_core
+    from tests.helpers import CONFIG, make_core
 
     first = AggregatorServer(make_core(), CONFIG, run_dir=tmp_path)
     port = first.port

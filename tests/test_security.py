@@ -20,7 +20,7 @@ from foundation.config import AggregatorConfig, BufferConfig, SecurityConfig
 from foundation.proto import fleetrl_pb2 as pb
 from foundation.transport import Security, SecurityError
 from tests.conftest import SMALL_SCHEMA
-from tests.test_aggregator_service import SPEC, push
+from tests.helpers import SPEC, push
 
 RUN = "auth"
 TOKEN = Security(token="right-token")

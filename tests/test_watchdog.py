@@ -12,20 +12,11 @@ from pathlib import Path
 import pytest
 
 from fleet.watchdog import RoleFailed, RoleSpec, Watchdog
+from tests.helpers import poll_until
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = {"PYTHONPATH": str(REPO)}
 SLEEPER = (sys.executable, "-c", "import time; time.sleep(60)")
-
-
-def poll_until(dog: Watchdog, done, timeout: float = 120.0) -> list[str]:
-    events: list[str] = []
-    deadline = time.monotonic() + timeout
-    while not done(events):
-        assert time.monotonic() < deadline, f"timed out; events so far: {events}"
-        events += dog.poll()
-        time.sleep(0.05)
-    return events
 
 
 def test_a_crashing_role_is_restarted_up_to_max_restarts_then_fails_naming_its_log(tmp_path):
