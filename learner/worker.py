@@ -176,16 +176,18 @@ def run_learner(config: RunConfig, learner_id: int, endpoints: LearnerEndpoints,
                 stop.wait(0.1)
             device = resolve_device(config.learner.device)
             batches = Batches(replay, config.learner.batch_size, device, config.learner.prefetch, tasks)
-            try:
+            ledger: AckLedger | None = None
+            try:  # an error anywhere here still stops the prefetch thread and closes the ledger
                 loop = _GradientLoop(config, learner_id, tasks.act_dim, agg, weights, batches, replay, heartbeat)
                 if endpoints.ack_log_dir:
-                    loop.ledger = AckLedger(endpoints.ack_log_dir, f"learner-{learner_id}", agg.incarnation)
+                    ledger = AckLedger(endpoints.ack_log_dir, f"learner-{learner_id}", agg.incarnation)
+                    loop.ledger = ledger
                 pushed = loop.run(snapshot, stop)
                 heartbeat.close(pushed=pushed)
             finally:
                 batches.close()
-                if loop.ledger is not None:
-                    loop.ledger.close()
+                if ledger is not None:
+                    ledger.close()
     finally:
         redis_client.close()
     log.info("learner %d: stopped after %d gradients", learner_id, pushed)

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from aggregator.client import AggregatorClient
+from aggregator.client import AggregatorClient, WeightsWatcher
 from buffer.client import IngestClient, IngestUnavailable
 from foundation.acting import Policy, rollout
 from foundation.config import RunConfig
@@ -155,72 +155,49 @@ class Pusher:
 
 
 def run_sampler(config: RunConfig, sampler_id: int, endpoints: SamplerEndpoints, stop: threading.Event) -> int:
-    """Collect and push until `stop` is set; returns env steps acked."""
+    """Collect and push until `stop` is set; returns env steps acked. The envs, the pusher and
+    the ledger are closed on the way out, on an error too."""
     cfg = config.sampler
     tasks = TaskSet.for_run(config)
     mine = tasks.assigned(sampler_id, cfg.num_samplers)  # task places, episodes taken in turn
-    envs = [tasks.make_env(i, config.sim.randomization, config.sim.control_hz) for i in mine]
-    report = harden(sampler_id, pin=cfg.pin_cpus, mlock=cfg.mlock)
-    names = ", ".join(tasks.names[i] for i in mine)
-    log.info("sampler %d: task %s, cpu %s, mlocked %s", sampler_id, names, report.cpu, report.mlocked)
-    heartbeat = Heartbeat(endpoints.heartbeat_path)
-    steps, episodes, successes = 0, 0, 0
-    security = Security.from_config(config.security)
-    with (
-        AggregatorClient(endpoints.aggregator, security=security) as agg,
-        agg.watch(f"sampler-{sampler_id}", ACTOR_GROUPS, cfg.weights_interval_sec) as watcher,
-        IngestClient(
-            endpoints.buffer,
-            sampler_id=sampler_id,
-            run_id=config.run_id,
-            push_timeout_sec=cfg.push_timeout_sec,
-            security=security,
-        ) as ingest,
-    ):
-        # Streams of this sampler *process*: a restarted sampler (a new incarnation) must not
-        # replay its previous life's episodes, and samplers never share episode seeds.
-        streams = np.random.SeedSequence([cfg.seed, sampler_id, ingest.incarnation]).spawn(3)
-        rng, seeds = np.random.default_rng(streams[0]), np.random.default_rng(streams[1])
-        policy = Policy.exploring(config, seed=int(streams[2].generate_state(1)[0]))
-        ledger = None
-        if endpoints.ack_log_dir:
-            ledger = AckLedger(endpoints.ack_log_dir, f"sampler-{sampler_id}", ingest.incarnation)
-        # Flow control is the buffer's (buffer/ratelimit.py): while learners lag, the ingest
-        # service holds pushes back, this queue fills and put() waits. Two batches queued at most:
-        # an episode collected while it waits is at most two episodes old when stored.
-        pusher = Pusher(ingest, tasks.tasks[mine[0]], max_pending=2, ledger=ledger, halt=stop)
-        while not stop.is_set():
-            policy.refresh(watcher.latest())
-            acting = policy if (steps >= cfg.random_steps and policy.actor is not None) else None
-            turn = episodes % len(mine)
-            env, place = envs[turn], mine[turn]
-            with heartbeat.phase("rollout"):
-                seed = int(seeds.integers(TRAIN_SEEDS_FROM, 2**31))  # clear of the evaluator's held-out seeds
-                episode, success = rollout(env, acting, seed=seed, rng=rng, task=place)
-            with heartbeat.phase("relabel"):
-                reward = functools.partial(goal_reward, env)
-                transitions = relabel_future(episode, cfg.her_k, reward, rng, k_unmoved=cfg.her_k_unmoved)
-            with heartbeat.phase("enqueue"):  # long only while flow control holds pushes back
-                version = max(policy.version, 0)
-                task_id = tasks.tasks[place].task_id
-                pusher.put(transitions, version, env_steps=len(episode), successes=int(success), task_id=task_id)
-            steps += len(episode)
-            episodes += 1
-            successes += success
-            heartbeat.beat(
-                env_steps=steps,
-                episodes=episodes,
-                train_success=successes / episodes,
-                acked_env_steps=pusher.acked_env_steps,
-                version=policy.version,
-                rate_limited_sec=ingest.rate_limited_sec,
-            )
-        pusher.close(timeout=3.0)  # bounded, whatever the buffer does
-        heartbeat.close(acked_env_steps=pusher.acked_env_steps)
-        if ledger is not None:
-            ledger.close()
-    for env in envs:
-        env.close()
+    envs: list = []
+    try:
+        envs.extend(tasks.make_env(i, config.sim.randomization, config.sim.control_hz) for i in mine)
+        report = harden(sampler_id, pin=cfg.pin_cpus, mlock=cfg.mlock)
+        names = ", ".join(tasks.names[i] for i in mine)
+        log.info("sampler %d: task %s, cpu %s, mlocked %s", sampler_id, names, report.cpu, report.mlocked)
+        heartbeat = Heartbeat(endpoints.heartbeat_path)
+        security = Security.from_config(config.security)
+        with (
+            AggregatorClient(endpoints.aggregator, security=security) as agg,
+            agg.watch(f"sampler-{sampler_id}", ACTOR_GROUPS, cfg.weights_interval_sec) as watcher,
+            IngestClient(
+                endpoints.buffer,
+                sampler_id=sampler_id,
+                run_id=config.run_id,
+                push_timeout_sec=cfg.push_timeout_sec,
+                security=security,
+            ) as ingest,
+        ):
+            ledger = None
+            if endpoints.ack_log_dir:
+                ledger = AckLedger(endpoints.ack_log_dir, f"sampler-{sampler_id}", ingest.incarnation)
+            try:
+                # Flow control is the buffer's (buffer/ratelimit.py): while learners lag, the ingest
+                # service holds pushes back, this queue fills and put() waits. Two batches queued at
+                # most: an episode collected while it waits is at most two episodes old when stored.
+                pusher = Pusher(ingest, tasks.tasks[mine[0]], max_pending=2, ledger=ledger, halt=stop)
+                try:
+                    steps = _collect(config, sampler_id, envs, mine, watcher, ingest, pusher, heartbeat, stop)
+                finally:
+                    pusher.close(timeout=3.0)  # bounded, whatever the buffer does
+                heartbeat.close(acked_env_steps=pusher.acked_env_steps)
+            finally:
+                if ledger is not None:
+                    ledger.close()
+    finally:
+        for env in envs:
+            env.close()
     log.info(
         "sampler %d: stopped after %d env steps (%d acked, %d batches dropped unacked)",
         sampler_id,
@@ -229,3 +206,51 @@ def run_sampler(config: RunConfig, sampler_id: int, endpoints: SamplerEndpoints,
         pusher.dropped,
     )
     return pusher.acked_env_steps
+
+
+def _collect(
+    config: RunConfig,
+    sampler_id: int,
+    envs: list,
+    mine: list[int],
+    watcher: WeightsWatcher,
+    ingest: IngestClient,
+    pusher: Pusher,
+    heartbeat: Heartbeat,
+    stop: threading.Event,
+) -> int:
+    """act -> relabel -> enqueue, episode after episode, until `stop`; returns env steps taken."""
+    cfg, tasks = config.sampler, TaskSet.for_run(config)
+    steps, episodes, successes = 0, 0, 0
+    # Streams of this sampler *process*: a restarted sampler (a new incarnation) must not
+    # replay its previous life's episodes, and samplers never share episode seeds.
+    streams = np.random.SeedSequence([cfg.seed, sampler_id, ingest.incarnation]).spawn(3)
+    rng, seeds = np.random.default_rng(streams[0]), np.random.default_rng(streams[1])
+    policy = Policy.exploring(config, seed=int(streams[2].generate_state(1)[0]))
+    while not stop.is_set():
+        policy.refresh(watcher.latest())
+        acting = policy if (steps >= cfg.random_steps and policy.actor is not None) else None
+        turn = episodes % len(mine)
+        env, place = envs[turn], mine[turn]
+        with heartbeat.phase("rollout"):
+            seed = int(seeds.integers(TRAIN_SEEDS_FROM, 2**31))  # clear of the evaluator's held-out seeds
+            episode, success = rollout(env, acting, seed=seed, rng=rng, task=place)
+        with heartbeat.phase("relabel"):
+            reward = functools.partial(goal_reward, env)
+            transitions = relabel_future(episode, cfg.her_k, reward, rng, k_unmoved=cfg.her_k_unmoved)
+        with heartbeat.phase("enqueue"):  # long only while flow control holds pushes back
+            version = max(policy.version, 0)
+            task_id = tasks.tasks[place].task_id
+            pusher.put(transitions, version, env_steps=len(episode), successes=int(success), task_id=task_id)
+        steps += len(episode)
+        episodes += 1
+        successes += success
+        heartbeat.beat(
+            env_steps=steps,
+            episodes=episodes,
+            train_success=successes / episodes,
+            acked_env_steps=pusher.acked_env_steps,
+            version=policy.version,
+            rate_limited_sec=ingest.rate_limited_sec,
+        )
+    return steps
