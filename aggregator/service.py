@@ -22,6 +22,7 @@ import pathlib
 import threading
 import traceback
 from concurrent import futures
+from dataclasses import dataclass
 
 import grpc
 import grpc.aio
@@ -153,20 +154,28 @@ def _quiet_poller_errors() -> None:
         logger.addFilter(_PollerNoise())
 
 
+@dataclass(frozen=True)
+class AggregatorEndpoints:
+    listen: str  # HOST:PORT to serve on
+    advertise: str | None = None  # HOST:PORT others reach it at (default: the bound address)
+    ready_file: str | None = None  # where to write the reachable address once serving
+    run_dir: str | None = None  # checkpoints and TensorBoard; None: neither
+
+
 def run_aggregator(
     config: RunConfig,
-    listen: str,
-    run_dir: str | None,
-    ready_file: str | None,
+    identity: int,
+    endpoints: AggregatorEndpoints,
+    security: Security,
     stop: threading.Event,
-    security: Security = NO_SECURITY,
-    advertise: str | None = None,
-    heartbeat_path: str | None = None,
+    heartbeat: Heartbeat,
 ) -> int:
-    """The aggregator role process: serve until `stop`, checkpoint on the way out. Returns the version.
+    """The aggregator role (foundation/role.py): serve until `stop`, checkpoint on the way out.
+    Returns the version.
 
     It beats every second while its step lock can be taken: a stopped (SIGSTOP) or wedged
     aggregator goes silent, and the watchdog replaces it."""
+    listen, advertise, run_dir = endpoints.listen, endpoints.advertise, endpoints.run_dir
     torch.set_num_threads(1)  # small vectors: one thread; spare cores belong to learners and samplers
     tasks = TaskSet.for_run(config)
     spec = model_spec(config, tasks)
@@ -177,11 +186,11 @@ def run_aggregator(
     try:
         with AggregatorServer(core, config.aggregator, run_dir, host=host, port=port, security=security) as server:
             log.info("aggregator listening on %s, reachable at %s", server.address, advertise or server.address)
-            write_ready_file(ready_file, advertise or server.address)
+            write_ready_file(endpoints.ready_file, advertise or server.address)
             log.info(
                 "aggregator at %s, version %d, %d gradients per step", server.address, core.version, grads_per_step
             )
-            _serve(server, stop, Heartbeat(heartbeat_path, interval_sec=1.0), writer, run_dir)
+            _serve(server, stop, heartbeat, writer, run_dir)
     finally:  # on error too: the TensorBoard writer's file is closed, its events flushed
         if writer is not None:
             writer.close()

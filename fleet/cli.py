@@ -30,6 +30,10 @@ import logging
 import pathlib
 import sys
 import time
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from foundation.role import Role
 
 STARTED_AT = time.monotonic()  # wall-clock figures count from the command's start
 
@@ -237,7 +241,7 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _role(args: argparse.Namespace) -> int:
-    from foundation.process import die_with_parent, setup_logging, stop_event
+    from foundation.process import Heartbeat, die_with_parent, setup_logging, stop_event
     from foundation.transport import Security
 
     config = _config(args).validate()
@@ -253,35 +257,35 @@ def _role(args: argparse.Namespace) -> int:
             use_metrics(RoleMetrics(f"{args.command}-{args.id}", args.metrics))
         except OSError as err:  # a taken port costs the metrics, never the role
             logging.getLogger("fleetrl").warning("no Prometheus metrics on %s: %s", args.metrics, err)
+    role, endpoints = _role_entry(args)
+    # Services beat every second, workers every two (a heartbeat costs a file write).
+    heartbeat = Heartbeat(args.heartbeat, interval_sec=1.0 if args.command in ("buffer", "aggregator") else 2.0)
+    role(config, args.id, endpoints, security, stop, heartbeat)  # the one role shape: foundation/role.py
+    return 0
+
+
+def _role_entry(args: argparse.Namespace) -> tuple[Role[Any], object]:
+    """The role's entry point and its endpoints, from the command line (imports only that role)."""
+    listen, advertise = _listen(args)
     if args.command == "buffer":
-        from buffer.ratelimit import rate_limit
-        from buffer.service import IngestService, run_ingest_service
-        from sim.tasks import TaskSet
+        from buffer.service import IngestEndpoints, run_ingest_service
 
-        tasks = TaskSet.for_run(config)
-        listen, advertise = _listen(args)
-        service = IngestService(
-            config.buffer, config.run_id, tasks.ids, tasks.schema(), listen, advertise, rate_limit(config)
-        )
-        run_ingest_service(service, args.redis, args.ready_file, security, args.heartbeat)
-    elif args.command == "aggregator":
-        from aggregator.service import run_aggregator
+        return run_ingest_service, IngestEndpoints(listen, args.redis, advertise, args.ready_file)
+    if args.command == "aggregator":
+        from aggregator.service import AggregatorEndpoints, run_aggregator
 
-        listen, advertise = _listen(args)
-        run_aggregator(config, listen, args.run_dir, args.ready_file, stop, security, advertise, args.heartbeat)
-    elif args.command == "learner":
+        return run_aggregator, AggregatorEndpoints(listen, advertise, args.ready_file, args.run_dir)
+    if args.command == "learner":
         from learner.worker import LearnerEndpoints, run_learner
 
-        run_learner(config, args.id, LearnerEndpoints(args.aggregator, args.redis, args.heartbeat, args.ack_log), stop)
-    elif args.command == "sampler":
+        return run_learner, LearnerEndpoints(args.aggregator, args.redis, args.ack_log)
+    if args.command == "sampler":
         from sampler.worker import SamplerEndpoints, run_sampler
 
-        run_sampler(config, args.id, SamplerEndpoints(args.buffer, args.aggregator, args.heartbeat, args.ack_log), stop)
-    elif args.command == "evaluator":
-        from sampler.evaluator import run_evaluator
+        return run_sampler, SamplerEndpoints(args.buffer, args.aggregator, args.ack_log)
+    from sampler.evaluator import EvaluatorEndpoints, run_evaluator
 
-        run_evaluator(config, args.id, args.buffer, args.aggregator, stop, args.heartbeat)
-    return 0
+    return run_evaluator, EvaluatorEndpoints(args.buffer, args.aggregator)
 
 
 def _redis_cluster(args: argparse.Namespace) -> int:

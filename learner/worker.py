@@ -40,7 +40,6 @@ log = logging.getLogger("fleetrl.learner")
 class LearnerEndpoints:
     aggregator: str  # host:port of the aggregator
     redis: str  # host:port[,host:port...] of Redis Cluster nodes
-    heartbeat_path: str | None = None
     ack_log_dir: str | None = None  # AckLedger files: every acked gradient push, for audits and fault tests
 
 
@@ -135,12 +134,18 @@ class Batches:
             self._thread.join(timeout=5.0)
 
 
-def run_learner(config: RunConfig, learner_id: int, endpoints: LearnerEndpoints, stop: threading.Event) -> int:
-    """Loop until `stop` is set; returns the number of gradients pushed."""
+def run_learner(
+    config: RunConfig,
+    learner_id: int,
+    endpoints: LearnerEndpoints,
+    security: Security,
+    stop: threading.Event,
+    heartbeat: Heartbeat,
+) -> int:
+    """The learner role (foundation/role.py): loop until `stop` is set; returns the number of
+    gradients pushed."""
     torch.set_num_threads(config.learner.torch_threads)
     tasks = TaskSet.for_run(config)
-    heartbeat = Heartbeat(endpoints.heartbeat_path)
-    security = Security.from_config(config.security)
     redis_client = connect(endpoints.redis, security)
     try:
         with (

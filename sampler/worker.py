@@ -46,7 +46,6 @@ TRAIN_SEEDS_FROM = 2**21  # evaluation seeds start at EvalConfig.seed (1e6 by de
 class SamplerEndpoints:
     buffer: str  # host:port of a buffer ingest service
     aggregator: str  # host:port of the aggregator
-    heartbeat_path: str | None = None
     ack_log_dir: str | None = None  # AckLedger files: every acked batch, for audits and fault tests
 
 
@@ -154,9 +153,16 @@ class Pusher:
                 )
 
 
-def run_sampler(config: RunConfig, sampler_id: int, endpoints: SamplerEndpoints, stop: threading.Event) -> int:
-    """Collect and push until `stop` is set; returns env steps acked. The envs, the pusher and
-    the ledger are closed on the way out, on an error too."""
+def run_sampler(
+    config: RunConfig,
+    sampler_id: int,
+    endpoints: SamplerEndpoints,
+    security: Security,
+    stop: threading.Event,
+    heartbeat: Heartbeat,
+) -> int:
+    """The sampler role (foundation/role.py): collect and push until `stop` is set; returns env
+    steps acked. The envs, the pusher and the ledger are closed on the way out, on an error too."""
     cfg = config.sampler
     tasks = TaskSet.for_run(config)
     mine = tasks.assigned(sampler_id, cfg.num_samplers)  # task places, episodes taken in turn
@@ -166,8 +172,6 @@ def run_sampler(config: RunConfig, sampler_id: int, endpoints: SamplerEndpoints,
         report = harden(sampler_id, pin=cfg.pin_cpus, mlock=cfg.mlock)
         names = ", ".join(tasks.names[i] for i in mine)
         log.info("sampler %d: task %s, cpu %s, mlocked %s", sampler_id, names, report.cpu, report.mlocked)
-        heartbeat = Heartbeat(endpoints.heartbeat_path)
-        security = Security.from_config(config.security)
         with (
             AggregatorClient(endpoints.aggregator, security=security) as agg,
             agg.watch(f"sampler-{sampler_id}", ACTOR_GROUPS, cfg.weights_interval_sec) as watcher,

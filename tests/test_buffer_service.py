@@ -251,11 +251,14 @@ def test_run_ingest_service_serves_until_sigterm(clean_redis_cluster, tmp_path, 
     ready = tmp_path / "ready"
     script = textwrap.dedent(
         f"""
-        from buffer.service import IngestService, run_ingest_service
+        from buffer.service import IngestService, serve_ingest
         from foundation.config import BufferConfig
+        from foundation.process import Heartbeat, stop_event
+        from foundation.transport import NO_SECURITY
         from foundation.wire import TransitionSchema
         service = IngestService(BufferConfig(), {RUN!r}, ({TASK},), TransitionSchema(3, 2, 2), "127.0.0.1:0")
-        run_ingest_service(service, {clean_redis_cluster.addresses!r}, {str(ready)!r})
+        addresses, ready = {clean_redis_cluster.addresses!r}, {str(ready)!r}
+        serve_ingest(service, addresses, ready, NO_SECURITY, stop_event(), Heartbeat(None))
         """
     )
     env = {**os.environ, "PYTHONPATH": str(REPO)}

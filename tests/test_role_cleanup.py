@@ -1,4 +1,5 @@
-"""A role that fails while starting up reports that first error and leaves nothing open.
+"""Every role has one shape (foundation/role.py); one that fails while starting up reports that
+first error and leaves nothing open.
 
 Each test makes one step of a role's start fail (the fakes stand in for the peers it would
 reach) and checks what a user would see: the original exception, no extra thread, every env,
@@ -8,6 +9,8 @@ client, writer and ledger closed.
 from __future__ import annotations
 
 import contextlib
+import importlib
+import inspect
 import socket
 import threading
 
@@ -16,6 +19,8 @@ import pytest
 from foundation.acting import WeightsSnapshot
 from foundation.config import RunConfig, with_overrides
 from foundation.policy import ModelSpec
+from foundation.process import Heartbeat
+from foundation.transport import NO_SECURITY
 from tests.fakes import FakeBatchSource
 from tests.helpers import CONFIG, make_core
 
@@ -86,7 +91,9 @@ def test_a_learner_failing_to_start_its_loop_reports_that_error_and_stops_its_pr
     config = with_overrides(RunConfig(), ["learner.prefetch=true", 'learner.device="cpu"'])
     before = _threads()
     with pytest.raises(ValueError, match="the loop could not be built"):  # not an error of the cleanup
-        run_learner(config, 0, LearnerEndpoints("127.0.0.1:1", "127.0.0.1:2"), threading.Event())
+        run_learner(
+            config, 0, LearnerEndpoints("127.0.0.1:1", "127.0.0.1:2"), NO_SECURITY, threading.Event(), Heartbeat(None)
+        )
     assert {t for t in _threads() - before if t.is_alive()} == set()  # the prefetch thread stopped
     assert closed.count("redis") == 1 and "aggregator" in closed
 
@@ -105,13 +112,15 @@ def test_a_sampler_failing_at_start_closes_the_envs_it_made(monkeypatch):
     monkeypatch.setattr(worker, "harden", no_cpu)
     config = with_overrides(RunConfig(), ['sim.tasks=["FetchReach-v4", "FetchPush-v4"]'])
     with pytest.raises(RuntimeError, match="cannot pin"):
-        run_sampler(config, 0, SamplerEndpoints("127.0.0.1:1", "127.0.0.1:2"), threading.Event())
+        run_sampler(
+            config, 0, SamplerEndpoints("127.0.0.1:1", "127.0.0.1:2"), NO_SECURITY, threading.Event(), Heartbeat(None)
+        )
     assert sorted(closed) == ["env-0", "env-1"]
 
 
 def test_an_aggregator_that_cannot_bind_closes_its_tensorboard_writer(monkeypatch, tmp_path):
     import aggregator.service as service
-    from aggregator.service import run_aggregator
+    from aggregator.service import AggregatorEndpoints, run_aggregator
 
     closed: list[str] = []
     monkeypatch.setattr(service, "summary_writer", lambda run_dir, name: Closes("writer", closed))
@@ -121,7 +130,8 @@ def test_an_aggregator_that_cannot_bind_closes_its_tensorboard_writer(monkeypatc
         port = taken.getsockname()[1]
         before = _threads()
         with pytest.raises(Exception, match=f"127.0.0.1:{port}"):  # the bind error names the address
-            run_aggregator(RunConfig(), f"127.0.0.1:{port}", str(tmp_path), None, threading.Event())
+            endpoints = AggregatorEndpoints(f"127.0.0.1:{port}", run_dir=str(tmp_path))
+            run_aggregator(RunConfig(), 0, endpoints, NO_SECURITY, threading.Event(), Heartbeat(None))
     assert closed == ["writer"]
     lingering = {t for t in _threads() - before if t.is_alive() and not t.daemon}
     assert lingering == set()
@@ -138,3 +148,23 @@ def test_the_aggregator_server_leaves_no_thread_when_it_cannot_bind(tmp_path):
         with contextlib.suppress(Exception), AggregatorServer(make_core(), CONFIG, tmp_path, port=port):
             pytest.fail("bound a port already taken")
     assert {t.name for t in _threads() - before if t.is_alive() and t.name == "aggregator-grpc"} == set()
+
+
+ROLES = [
+    ("sampler.worker", "run_sampler"),
+    ("sampler.evaluator", "run_evaluator"),
+    ("learner.worker", "run_learner"),
+    ("aggregator.service", "run_aggregator"),
+    ("buffer.service", "run_ingest_service"),
+]
+
+
+@pytest.mark.parametrize("module,name", ROLES, ids=[r[0] for r in ROLES])
+def test_every_role_is_started_the_same_way(module, name):
+    entry = getattr(importlib.import_module(module), name)
+    params = list(inspect.signature(entry).parameters.values())
+    kinds = [p.annotation for p in params]
+    assert kinds[:2] == ["RunConfig", "int"] and kinds[2].endswith("Endpoints"), kinds
+    assert kinds[3:] == ["Security", "threading.Event", "Heartbeat"], kinds
+    assert all(p.default is inspect.Parameter.empty for p in params)  # nothing rebuilt from defaults
+    assert inspect.signature(entry).return_annotation == "int"
