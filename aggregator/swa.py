@@ -27,9 +27,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from foundation.config import SWA_MODES
 from foundation.policy import ModelSpec
-
-SWA_MODES = ("off", "plain", "layered")
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,9 @@ class ConfigError(FleetrlError, ValueError):
     label = "config error"
 
 
+Check = tuple[bool, str, str]  # a section's check: (it passed, the field it names, the limit a message gives)
+
+
 @dataclass(frozen=True)
 class RandomizationConfig:
     """Domain randomization ranges. Scales multiply the model's nominal value."""
@@ -75,6 +78,12 @@ class SimConfig:
         0.0, "decisions per simulated second (sim/rate.py: same seconds and hand speed); 0 = Fetch's own 25 Hz"
     )
 
+    def checks(self) -> list[Check]:
+        """(ok, field, limit) of every check on this section's fields; RunConfig.validate runs them."""
+        return [
+            (self.control_hz >= 0, "control_hz", ">= 0 (0 = the task's own rate)"),
+        ]
+
 
 @dataclass(frozen=True)
 class BufferConfig:
@@ -105,6 +114,25 @@ class BufferConfig:
     rate_tolerance_rows: int = config_field(
         0, "stored rows samplers may run ahead of (and learners behind) that ratio; 0 = the samplers' warm-up"
     )
+
+    def checks(self) -> list[Check]:
+        """(ok, field, limit) of every check on this section's fields; RunConfig.validate runs them."""
+        return [
+            (self.window_size_transitions >= 1, "window_size_transitions", ">= 1"),
+            (self.stalled_write_timeout_sec > 0, "stalled_write_timeout_sec", "> 0"),
+            (
+                self.dedup_ttl_sec >= 60,
+                "dedup_ttl_sec",
+                ">= 60: a sampler retrying after its record expired would store its batch twice",
+            ),
+            (
+                self.capacity_transitions >= 2 * self.window_size_transitions,
+                "capacity_transitions",
+                ">= 2 * window_size_transitions: eviction drops a whole window",
+            ),
+            (self.replicas_to_ack >= 0, "replicas_to_ack", ">= 0"),
+            (self.replica_wait_ms >= 1, "replica_wait_ms", ">= 1"),
+        ]
 
 
 @dataclass(frozen=True)
@@ -140,8 +168,26 @@ class SamplerConfig:
         0, "base seed; each sampler process mixes in its index and incarnation, so restarts never replay episodes"
     )
 
+    def checks(self) -> list[Check]:
+        """(ok, field, limit) of every check on this section's fields; RunConfig.validate runs them."""
+        return [
+            (self.num_samplers >= 1, "num_samplers", ">= 1: no sampler, no data"),
+            (
+                self.weights_interval_sec >= 0,
+                "weights_interval_sec",
+                ">= 0: the aggregator refuses a negative interval and samplers would never get weights",
+            ),
+            (self.her_k >= 0, "her_k", ">= 0"),
+            (self.action_noise_std >= 0, "action_noise_std", ">= 0"),
+            (self.her_k_unmoved >= -1, "her_k_unmoved", ">= -1 (-1: her_k)"),
+            (0.0 <= self.random_action_prob <= 1.0, "random_action_prob", "in [0, 1]"),
+            (self.max_env_steps_per_update >= 0, "max_env_steps_per_update", ">= 0"),
+        ]
+
 
 REPLAY_SAMPLING = ("uniform", "recency", "version")
+SWA_MODES = ("off", "plain", "layered")  # aggregator.swa: aggregator/swa.py
+DEVICES = ("auto", "cpu", "cuda")  # learner.device
 ALGOS = ("sac", "ddpg")
 
 
@@ -190,6 +236,30 @@ class LearnerConfig:
         "0.87x the aggregator's CPU per version, but FetchPush took more updates to 90% on 2 of 3 seeds",
     )
 
+    def checks(self) -> list[Check]:
+        """(ok, field, limit) of every check on this section's fields; RunConfig.validate runs them."""
+        return [
+            (self.num_learners >= 1, "num_learners", ">= 1: no learner, no updates"),
+            (self.batch_size >= 1, "batch_size", ">= 1"),
+            (self.min_replay_transitions >= self.batch_size, "min_replay_transitions", ">= learner.batch_size"),
+            (self.max_grad_staleness >= 0, "max_grad_staleness", ">= 0"),
+            (self.device in DEVICES, "device", f"one of {_one_of(DEVICES)}"),
+            (
+                self.gradient_wire_dtype in WIRE_DTYPES,
+                "gradient_wire_dtype",
+                f"one of {_one_of(WIRE_DTYPES)} (foundation.wire.WIRE_DTYPES)",
+            ),
+            (
+                self.replay_sampling in REPLAY_SAMPLING,
+                "replay_sampling",
+                "one of " + ", ".join(repr(name) for name in REPLAY_SAMPLING),
+            ),
+            (self.recency_half_life >= 1, "recency_half_life", ">= 1"),
+            (self.max_policy_lag >= 0, "max_policy_lag", ">= 0"),
+            (0.0 < self.gamma < 1.0, "gamma", "in (0, 1)"),
+            (self.algo in ALGOS, "algo", f"one of {ALGOS}"),
+        ]
+
 
 @dataclass(frozen=True)
 class ModelConfig:
@@ -217,6 +287,16 @@ class ModelConfig:
         "'moe': lambda of router decay: the balancing loss is scaled by exp(-lambda * ||policy gradient||), "
         "so routing may specialize while the gradient is large",
     )
+
+    def checks(self) -> list[Check]:
+        """(ok, field, limit) of every check on this section's fields; RunConfig.validate runs them."""
+        return [
+            (self.kind in MODEL_KINDS, "kind", f"one of {_one_of(MODEL_KINDS)}"),
+            (self.experts >= 1, "experts", ">= 1"),
+            (self.router in ROUTERS, "router", f"one of {_one_of(ROUTERS)}"),
+            (1 <= self.top_k <= self.experts, "top_k", "in 1..model.experts"),
+            (self.task_embed_dim >= 1, "task_embed_dim", ">= 1"),
+        ]
 
 
 @dataclass(frozen=True)
@@ -258,6 +338,34 @@ class AggregatorConfig:
     keep_checkpoints: int = config_field(3, "checkpoints kept on disk (the newest)")
     seed: int = config_field(0, "seed of the initial weights")
 
+    def checks(self) -> list[Check]:
+        """(ok, field, limit) of every check on this section's fields; RunConfig.validate runs them."""
+        return [
+            (0.0 < self.tau <= 1.0, "tau", "in (0, 1]"),
+            (self.lr > 0, "lr", "> 0"),
+            (self.max_grad_norm >= 0, "max_grad_norm", ">= 0 (0 = no clipping)"),
+            (self.max_input_abs > 0, "max_input_abs", "> 0"),
+            (self.checkpoint_every_versions >= 1, "checkpoint_every_versions", ">= 1"),
+            (
+                self.keep_checkpoints >= 1,
+                "keep_checkpoints",
+                ">= 1: a restarted aggregator resumes from the newest checkpoint",
+            ),
+            (
+                self.grads_per_step >= 0,
+                "grads_per_step",
+                ">= 0 (0 = number of learners): the aggregator could not start",
+            ),
+            (self.step_deadline_ms >= 0, "step_deadline_ms", ">= 0 (0 = no deadline)"),
+            (self.staleness_power >= 0, "staleness_power", ">= 0 (0 = no discount)"),
+            (self.swa in SWA_MODES, "swa", f"{_one_of(SWA_MODES[:-1])} or {SWA_MODES[-1]!r}"),
+            (
+                1 <= self.swa_router_window <= self.swa_expert_window,
+                "swa_router_window",
+                "in 1..aggregator.swa_expert_window",
+            ),
+        ]
+
 
 @dataclass(frozen=True)
 class EvalConfig:
@@ -294,6 +402,27 @@ class EvalConfig:
     )
     nice: int = config_field(5, "niceness of the evaluator process: it scores on spare CPU first")
 
+    def checks(self) -> list[Check]:
+        """(ok, field, limit) of every check on this section's fields; RunConfig.validate runs them."""
+        return [
+            (self.episodes >= 1, "episodes", ">= 1"),
+            (self.final_episodes >= 0, "final_episodes", ">= 0"),
+            (
+                0 <= self.seed and self.seed + max(self.episodes, self.final_episodes) <= 2**21,
+                "seed",
+                "in [0, 2**21 - eval.episodes (or eval.final_episodes)]: training episodes draw their seeds "
+                "from 2**21 up",
+            ),
+            (
+                1 <= self.curve_episodes <= self.episodes,
+                "curve_episodes",
+                "in [1, eval.episodes]: a full score continues the curve score's episodes",
+            ),
+            (0 <= self.min_interval_sec <= self.max_interval_sec, "min_interval_sec", "in [0, eval.max_interval_sec]"),
+            (self.near_max_interval_sec >= 0, "near_max_interval_sec", ">= 0"),
+            (self.interval_run_fraction >= 0, "interval_run_fraction", ">= 0"),
+        ]
+
 
 @dataclass(frozen=True)
 class WatchdogConfig:
@@ -306,6 +435,18 @@ class WatchdogConfig:
     restart_refill_sec: float = config_field(600.0, "... and one more every this many seconds, up to max_restarts")
     backoff_first_sec: float = config_field(1.0, "the 2nd restart in a row waits this long, each next twice as long")
     backoff_max_sec: float = config_field(30.0, "longest wait before a restart")
+
+    def checks(self) -> list[Check]:
+        """(ok, field, limit) of every check on this section's fields; RunConfig.validate runs them."""
+        return [
+            (self.heartbeat_timeout_sec >= 3, "heartbeat_timeout_sec", ">= 3 (beats: 1-2 s)"),
+            (self.max_restarts >= 0, "max_restarts", ">= 0"),
+            (
+                0 <= self.backoff_first_sec <= self.backoff_max_sec,
+                "backoff_first_sec",
+                "in [0, watchdog.backoff_max_sec]",
+            ),
+        ]
 
 
 @dataclass(frozen=True)
@@ -328,6 +469,9 @@ class SecurityConfig:
     )
 
 
+_CHECKED_SECTIONS = ("sim", "buffer", "sampler", "learner", "model", "aggregator", "eval", "watchdog")
+
+
 @dataclass(frozen=True)
 class RunConfig:
     run_id: str = config_field("run", "names the run's Redis keys and its run directory")
@@ -347,114 +491,14 @@ class RunConfig:
     watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)
 
     def validate(self) -> RunConfig:
-        """Cross-field checks, run once at launch. Returns self so calls can chain."""
+        """Every section's checks (each beside its fields), then the run's own; run once at
+        launch. Returns self so calls can chain."""
         checks = [
-            (self.buffer.window_size_transitions >= 1, "buffer.window_size_transitions", ">= 1"),
-            (self.buffer.stalled_write_timeout_sec > 0, "buffer.stalled_write_timeout_sec", "> 0"),
-            (
-                self.buffer.dedup_ttl_sec >= 60,
-                "buffer.dedup_ttl_sec",
-                ">= 60: a sampler retrying after its record expired would store its batch twice",
-            ),
-            (
-                self.buffer.capacity_transitions >= 2 * self.buffer.window_size_transitions,
-                "buffer.capacity_transitions",
-                ">= 2 * window_size_transitions: eviction drops a whole window",
-            ),
-            (self.sampler.num_samplers >= 1, "sampler.num_samplers", ">= 1: no sampler, no data"),
-            (self.learner.num_learners >= 1, "learner.num_learners", ">= 1: no learner, no updates"),
-            (self.learner.batch_size >= 1, "learner.batch_size", ">= 1"),
-            (
-                self.learner.min_replay_transitions >= self.learner.batch_size,
-                "learner.min_replay_transitions",
-                ">= learner.batch_size",
-            ),
-            (self.learner.max_grad_staleness >= 0, "learner.max_grad_staleness", ">= 0"),
-            (self.learner.device in ("auto", "cpu", "cuda"), "learner.device", "one of 'auto', 'cpu', 'cuda'"),
-            (
-                self.learner.gradient_wire_dtype in WIRE_DTYPES,
-                "learner.gradient_wire_dtype",
-                f"one of {_one_of(WIRE_DTYPES)} (foundation.wire.WIRE_DTYPES)",
-            ),
-            (
-                self.learner.replay_sampling in REPLAY_SAMPLING,
-                "learner.replay_sampling",
-                "one of " + ", ".join(repr(name) for name in REPLAY_SAMPLING),
-            ),
-            (self.learner.recency_half_life >= 1, "learner.recency_half_life", ">= 1"),
-            (self.sim.control_hz >= 0, "sim.control_hz", ">= 0 (0 = the task's own rate)"),
-            (self.model.kind in MODEL_KINDS, "model.kind", f"one of {_one_of(MODEL_KINDS)}"),
-            (self.model.experts >= 1, "model.experts", ">= 1"),
-            (self.model.router in ROUTERS, "model.router", f"one of {_one_of(ROUTERS)}"),
-            (1 <= self.model.top_k <= self.model.experts, "model.top_k", "in 1..model.experts"),
-            (self.model.task_embed_dim >= 1, "model.task_embed_dim", ">= 1"),
-            (self.learner.max_policy_lag >= 0, "learner.max_policy_lag", ">= 0"),
-            (0.0 < self.learner.gamma < 1.0, "learner.gamma", "in (0, 1)"),
-            (0.0 < self.aggregator.tau <= 1.0, "aggregator.tau", "in (0, 1]"),
-            (self.aggregator.lr > 0, "aggregator.lr", "> 0"),
-            (self.aggregator.max_grad_norm >= 0, "aggregator.max_grad_norm", ">= 0 (0 = no clipping)"),
-            (self.aggregator.max_input_abs > 0, "aggregator.max_input_abs", "> 0"),
-            (self.aggregator.checkpoint_every_versions >= 1, "aggregator.checkpoint_every_versions", ">= 1"),
-            (self.buffer.replicas_to_ack >= 0, "buffer.replicas_to_ack", ">= 0"),
-            (self.buffer.replica_wait_ms >= 1, "buffer.replica_wait_ms", ">= 1"),
-            (self.eval.episodes >= 1, "eval.episodes", ">= 1"),
-            (self.watchdog.heartbeat_timeout_sec >= 3, "watchdog.heartbeat_timeout_sec", ">= 3 (beats: 1-2 s)"),
-            (self.watchdog.max_restarts >= 0, "watchdog.max_restarts", ">= 0"),
-            (
-                0 <= self.watchdog.backoff_first_sec <= self.watchdog.backoff_max_sec,
-                "watchdog.backoff_first_sec",
-                "in [0, watchdog.backoff_max_sec]",
-            ),
-            (self.eval.final_episodes >= 0, "eval.final_episodes", ">= 0"),
-            (
-                0 <= self.eval.seed and self.eval.seed + max(self.eval.episodes, self.eval.final_episodes) <= 2**21,
-                "eval.seed",
-                "in [0, 2**21 - eval.episodes (or eval.final_episodes)]: training episodes draw their seeds "
-                "from 2**21 up",
-            ),
-            (
-                1 <= self.eval.curve_episodes <= self.eval.episodes,
-                "eval.curve_episodes",
-                "in [1, eval.episodes]: a full score continues the curve score's episodes",
-            ),
-            (
-                0 <= self.eval.min_interval_sec <= self.eval.max_interval_sec,
-                "eval.min_interval_sec",
-                "in [0, eval.max_interval_sec]",
-            ),
-            (self.eval.near_max_interval_sec >= 0, "eval.near_max_interval_sec", ">= 0"),
-            (self.eval.interval_run_fraction >= 0, "eval.interval_run_fraction", ">= 0"),
-            (
-                self.aggregator.keep_checkpoints >= 1,
-                "aggregator.keep_checkpoints",
-                ">= 1: a restarted aggregator resumes from the newest checkpoint",
-            ),
-            (
-                self.aggregator.grads_per_step >= 0,
-                "aggregator.grads_per_step",
-                ">= 0 (0 = number of learners): the aggregator could not start",
-            ),
-            (self.aggregator.step_deadline_ms >= 0, "aggregator.step_deadline_ms", ">= 0 (0 = no deadline)"),
-            (self.aggregator.staleness_power >= 0, "aggregator.staleness_power", ">= 0 (0 = no discount)"),
-            (
-                self.sampler.weights_interval_sec >= 0,
-                "sampler.weights_interval_sec",
-                ">= 0: the aggregator refuses a negative interval and samplers would never get weights",
-            ),
-            (0.0 <= self.target_success <= 1.0, "target_success", "in [0, 1]"),
-            (self.sampler.her_k >= 0, "sampler.her_k", ">= 0"),
-            (self.learner.algo in ALGOS, "learner.algo", f"one of {ALGOS}"),
-            (self.aggregator.swa in ("off", "plain", "layered"), "aggregator.swa", "'off', 'plain' or 'layered'"),
-            (
-                1 <= self.aggregator.swa_router_window <= self.aggregator.swa_expert_window,
-                "aggregator.swa_router_window",
-                "in 1..aggregator.swa_expert_window",
-            ),
-            (self.sampler.action_noise_std >= 0, "sampler.action_noise_std", ">= 0"),
-            (self.sampler.her_k_unmoved >= -1, "sampler.her_k_unmoved", ">= -1 (-1: her_k)"),
-            (0.0 <= self.sampler.random_action_prob <= 1.0, "sampler.random_action_prob", "in [0, 1]"),
-            (self.sampler.max_env_steps_per_update >= 0, "sampler.max_env_steps_per_update", ">= 0"),
+            (ok, f"{name}.{field_name}", limit)
+            for name in _CHECKED_SECTIONS
+            for ok, field_name, limit in getattr(self, name).checks()
         ]
+        checks.append((0.0 <= self.target_success <= 1.0, "target_success", "in [0, 1]"))
         for ok, name, limit in checks:
             if not ok:
                 raise ConfigError(f"{name} ({_get(self, name)!r}) must be {limit}", field=name)
