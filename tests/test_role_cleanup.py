@@ -168,3 +168,44 @@ def test_every_role_is_started_the_same_way(module, name):
     assert kinds[3:] == ["Security", "threading.Event", "Heartbeat"], kinds
     assert all(p.default is inspect.Parameter.empty for p in params)  # nothing rebuilt from defaults
     assert inspect.signature(entry).return_annotation == "int"
+
+
+def test_an_evaluator_that_cannot_reach_the_aggregator_closes_its_envs(monkeypatch):
+    import sampler.evaluator as evaluator
+    from sampler.evaluator import EvaluatorEndpoints, run_evaluator
+
+    closed: list[str] = []
+    monkeypatch.setattr(evaluator, "eval_envs", lambda tasks, config: [Closes("env-0", closed)])
+
+    def unreachable(*args, **kwargs):
+        raise ConnectionError("no aggregator at 127.0.0.1:2")
+
+    monkeypatch.setattr(evaluator, "AggregatorClient", unreachable)
+    config = with_overrides(RunConfig(), ["eval.nice=0"])  # this test process keeps its priority
+    with pytest.raises(ConnectionError, match="no aggregator"):
+        endpoints = EvaluatorEndpoints("127.0.0.1:1", "127.0.0.1:2")
+        run_evaluator(config, 0, endpoints, NO_SECURITY, threading.Event(), Heartbeat(None))
+    assert closed == ["env-0"]
+
+
+def test_an_ingest_service_that_cannot_bind_closes_its_redis_client(monkeypatch):
+    import buffer.service as service
+    from buffer.service import IngestEndpoints, run_ingest_service
+
+    closed: list[str] = []
+
+    class Redis(Closes):
+        def register_script(self, script):
+            return None
+
+    monkeypatch.setattr(service, "connect", lambda addresses, security: Redis("redis", closed))
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        before = _threads()
+        with pytest.raises(OSError, match=f"cannot bind 127.0.0.1:{port}"):
+            endpoints = IngestEndpoints(f"127.0.0.1:{port}", "127.0.0.1:7000")
+            run_ingest_service(RunConfig(), 0, endpoints, NO_SECURITY, threading.Event(), Heartbeat(None))
+    assert closed == ["redis"]
+    assert {t for t in _threads() - before if t.is_alive() and not t.daemon} == set()
