@@ -24,12 +24,13 @@ from dataclasses import dataclass, field
 import grpc
 import numpy as np
 
-from fleetrl.policy import ModelSpec
-from fleetrl.proto import fleetrl_pb2 as pb
-from fleetrl.proto import fleetrl_pb2_grpc as pb_grpc
-from fleetrl.shm import SharedWeightsReader, SharedWeightsWriter
-from fleetrl.transport import NO_SECURITY, Backoff, Security
-from fleetrl.wire import from_tensor, to_tensor
+from foundation.acting import WeightsSnapshot
+from foundation.policy import ModelSpec
+from foundation.proto import fleetrl_pb2 as pb
+from foundation.proto import fleetrl_pb2_grpc as pb_grpc
+from foundation.shm import SharedWeightsReader, SharedWeightsWriter
+from foundation.transport import NO_SECURITY, Backoff, Security
+from foundation.wire import from_tensor, to_tensor
 
 log = logging.getLogger("fleetrl.aggregator.client")
 
@@ -42,13 +43,6 @@ def _never() -> bool:
 
 def _nothing() -> None:
     return None
-
-
-@dataclass(frozen=True)
-class WeightsSnapshot:
-    version: int
-    tensors: dict[str, np.ndarray]
-    spec: ModelSpec
 
 
 @dataclass
@@ -312,7 +306,7 @@ class PendingPush:
 class WeightsWatcher:
     """Newest weights from a WatchWeights stream, kept fresh by a daemon thread.
 
-    With `shared_memory`, the first message offers the aggregator's segment (fleetrl/shm.py);
+    With `shared_memory`, the first message offers the aggregator's segment (foundation/shm.py);
     once mapped and its key checked, the watcher watches again with that key. The aggregator
     then writes every version into the segment and sends nothing more: `latest()` and
     `wait_newer_than()` read the segment's header (one integer) and copy the weights only when

@@ -1,6 +1,6 @@
 """The aggregator's math, free of any transport: master weights, optimizers, versions.
 
-    core = AggregatorCore(spec, config)
+    core = AggregatorCore(spec, config, grads_per_step, max_staleness, task)
     while running:
         grads, stats = <one flat vector per group, and batch input statistics, from a learner>
         step = core.submit(base_version, grads, stats, learner, batch_size)  # steps when K arrived
@@ -17,7 +17,8 @@ same data (tests/test_aggregator_core.py), and the staleness discount trusts gra
 computed on older weights less (staleness-aware async SGD, Zhang et al. 2016).
 
 A version is one optimizer step. It only ever grows and survives restarts through
-checkpoints (see aggregator/checkpoint.py).
+checkpoints: `state()` and `load_state()`, written and restored by aggregator/persistence.py
+in the file format of foundation/checkpoint.py.
 """
 
 from __future__ import annotations
@@ -30,16 +31,19 @@ import numpy as np
 import torch
 
 from aggregator.swa import LayeredSWA
-from fleetrl.config import AggregatorConfig
-from fleetrl.policy import SWA_GROUP
-from fleetrl.wire import cap
+from foundation.config import AggregatorConfig
+from foundation.errors import FleetrlError
+from foundation.policy import SWA_GROUP
+from foundation.wire import cap
 from learner.models import GRADIENT_GROUPS, GROUPS, ModelSpec, SACModel, norm_from_stats
 
 HUGE_GRADIENT = 1e15  # an element this large squares past float32 range inside Adam
 
 
-class GradientError(ValueError):
+class GradientError(FleetrlError, ValueError):
     """A pushed gradient does not fit the model; `field` names the tensor."""
+
+    field: str  # always set: the offending field
 
     def __init__(self, field: str, message: str) -> None:
         super().__init__(f"{field}: {message}")

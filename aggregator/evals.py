@@ -13,8 +13,8 @@ import numpy as np
 
 from aggregator.core import AggregatorCore
 from aggregator.swa import LayeredSWA
-from fleetrl.proto import fleetrl_pb2 as pb
-from fleetrl.wire import WireError, from_tensor
+from foundation.proto import fleetrl_pb2 as pb
+from foundation.wire import WireError, from_tensor
 
 EVAL_KINDS = ("curve", "full", "swa_curve")  # see EvalReport.kind
 

@@ -14,8 +14,8 @@ import threading
 from typing import Any
 
 from aggregator.core import AggregatorCore
-from fleetrl.checkpoint import CheckpointError, VersionLease, load_checkpoint, save_checkpoint
-from fleetrl.config import AggregatorConfig
+from foundation.checkpoint import CheckpointError, VersionLease, load_checkpoint, save_checkpoint
+from foundation.config import AggregatorConfig
 
 log = logging.getLogger("fleetrl.aggregator")
 

@@ -27,9 +27,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fleetrl.policy import ModelSpec
-
-SWA_MODES = ("off", "plain", "layered")
+from foundation.config import SWA_MODES
+from foundation.policy import ModelSpec
 
 
 @dataclass(frozen=True)
@@ -40,7 +39,7 @@ class Admitted:
 
 
 def actor_parts(spec: ModelSpec) -> tuple[np.ndarray, list[list[np.ndarray]]]:
-    """Index arrays into the flat actor (fleetrl/policy.py's layout): the router part, and per
+    """Index arrays into the flat actor (foundation/policy.py's layout): the router part, and per
     MoE layer, per expert, that expert's weights and bias. What is in neither is shared."""
     router: list[np.ndarray] = []
     experts: list[list[np.ndarray]] = []

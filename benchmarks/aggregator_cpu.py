@@ -32,9 +32,9 @@ import psutil
 from common import REPO, result_record, write_result  # benchmarks/common.py (this script's folder)
 
 from aggregator.client import AggregatorClient, GradientPush
-from fleetrl.config import RunConfig, with_overrides
-from fleetrl.launch import free_port
-from fleetrl.policy import ACTOR_GROUPS, GRADIENT_GROUPS, LEARNER_GROUPS, ModelSpec
+from fleet.launch import free_port
+from foundation.config import RunConfig, with_overrides
+from foundation.policy import ACTOR_GROUPS, GRADIENT_GROUPS, LEARNER_GROUPS, ModelSpec
 from learner.models import SACModel, norm_stats
 from sim.registry import get_task
 
@@ -74,7 +74,7 @@ def measure(
     stats = norm_stats(rng.normal(size=(256, spec_task.obs_dim + spec_task.goal_dim)))
     port = free_port()
     env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "PYTHONPATH": str(checkout)}
-    cmd = [sys.executable, "-m", "fleetrl.cli", "aggregator", "--config", config_path, "--port", str(port)]
+    cmd = [sys.executable, "-m", "fleet.cli", "aggregator", "--config", config_path, "--port", str(port)]
     proc = subprocess.Popen(cmd, cwd=checkout, env=env, stdout=subprocess.DEVNULL)
     address = f"127.0.0.1:{port}"
     try:
@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
         action="append",
         default=[],
         help="grpc | shm: how the learner's weights and gradients travel (shm: same-host segments, "
-        "fleetrl/shm.py; repeat for both); default grpc",
+        "foundation/shm.py; repeat for both); default grpc",
     )
     p.add_argument(
         "--push",

@@ -30,12 +30,12 @@ from aggregator.service import AggregatorServer
 from buffer.client import IngestClient
 from buffer.service import IngestServer
 from buffer.storage import TemporalStorage
-from fleetrl.config import AggregatorConfig, BufferConfig
-from fleetrl.local_cluster import LocalRedisCluster
-from fleetrl.policy import GRADIENT_GROUPS, ModelSpec
-from fleetrl.proto import fleetrl_pb2 as pb
-from fleetrl.transport import Security
-from fleetrl.wire import Transitions, TransitionSchema
+from fleet.local_cluster import LocalRedisCluster
+from foundation.config import AggregatorConfig, BufferConfig
+from foundation.policy import GRADIENT_GROUPS, ModelSpec
+from foundation.proto import fleetrl_pb2 as pb
+from foundation.transport import Security
+from foundation.wire import Transitions, TransitionSchema
 from learner.models import norm_stats
 
 RUN = "auth"

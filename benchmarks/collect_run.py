@@ -20,7 +20,7 @@ import sys
 
 from common import result_record, write_result  # benchmarks/common.py (this script's folder)
 
-from fleetrl.config import RunConfig
+from foundation.config import RunConfig
 
 
 def _jsonl(path: pathlib.Path) -> list[dict]:

@@ -38,10 +38,9 @@ import psutil
 from common import result_record, write_result  # benchmarks/common.py (this script's folder)
 
 from buffer.storage import TemporalStorage
-from fleetrl.config import RunConfig
-from fleetrl.ledger import read_ledgers
-from fleetrl.local_cluster import connect
-from fleetrl.transport import REDIS_PASSWORD_ENV, TOKEN_ENV, Security
+from foundation.config import RunConfig
+from foundation.ledger import read_ledgers
+from foundation.transport import REDIS_PASSWORD_ENV, TOKEN_ENV, Security, connect
 from sampler.worker import row_fingerprint
 from sim.registry import get_task
 
@@ -62,7 +61,7 @@ class Fleet:
     def __init__(self, run_dir: pathlib.Path, task: str, heartbeat_timeout: float) -> None:
         self.run_dir = run_dir
         self.secrets = {TOKEN_ENV: secrets.token_urlsafe(16), REDIS_PASSWORD_ENV: secrets.token_urlsafe(16)}
-        argv = [sys.executable, "-m", "fleetrl.cli", "train", "--task", task, "--run-dir", str(run_dir),
+        argv = [sys.executable, "-m", "fleet.cli", "train", "--task", task, "--run-dir", str(run_dir),
                 "--max-wall-sec", "3600", "--target-success", "1.0",
                 "--set", f"watchdog.heartbeat_timeout_sec={heartbeat_timeout}",
                 "--set", "aggregator.checkpoint_every_versions=100",

@@ -34,10 +34,10 @@ from dataclasses import replace
 import numpy as np
 from common import result_record, write_result  # benchmarks/common.py (this script's folder)
 
-from fleetrl.config import RunConfig
-from fleetrl.policy import LEARNER_GROUPS
-from fleetrl.presets import preset_config
-from fleetrl.process import free_port
+from fleet.presets import preset_config
+from foundation.config import RunConfig
+from foundation.policy import LEARNER_GROUPS
+from foundation.process import free_port
 from sim.registry import get_task
 
 GROUPS_SENT = ("actor", "critic", "log_alpha")
@@ -47,7 +47,7 @@ WAIT_SEC = 300.0  # start-up barrier and joins: a stuck learner process fails th
 def _setup(config: RunConfig):
     import torch
 
-    from fleetrl.policy import model_spec
+    from foundation.policy import model_spec
     from learner.models import SACModel
     from learner.sac import Batch, SACHyperparams
 
@@ -182,7 +182,7 @@ def allreduce_learner(index, world, port, config, seconds, compute, pause, barri
 def run_aggregator_arm(config: RunConfig, learners: int, seconds: float, compute: bool, pause: tuple) -> dict:
     from aggregator.core import AggregatorCore
     from aggregator.service import AggregatorServer
-    from fleetrl.policy import model_spec
+    from foundation.policy import model_spec
 
     task = get_task(config.sim.task)
     spec = model_spec(config, task)

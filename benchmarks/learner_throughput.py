@@ -14,7 +14,7 @@ One invocation measures, on the same machine:
     batches of the task's shapes (same ModelSpec, batch size and torch threads as the
     learner): updates per CPU-second of this process. Half before (b), half after.
 (b) the real learner: a LocalRedisCluster, buffer, aggregator and one sampler started by
-    fleetrl.launch.LocalFleet with the task's preset, then the learner process: it samples
+    fleet.launch.LocalFleet with the task's preset, then the learner process: it samples
     from Redis, computes gradients on the newest weights and pushes them to the aggregator.
     Updates are the aggregator's applied gradients over the window (exact, from its Stats);
     CPU-seconds are the learner process's own (psutil), so load from the other roles on a
@@ -43,11 +43,11 @@ import torch
 from common import result_record, write_result  # benchmarks/common.py (this script's folder)
 
 from aggregator.client import AggregatorClient
-from fleetrl.config import RunConfig, with_overrides
-from fleetrl.launch import LocalFleet
-from fleetrl.policy import model_spec
-from fleetrl.presets import preset_config
-from fleetrl.watchdog import Watchdog
+from fleet.launch import LocalFleet
+from fleet.presets import preset_config
+from fleet.watchdog import Watchdog
+from foundation.config import RunConfig, with_overrides
+from foundation.policy import model_spec
 from learner.models import GRADIENT_GROUPS, SACModel
 from learner.sac import Batch, SACHyperparams, compute_gradients
 from sim.tasks import TaskSet

@@ -30,13 +30,13 @@ from common import result_record, write_result  # benchmarks/common.py (this scr
 from aggregator.core import AggregatorCore
 from deploy_npu.audit import OpAuditError, audit_onnx
 from deploy_npu.export import export_onnx, trace_to_onnx
-from deploy_npu.freeze import load_policy_checkpoint, reference_actor
+from deploy_npu.freeze import reference_actor
 from deploy_npu.parity import OnnxPolicy
 from deploy_npu.routing import calibration_states, freeze_routing
-from fleetrl.checkpoint import latest_checkpoint, load_checkpoint
-from fleetrl.config import with_overrides
-from fleetrl.policy import ModelSpec, model_spec
-from fleetrl.presets import preset_config
+from fleet.presets import preset_config
+from foundation.checkpoint import latest_checkpoint, load_checkpoint, load_policy_checkpoint
+from foundation.config import with_overrides
+from foundation.policy import ModelSpec, model_spec
 from sim.registry import get_task
 
 

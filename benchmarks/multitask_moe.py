@@ -48,7 +48,7 @@ def train(arm: str, seed: int, args: argparse.Namespace) -> pathlib.Path:
     run_dir = pathlib.Path(args.root) / f"{arm}-seed{seed}"
     sets = [*ARMS[arm], 'aggregator.swa="layered"', f"aggregator.checkpoint_every_versions={args.checkpoint_versions}"]
     sets += ["aggregator.keep_checkpoints=100000", "eval.final_episodes=0", *args.set]
-    cmd = [sys.executable, "-m", "fleetrl.cli", "train", "--tasks", args.tasks, "--seed", str(seed)]
+    cmd = [sys.executable, "-m", "fleet.cli", "train", "--tasks", args.tasks, "--seed", str(seed)]
     cmd += ["--max-wall-sec", str(60 * args.minutes), "--run-dir", str(run_dir)]
     cmd += [a for s in sets for a in ("--set", s)]
     print(f"[{arm} seed {seed}] {' '.join(cmd[2:])}", file=sys.stderr)
@@ -57,7 +57,7 @@ def train(arm: str, seed: int, args: argparse.Namespace) -> pathlib.Path:
 
 
 def _evaluate(run_dir: pathlib.Path, checkpoint: pathlib.Path, weights: str, episodes: int) -> dict:
-    cmd = [sys.executable, "-m", "fleetrl.cli", "evaluate", str(run_dir), "--checkpoint", str(checkpoint)]
+    cmd = [sys.executable, "-m", "fleet.cli", "evaluate", str(run_dir), "--checkpoint", str(checkpoint)]
     cmd += ["--episodes", str(episodes), "--weights", weights, "--json"]
     out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
     if out.returncode != 0:

@@ -24,9 +24,9 @@ import numpy as np
 from buffer.client import IngestClient
 from buffer.service import IngestServer
 from buffer.storage import TemporalStorage
-from fleetrl.config import BufferConfig
-from fleetrl.local_cluster import LocalRedisCluster
-from fleetrl.wire import Transitions
+from fleet.local_cluster import LocalRedisCluster
+from foundation.config import BufferConfig
+from foundation.wire import Transitions
 from sim.registry import get_task
 
 

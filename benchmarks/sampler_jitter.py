@@ -23,8 +23,8 @@ import time
 import numpy as np
 from common import result_record, write_result  # benchmarks/common.py (this script's folder)
 
-from fleetrl.config import RandomizationConfig
-from fleetrl.process import locked_kib
+from foundation.config import RandomizationConfig
+from foundation.process import locked_kib
 
 
 def _sampler(index: int, task: str, seconds: float, harden_it: bool, out) -> None:

@@ -8,8 +8,8 @@ One invocation measures, on the same machine and one after the other:
     domain-randomized env every sampler builds) with uniform random actions, reset on
     episode end, after a short warm-up: the ceiling of one sampler process. Half of its
     `--seconds` run before (b) and half after, so a drift in the machine's load shows.
-(b) end to end: a LocalRedisCluster, then `python -m fleetrl.cli buffer|aggregator|sampler`
-    role processes started the way fleetrl.launch.LocalFleet starts them (no learner, no
+(b) end to end: a LocalRedisCluster, then `python -m fleet.cli buffer|aggregator|sampler`
+    role processes started the way fleet.launch.LocalFleet starts them (no learner, no
     evaluator). Samplers run with `sampler.max_env_steps_per_update=0` (rate limiter off)
     and a `sampler.random_steps` they never reach, so they act with uniform random actions
     like (a): the same env work per step, without the actor's forward pass. The buffer's
@@ -42,11 +42,11 @@ import psutil
 from common import result_record, write_result  # benchmarks/common.py (this script's folder)
 
 from buffer.client import IngestClient
-from fleetrl.config import RandomizationConfig, RunConfig, with_overrides
-from fleetrl.launch import LocalFleet
-from fleetrl.local_cluster import LocalRedisCluster
-from fleetrl.process import heartbeat_file
-from fleetrl.watchdog import Watchdog
+from fleet.launch import LocalFleet
+from fleet.local_cluster import LocalRedisCluster
+from fleet.watchdog import Watchdog
+from foundation.config import RandomizationConfig, RunConfig, with_overrides
+from foundation.process import heartbeat_file
 from sim.registry import get_task, make_env
 
 FIRST_ACK_TIMEOUT_SEC = 120.0
@@ -201,7 +201,7 @@ def bench_config(task: str, samplers: int, run_dir: pathlib.Path, security: list
 
 
 class Fleet:
-    """Aggregator, buffer and samplers started by fleetrl.launch.LocalFleet itself (no learner,
+    """Aggregator, buffer and samplers started by fleet.launch.LocalFleet itself (no learner,
     no evaluator, no restarts: a restart would spoil the measurement window)."""
 
     def __init__(self, local: LocalFleet, run_dir: pathlib.Path, dog: Watchdog, cluster: LocalRedisCluster) -> None:
@@ -330,7 +330,7 @@ SECURITY_MODES = {
 
 def tls_overrides(run_dir: pathlib.Path) -> list[str]:
     """Token, Redis password and TLS with a fresh certificate set (fleetrl certs)."""
-    from fleetrl.certs import make_certs
+    from foundation.certs import make_certs
 
     paths = make_certs(run_dir / "certs", hosts=[])
     return [

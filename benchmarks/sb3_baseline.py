@@ -213,7 +213,7 @@ def make_train_env(task: str, randomized: bool, seed: int) -> gym.Env:
         env = gym.make(task)
     else:
         sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
-        from fleetrl.config import RandomizationConfig
+        from foundation.config import RandomizationConfig
         from sim.registry import make_env
 
         env = make_env(task, RandomizationConfig())
@@ -257,7 +257,7 @@ def build_model(args: argparse.Namespace, env: gym.Env) -> OffPolicyAlgorithm:
 
 
 def write_run_dir(run_dir: pathlib.Path, args: argparse.Namespace, outcome: Outcome) -> None:
-    """summary.json and evals.jsonl as `fleetrl train` writes them (fleetrl/report.py reads both)."""
+    """summary.json and evals.jsonl as `fleetrl train` writes them (fleet/report.py reads both)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     evals = [
         {

@@ -4,7 +4,7 @@ each role's memory (resident and locked) while it trains.
     python3 benchmarks/stop_times.py [--task FetchReach-v4] [--json out.json]
 
 Twice, a local fleet (Redis Cluster, buffer, aggregator, sampler, learner, evaluator) is
-started by fleetrl.launch.LocalFleet and given time to train; then every role's VmRSS and
+started by fleet.launch.LocalFleet and given time to train; then every role's VmRSS and
 its pinned memory are read from /proc (the first fleet), and:
 (a) peers up: each role gets SIGTERM in turn (workers first, then the services, then the Redis
     nodes), the others still running;
@@ -27,11 +27,11 @@ from contextlib import closing
 
 from common import result_record, write_result  # benchmarks/common.py (this script's folder)
 
-from fleetrl.config import with_overrides
-from fleetrl.launch import LocalFleet
-from fleetrl.presets import preset_config
-from fleetrl.process import locked_kib
-from fleetrl.watchdog import Watchdog
+from fleet.launch import LocalFleet
+from fleet.presets import preset_config
+from fleet.watchdog import Watchdog
+from foundation.config import with_overrides
+from foundation.process import locked_kib
 
 WORKERS = ("sampler-0", "learner-0", "evaluator-0")
 SERVICES = ("buffer", "aggregator")

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
-from fleetrl.wire import Transitions
+from foundation.wire import Transitions
 
 if TYPE_CHECKING:
     from buffer.storage import PushKey, WriteResult

@@ -31,11 +31,12 @@ from buffer.api import SampledBatch
 from buffer.layout import RecordLayout
 from buffer.ratelimit import RATE_LIMITED, SampleToInsertRatio
 from buffer.storage import TemporalStorage
-from fleetrl.config import REPLAY_SAMPLING, BufferConfig
-from fleetrl.proto import fleetrl_pb2 as pb
-from fleetrl.proto import fleetrl_pb2_grpc as pb_grpc
-from fleetrl.transport import NO_SECURITY, UNREACHABLE_LOG_SEC, Backoff, Security
-from fleetrl.wire import Transitions, TransitionSchema, batch_to_proto
+from foundation.config import REPLAY_SAMPLING, BufferConfig
+from foundation.errors import FleetrlError, RunFailed
+from foundation.proto import fleetrl_pb2 as pb
+from foundation.proto import fleetrl_pb2_grpc as pb_grpc
+from foundation.transport import NO_SECURITY, UNREACHABLE_LOG_SEC, Backoff, Security
+from foundation.wire import Transitions, TransitionSchema, batch_to_proto
 
 log = logging.getLogger("fleetrl.buffer.client")
 # A push refused by flow control is offered again after 25 ms, then 50, ... up to 400 ms: the
@@ -46,7 +47,7 @@ RATE_LIMITED_MAX_SEC = 0.4
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024  # a TransitionBatch; gRPC's own limit (transport.py) is larger
 
 
-class EmptyBufferError(RuntimeError):
+class EmptyBufferError(RunFailed, RuntimeError):
     """sample() was called while the buffer holds no valid transition."""
 
 
@@ -316,7 +317,7 @@ class ReplaySampler:
         return low
 
 
-class PushRejected(ValueError):
+class PushRejected(FleetrlError, ValueError):
     """The ingest service refused a batch as invalid (INVALID_ARGUMENT); retrying cannot help."""
 
     def __init__(self, code: grpc.StatusCode, details: str) -> None:
@@ -325,7 +326,7 @@ class PushRejected(ValueError):
         self.details = details
 
 
-class IngestUnavailable(ConnectionError):
+class IngestUnavailable(RunFailed, ConnectionError):
     """Push was retried for max_retry_sec without an ack."""
 
 

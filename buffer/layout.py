@@ -16,8 +16,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from fleetrl.config import BufferConfig
-from fleetrl.wire import Transitions, TransitionSchema
+from foundation.config import BufferConfig
+from foundation.wire import Transitions, TransitionSchema
 
 MAX_UINT32 = 2**32 - 1
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fleetrl.config import RunConfig
+from foundation.config import RunConfig
 
 _ROUNDING = 1e-6  # sampled rows: a ratio like 25.6 is not exact in binary
 RATE_LIMITED = "rate limited"  # how a RESOURCE_EXHAUSTED answer of flow control begins

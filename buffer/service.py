@@ -4,14 +4,13 @@
     with IngestServer(storage, task_ids=(0,), schema=schema, run_id=run_id, config=config) as server:
         ...  # samplers: IngestClient(server.address, ...)
 
-`run_ingest_service(...)` is the same, blocking, for the CLI's ingest role process.
+`run_ingest_service(...)` is the buffer role (foundation/role.py): the same, blocking, until stopped.
 """
 
 from __future__ import annotations
 
 import logging
 import re
-import signal
 import threading
 from collections import deque
 from collections.abc import Callable
@@ -22,22 +21,23 @@ import grpc
 from redis.exceptions import RedisError, SlotNotCoveredError
 
 from buffer.layout import MAX_UINT32
-from buffer.ratelimit import RATE_LIMITED, SampleToInsertRatio
+from buffer.ratelimit import RATE_LIMITED, SampleToInsertRatio, rate_limit
 from buffer.storage import PushKey, RunCounters, TemporalStorage
-from fleetrl.config import BufferConfig
-from fleetrl.local_cluster import connect
-from fleetrl.process import Heartbeat, write_ready_file
-from fleetrl.proto import fleetrl_pb2 as pb
-from fleetrl.proto import fleetrl_pb2_grpc as pb_grpc
-from fleetrl.transport import (
+from foundation.config import BufferConfig, RunConfig
+from foundation.process import Heartbeat, write_ready_file
+from foundation.proto import fleetrl_pb2 as pb
+from foundation.proto import fleetrl_pb2_grpc as pb_grpc
+from foundation.transport import (
     GRPC_OPTIONS,
     NO_SECURITY,
     RefusalCounter,
     Security,
     StandardServices,
+    connect,
     parse_hostport,
 )
-from fleetrl.wire import Transitions, TransitionSchema, WireError, batch_from_proto, cap
+from foundation.wire import Transitions, TransitionSchema, WireError, batch_from_proto, cap
+from sim.tasks import TaskSet
 
 # Redis failures worth a retry: the push is answered UNAVAILABLE and the sampler retries.
 log = logging.getLogger("fleetrl.buffer")
@@ -326,23 +326,54 @@ class IngestService:
     limit: SampleToInsertRatio | None = None  # flow control: buffer.ratelimit.rate_limit(config)
 
 
+@dataclass(frozen=True)
+class IngestEndpoints:
+    listen: str  # HOST:PORT to serve on
+    redis: str  # host:port[,host:port...] of Redis Cluster nodes
+    advertise: str | None = None  # HOST:PORT others reach it at (default: the bound address)
+    ready_file: str | None = None  # where to write the reachable address once serving
+
+
 def run_ingest_service(
+    config: RunConfig,
+    identity: int,
+    endpoints: IngestEndpoints,
+    security: Security,
+    stop: threading.Event,
+    heartbeat: Heartbeat,
+) -> int:
+    """The buffer role (foundation/role.py): serve the run's tasks until `stop` is set, then
+    stop gracefully; returns the batches stored."""
+    tasks = TaskSet.for_run(config)
+    service = IngestService(
+        config.buffer,
+        config.run_id,
+        tasks.ids,
+        tasks.schema(),
+        endpoints.listen,
+        endpoints.advertise,
+        rate_limit(config),
+    )
+    return serve_ingest(service, endpoints.redis, endpoints.ready_file, security, stop, heartbeat)
+
+
+def serve_ingest(
     service: IngestService,
     redis_addresses: str,
-    ready_file: str | None = None,
-    security: Security = NO_SECURITY,
-    heartbeat_path: str | None = None,
-) -> None:
-    """Serve until SIGTERM or SIGINT, then stop gracefully (the CLI's ingest role process).
+    ready_file: str | None,
+    security: Security,
+    stop: threading.Event,
+    heartbeat: Heartbeat,
+) -> int:
+    """Serve `service` until `stop` is set; returns the batches stored.
 
     Once listening, writes its "host:port" to `ready_file` (atomically, for launchers to wait
-    on). Call from the main thread: it installs signal handlers.
+    on). It beats every second while serving: a stopped one goes silent and the watchdog
+    replaces it. The Redis client and the server are closed on the way out, on an error too.
     """
-    stop = threading.Event()
-    handlers = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
-    client = connect(redis_addresses, security)
     s = service
     host, port = parse_hostport(s.listen, "--listen")
+    client = connect(redis_addresses, security)
     try:
         storage = TemporalStorage(client, s.run_id, s.schema, s.config)
         with IngestServer(
@@ -359,7 +390,6 @@ def run_ingest_service(
             address = s.advertise or server.address
             log.info("ingest service listening on %s, reachable at %s", server.address, address)
             write_ready_file(ready_file, address)
-            heartbeat = Heartbeat(heartbeat_path, interval_sec=1.0)  # silent when stopped: the watchdog replaces it
             while not stop.wait(1.0):  # health: SERVING only while its Redis answers
                 server.standard.set_serving(_redis_answers(client))
                 c = server.servicer.counters() if server.servicer is not None else None
@@ -373,7 +403,6 @@ def run_ingest_service(
                         rate_limited=c.rate_limited,
                         serving=float(bool(server.standard.serving)),
                     )
+            return server.servicer.counters().batches if server.servicer is not None else 0
     finally:
         client.close()
-        for sig, handler in handlers.items():
-            signal.signal(sig, handler)

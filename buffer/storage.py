@@ -37,8 +37,8 @@ from redis.cluster import RedisCluster
 from redis.exceptions import TryAgainError
 
 from buffer.layout import RecordLayout
-from fleetrl.config import BufferConfig
-from fleetrl.wire import Transitions, TransitionSchema
+from foundation.config import BufferConfig
+from foundation.wire import Transitions, TransitionSchema
 
 log = logging.getLogger("fleetrl.buffer")
 

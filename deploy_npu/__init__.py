@@ -15,9 +15,10 @@ Reads checkpoints only; talks to no other role.
 
 from deploy_npu.audit import AuditReport, OpAuditError, audit_onnx
 from deploy_npu.export import ExportReport, export_onnx
-from deploy_npu.freeze import CheckpointError, PolicyCheckpoint, freeze_policy, load_policy_checkpoint, reference_actor
+from deploy_npu.freeze import freeze_policy, reference_actor
 from deploy_npu.parity import OnnxPolicy, check_parity, closed_loop, measure_latency
 from deploy_npu.pipeline import DeployCheckConfig, DeployReport, export_and_check
+from foundation.checkpoint import CheckpointError, PolicyCheckpoint, load_policy_checkpoint
 
 __all__ = [
     "AuditReport",

@@ -26,6 +26,8 @@ from dataclasses import dataclass
 
 import onnx
 
+from foundation.errors import FleetrlError
+
 # Never compilable ahead of time, whatever the target: op -> why (named in the finding).
 _CONTROL = "data-dependent control flow or output shape"
 FORBIDDEN = {
@@ -86,7 +88,7 @@ class AuditReport:
         return not self.findings
 
 
-class OpAuditError(ValueError):
+class OpAuditError(FleetrlError, ValueError):
     """The graph failed the audit; `report` holds the histogram and every finding."""
 
     def __init__(self, report: AuditReport) -> None:

@@ -8,7 +8,7 @@
 Every ONNX file gets a manifest beside it (<file>.manifest.json): tasks, input and output
 spec, normalizer, routing, weight version, check figures and the file's sha256.
 
-fleetrl/cli.py mounts this as a subcommand:
+fleet/cli.py mounts this as a subcommand:
 
     sub = subparsers.add_parser("export", help="export a policy to ONNX and check it for the NPU")
     deploy_npu.cli.add_arguments(sub)
@@ -26,8 +26,10 @@ import pathlib
 import sys
 from collections.abc import Sequence
 
-from deploy_npu.freeze import WEIGHT_CHOICES, CheckpointError, load_policy_checkpoint
 from deploy_npu.pipeline import DeployCheckConfig, export_and_check
+from foundation.checkpoint import WEIGHT_CHOICES, load_policy_checkpoint
+from foundation.config import ConfigError
+from foundation.errors import FleetrlError
 
 _DEFAULTS = DeployCheckConfig()
 
@@ -81,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
     """Run the checks, print the report; return the exit status."""
     try:
         reports = _export_all(args)
-    except (FileNotFoundError, CheckpointError, ValueError) as exc:
+    except (FileNotFoundError, FleetrlError) as exc:  # a missing file or bad input (CheckpointError, ConfigError, ...)
         print(f"fleetrl export: error: {exc}", file=sys.stderr)
         return 2
     for report in reports:
@@ -102,7 +104,7 @@ def _export_all(args: argparse.Namespace) -> list:
         return [export_and_check(ckpt, target, config)]
     out = pathlib.Path(args.out)
     if out.suffix == ".onnx":
-        raise ValueError(f"--out {out}: several tasks export to a directory, not one .onnx file")
+        raise ConfigError(f"--out {out}: several tasks export to a directory, not one .onnx file", field="out")
     names = args.task or ckpt.task_names
     reports = [export_and_check(ckpt, out / f"{name}.onnx", dataclasses.replace(config, task=name)) for name in names]
     if multi:

@@ -25,11 +25,12 @@ import numpy as np
 import torch
 
 from deploy_npu.export import export_onnx
-from deploy_npu.freeze import load_policy_checkpoint, reference_actor
+from deploy_npu.freeze import reference_actor
 from deploy_npu.parity import OnnxPolicy, drive
 from deploy_npu.pipeline import resolve_task
 from deploy_npu.routing import calibration_states, freeze_routing
-from fleetrl.config import RunConfig
+from foundation.checkpoint import load_policy_checkpoint
+from foundation.config import RunConfig
 from sim.rate import NATIVE_HZ
 
 

@@ -24,7 +24,9 @@ from typing import TYPE_CHECKING
 import onnx
 import torch
 
-from deploy_npu.freeze import CheckpointSource, PolicyCheckpoint, TaskInput, freeze_policy, load_policy_checkpoint
+from deploy_npu.freeze import TaskInput, freeze_policy
+from foundation.checkpoint import CheckpointSource, PolicyCheckpoint, load_policy_checkpoint
+from foundation.config import ConfigError
 from learner.models import ModelSpec
 
 if TYPE_CHECKING:
@@ -99,9 +101,13 @@ def export_onnx(
     run's policy is exported for one task (`task_input`), on that task's own input.
     """
     if opset < MIN_OPSET:
-        raise ValueError(f"opset ({opset}) must be >= {MIN_OPSET}: the op audit reads axes as opset-13 inputs")
+        raise ConfigError(
+            f"opset ({opset}) must be >= {MIN_OPSET}: the op audit reads axes as opset-13 inputs", field="opset"
+        )
     if batch_size is not None and batch_size < 1:
-        raise ValueError(f"batch_size ({batch_size}) must be >= 1, or None for a dynamic batch axis")
+        raise ConfigError(
+            f"batch_size ({batch_size}) must be >= 1, or None for a dynamic batch axis", field="batch_size"
+        )
     ckpt = load_policy_checkpoint(checkpoint)
     input_dim = task_input.input_dim if task_input is not None else ckpt.spec.input_dim
     model = trace_to_onnx(freeze_policy(ckpt, routing, task_input), input_dim, opset, batch_size)

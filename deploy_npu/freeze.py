@@ -1,6 +1,6 @@
 """Checkpoint -> plain torch module: the seam between training and export.
 
-    ckpt = load_policy_checkpoint("runs/r1/checkpoints")   # a ckpt_<version>.pt, a directory, or a state dict
+    ckpt = load_policy_checkpoint("runs/r1/checkpoints")   # foundation.checkpoint: a file, a directory, a state dict
     reference = reference_actor(ckpt)                    # the learner's SquashedGaussianActor, eval mode
     module = freeze_policy(ckpt)                         # obs_goal [B, in] -> action [B, act], no sampling
     export_onnx(...)                                     # exports `module` (deploy_npu/export.py)
@@ -14,9 +14,6 @@ Everything downstream (export, audit, parity, latency, closed loop) only sees th
 from __future__ import annotations
 
 import copy
-import os
-import pathlib
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -24,111 +21,13 @@ import numpy as np
 import torch
 from torch import nn
 
-from fleetrl.checkpoint import load_checkpoint
-from learner.models import ACTOR_GROUPS, ModelSpec, Normalizer, SquashedGaussianActor, build_actor
+from deploy_npu.layers import mean_head
+from deploy_npu.routing import FrozenRoutingPolicy, RoutingTable
+from foundation.checkpoint import CheckpointError, PolicyCheckpoint
+from learner.models import Normalizer, SquashedGaussianActor, build_actor
 
 if TYPE_CHECKING:
-    from deploy_npu.routing import RoutingTable
     from sim.tasks import TaskSet
-
-
-class CheckpointError(ValueError):
-    """A checkpoint exists but cannot be turned into a policy; the message says what is wrong."""
-
-
-@dataclass(frozen=True)
-class PolicyCheckpoint:
-    """The part of an aggregator checkpoint that a deployed policy needs (ACTOR_GROUPS)."""
-
-    version: int
-    spec: ModelSpec
-    actor: np.ndarray  # flat float32 actor parameters
-    obs_norm: np.ndarray  # flat float32 input mean ++ std
-    source: str  # where it came from, for reports and error messages
-    task: str | None = None  # task(s) the run trained on (checkpoints record it); None if unknown
-    weights: str = "live"  # "live": the aggregator's newest actor; "swa": its weight average
-
-    @property
-    def task_names(self) -> list[str]:
-        """The run's tasks, in order (several for a multi-task run; [] when not recorded)."""
-        return [name for name in (self.task or "").split(",") if name]
-
-
-CheckpointSource = str | os.PathLike | Mapping[str, Any] | PolicyCheckpoint
-
-
-def _read_state(checkpoint: str | os.PathLike | Mapping[str, Any]) -> tuple[Mapping[str, Any], str]:
-    if isinstance(checkpoint, Mapping):
-        return checkpoint, "<in-memory checkpoint>"
-    path = pathlib.Path(checkpoint)
-    if not path.exists():
-        raise FileNotFoundError(
-            f"checkpoint {str(path)!r} does not exist: pass a ckpt_<version>.pt file or the directory holding them"
-        )
-    try:
-        state = load_checkpoint(path)
-    except FileNotFoundError:
-        raise  # an empty directory: load_checkpoint's message already names it
-    except Exception as exc:  # torch.load raises pickle, zip and EOF errors alike on a bad file
-        raise CheckpointError(
-            f"cannot read checkpoint {str(path)!r} ({type(exc).__name__}: {exc}); "
-            "expected a file written by fleetrl.checkpoint.save_checkpoint"
-        ) from exc
-    if not isinstance(state, Mapping):
-        raise CheckpointError(f"checkpoint {str(path)!r} holds a {type(state).__name__}, expected a dict")
-    return state, str(path)
-
-
-WEIGHT_CHOICES = ("best", "live", "swa", "swa_plain")
-
-
-def load_policy_checkpoint(checkpoint: CheckpointSource, weights: str = "best") -> PolicyCheckpoint:
-    """Read and validate a checkpoint (path, directory = newest in it, or AggregatorCore.state() dict).
-
-    `weights`: "live" the newest actor; "swa" the weight average of a run with aggregator.swa
-    on ("swa_plain": a layered run's plain average, for comparisons); "best" the average when
-    the evaluator scored it above the live policy, else live.
-    A PolicyCheckpoint is returned as it is, so callers can load once and pass it on.
-    Raises FileNotFoundError for a missing path and CheckpointError for anything unusable.
-    """
-    if weights not in WEIGHT_CHOICES:
-        raise ValueError(f"weights {weights!r}: expected one of {WEIGHT_CHOICES}")
-    choice = weights
-    if isinstance(checkpoint, PolicyCheckpoint):
-        return checkpoint
-    state, source = _read_state(checkpoint)
-    missing = [k for k in ("version", "spec", "weights") if k not in state]
-    if missing:
-        raise CheckpointError(f"checkpoint {source} lacks {missing}: not an AggregatorCore.state() dict")
-    groups = state["weights"]
-    absent = [g for g in ACTOR_GROUPS if g not in groups]
-    if absent:
-        raise CheckpointError(f"checkpoint {source} has no weight group(s) {absent}; a policy needs {ACTOR_GROUPS}")
-    try:
-        spec = ModelSpec.from_json(state["spec"])
-    except (TypeError, ValueError, KeyError) as exc:
-        raise CheckpointError(f"checkpoint {source}: unreadable model spec {state['spec']!r} ({exc})") from exc
-    flats = {g: np.asarray(groups[g], np.float32) for g in ACTOR_GROUPS}
-    chosen = _choose_weights(state, choice, source)
-    if chosen != "live":
-        flats["actor"] = np.asarray(state[chosen]["actor"], np.float32)
-    for group, flat in flats.items():
-        if not np.all(np.isfinite(flat)):
-            raise CheckpointError(f"checkpoint {source}: weights[{group!r}] contain NaN or inf; the policy is unusable")
-    task = state.get("task") or None
-    return PolicyCheckpoint(int(state["version"]), spec, flats["actor"], flats["obs_norm"], source, task, chosen)
-
-
-def _choose_weights(state: Mapping[str, Any], choice: str, source: str) -> str:
-    if choice in ("swa", "swa_plain") and (state.get(choice) or {}).get("actor") is None:
-        raise CheckpointError(f"checkpoint {source} holds no {choice} weight average (train with aggregator.swa on)")
-    swa = state.get("swa") or {}
-    has_average = swa.get("actor") is not None
-    if choice != "best":
-        return choice
-    score, live = swa.get("score"), swa.get("live_score")
-    better = has_average and score is not None and live is not None and score > live
-    return "swa" if better else "live"
 
 
 def reference_actor(ckpt: PolicyCheckpoint) -> SquashedGaussianActor:
@@ -164,16 +63,6 @@ class DeterministicPolicy(nn.Module):
         first = self.net[0]
         assert isinstance(first, nn.Linear)
         return [first]
-
-
-def mean_head(head: nn.Linear) -> nn.Linear:
-    """The actor's output layer (mean ++ log_std) without its log_std rows."""
-    act_dim = head.out_features // 2
-    linear = nn.Linear(head.in_features, act_dim)
-    with torch.no_grad():
-        linear.weight.copy_(head.weight[:act_dim])
-        linear.bias.copy_(head.bias[:act_dim])
-    return linear
 
 
 @dataclass(frozen=True)
@@ -255,8 +144,6 @@ def _frozen(ckpt: PolicyCheckpoint, routing: RoutingTable | None) -> nn.Module:
                 f"checkpoint {ckpt.source}: a moe policy exports with one task's frozen routing: "
                 "freeze_routing(...) first (fleetrl export does)"
             )
-        from deploy_npu.routing import FrozenRoutingPolicy
-
         return FrozenRoutingPolicy(reference_actor(ckpt), routing).eval().requires_grad_(False)
     module = DeterministicPolicy(reference_actor(ckpt), ckpt.spec.act_dim).eval()
     return module.requires_grad_(False)

@@ -28,10 +28,12 @@ from torch import nn
 
 from deploy_npu.audit import OpAuditError, audit_onnx
 from deploy_npu.export import ExportReport, trace_to_onnx, write_model
-from deploy_npu.freeze import DeterministicPolicy, PolicyCheckpoint, TaskInput, mean_head, reference_actor
+from deploy_npu.freeze import DeterministicPolicy, TaskInput, reference_actor
+from deploy_npu.layers import expert_linear, mean_head
 from deploy_npu.parity import ClosedLoopReport, OnnxPolicy, check_parity, drive, measure_latency, random_inputs
-from deploy_npu.routing import RoutingTable, calibration_states, expert_linear, freeze_routing
-from fleetrl.config import RandomizationConfig
+from deploy_npu.routing import RoutingTable, calibration_states, freeze_routing
+from foundation.checkpoint import PolicyCheckpoint
+from foundation.config import RandomizationConfig
 from learner.models import SquashedGaussianActor
 from sim.tasks import TaskSet
 

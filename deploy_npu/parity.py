@@ -23,8 +23,8 @@ import numpy as np
 import onnxruntime as ort
 import torch
 
-from deploy_npu.freeze import PolicyCheckpoint
-from fleetrl.config import RandomizationConfig
+from foundation.checkpoint import PolicyCheckpoint
+from foundation.config import ConfigError, RandomizationConfig
 from learner.models import ModelSpec
 from sim import TASKS, TaskSpec, get_task, goal_success, make_env
 
@@ -78,14 +78,15 @@ def task_for_spec(spec: ModelSpec, task: str | int | None = None) -> TaskSpec:
     if task is not None:
         found = get_task(task)
         if dims(found) != dims(spec):
-            raise ValueError(
-                f"task {found.name} has (obs, goal, act) dims {dims(found)}, the checkpoint's policy {dims(spec)}"
+            raise ConfigError(
+                f"task {found.name} has (obs, goal, act) dims {dims(found)}, the checkpoint's policy {dims(spec)}",
+                field="task",
             )
         return found
     fits = [t for t in TASKS.values() if dims(t) == dims(spec)]
     if len(fits) != 1:
         names = [t.name for t in fits] or "none"
-        raise ValueError(f"policy dims {dims(spec)} fit task(s) {names}: name the task to run (--task)")
+        raise ConfigError(f"policy dims {dims(spec)} fit task(s) {names}: name the task to run (--task)", field="task")
     return fits[0]
 
 
@@ -171,7 +172,7 @@ def measure_latency(
 ) -> LatencyReport:
     """Per-call wall time of one model-shaped batch (batch 1 for a dynamic axis), after warm-up."""
     if num_calls < 1:
-        raise ValueError(f"num_calls ({num_calls}) must be >= 1: no calls, no percentiles")
+        raise ConfigError(f"num_calls ({num_calls}) must be >= 1: no calls, no percentiles", field="num_calls")
     batch = np.random.default_rng(0).standard_normal((policy.static_batch or 1, policy.input_dim)).astype(np.float32)
     for _ in range(warmup_calls):  # first runs allocate arenas and page in the weights
         policy.run_batch(batch)
@@ -198,7 +199,7 @@ class ClosedLoopReport:
 def closed_loop(policy: OnnxPolicy, task: TaskSpec, *, episodes: int = 5, seed: int = 0) -> ClosedLoopReport:
     """Drive the nominal env with the ONNX policy; an episode succeeds if its last state reaches the goal."""
     if episodes < 0:
-        raise ValueError(f"episodes ({episodes}) must be >= 0")
+        raise ConfigError(f"episodes ({episodes}) must be >= 0", field="episodes")
     # No randomization, the task's own rate, no delay: the nominal task, as the evaluator scores it.
     nominal = RandomizationConfig(enabled=False)
     successes, _ = drive(lambda x: policy(x)[0], task, 0.0, nominal, episodes=episodes, delay_ticks=0, seed=seed)

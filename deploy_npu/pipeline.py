@@ -22,14 +22,7 @@ import torch
 
 from deploy_npu.audit import AuditReport, OpAuditError, audit_onnx
 from deploy_npu.export import ExportReport, export_onnx
-from deploy_npu.freeze import (
-    CheckpointSource,
-    PolicyCheckpoint,
-    TaskInput,
-    freeze_policy,
-    load_policy_checkpoint,
-    reference_actor,
-)
+from deploy_npu.freeze import TaskInput, freeze_policy, reference_actor
 from deploy_npu.parity import (
     CONTROL_BUDGET_MS,
     PARITY_TOLERANCE,
@@ -46,7 +39,8 @@ from deploy_npu.parity import (
 )
 from deploy_npu.quantize import Int8Report, audit_int8, quantize_int8
 from deploy_npu.routing import RoutingTable, calibration_states, freeze_routing
-from fleetrl.config import config_field
+from foundation.checkpoint import CheckpointSource, PolicyCheckpoint, load_policy_checkpoint
+from foundation.config import ConfigError, config_field
 from sim.registry import TaskSpec, get_task
 from sim.tasks import TaskSet
 
@@ -191,12 +185,15 @@ def resolve_task(ckpt, named: str | None) -> tuple[TaskSpec, TaskInput | None]:
     if len(ckpt.task_names) > 1:
         tasks = TaskSet.of(ckpt.task_names)
         if named is None:
-            raise ValueError(
-                f"checkpoint {ckpt.source} is of a multi-task run: name one of {list(tasks.names)} (--task)"
+            raise ConfigError(
+                f"checkpoint {ckpt.source} is of a multi-task run: name one of {list(tasks.names)} (--task)",
+                field="task",
             )
         found = get_task(named)
         if found.name not in tasks.names:
-            raise ValueError(f"task {found.name} is not one of the checkpoint's tasks {list(tasks.names)}")
+            raise ConfigError(
+                f"task {found.name} is not one of the checkpoint's tasks {list(tasks.names)}", field="task"
+            )
         return found, TaskInput(tasks, tasks.names.index(found.name))
     # The task named on the command line, else the one the checkpoint records, else by dims.
     return task_for_spec(ckpt.spec, named if named is not None else ckpt.task), None

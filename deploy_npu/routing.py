@@ -1,7 +1,7 @@
 """Frozen routing: a MoE policy's per-task expert table, and the static network built from it.
 
-    states = calibration_states(ckpt, task, episodes=10)        # fresh rollouts of the task
-    table = freeze_routing(ckpt, task, states)                   # per layer: experts, fixed gates
+    states = calibration_states(ckpt.spec, ckpt.actor, ckpt.obs_norm, task, episodes=10)  # fresh rollouts
+    table = freeze_routing(reference_actor(ckpt), task.name, states)  # per layer: experts, fixed gates
     table.agreement, table.action_error_max                      # how faithful the freeze is
     module = FrozenRoutingPolicy(reference_actor(ckpt), table)   # what export_onnx traces
 
@@ -25,11 +25,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from aggregator.client import WeightsSnapshot
-from deploy_npu.freeze import mean_head
-from fleetrl.policy import ModelSpec
-from learner.models import MoELinear, SquashedGaussianActor
-from sampler.worker import Policy, rollout
+from deploy_npu.layers import expert_linear, mean_head
+from foundation.acting import Policy, WeightsSnapshot, rollout
+from foundation.policy import ModelSpec
+from learner.models import SquashedGaussianActor
 from sim.registry import TaskSpec, make_env
 from sim.tasks import TaskSet
 
@@ -137,12 +136,3 @@ class FrozenRoutingPolicy(nn.Module):
             mixed = sum(gate * next(experts)(x) for gate in gates)
             x = torch.relu(mixed)
         return torch.tanh(self.head(x))
-
-
-def expert_linear(layer: MoELinear, index: int) -> nn.Linear:
-    fan_out, fan_in = layer.weight.shape[1:]
-    linear = nn.Linear(fan_in, fan_out)
-    with torch.no_grad():
-        linear.weight.copy_(layer.weight[index])
-        linear.bias.copy_(layer.bias[index])
-    return linear

@@ -15,7 +15,7 @@ SAC+HER needed over 10x more updates on FetchReach here (measured: 25% success a
 updates unnormalized, 100% after 475 normalized). The statistics are versioned with the
 weights, so actors, critics and the exported ONNX all see the same transform.
 
-`ModelSpec` (fleetrl/policy.py) is the whole recipe to rebuild the modules on any host.
+`ModelSpec` (foundation/policy.py) is the whole recipe to rebuild the modules on any host.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from fleetrl.policy import (  # noqa: F401 - re-exported for the learner side
+from foundation.policy import (  # noqa: F401 - re-exported for the learner side
     ACTOR_GROUPS,
     GRADIENT_GROUPS,
     GROUPS,

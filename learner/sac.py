@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from fleetrl.config import RunConfig
+from foundation.config import RunConfig
 from learner.models import MoELinear, SACModel, norm_stats
 
 

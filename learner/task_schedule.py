@@ -22,7 +22,7 @@ from typing import Protocol
 import grpc
 import numpy as np
 
-from fleetrl.proto import fleetrl_pb2 as pb
+from foundation.proto import fleetrl_pb2 as pb
 
 log = logging.getLogger(__name__)
 

@@ -18,16 +18,17 @@ from dataclasses import dataclass
 import grpc
 import torch
 
-from aggregator.client import AggregatorClient, GradientPush, PendingPush, WeightsSnapshot, WeightsWatcher
+from aggregator.client import AggregatorClient, GradientPush, PendingPush, WeightsWatcher
+from buffer.api import BatchSource
 from buffer.client import ReplaySampler
 from buffer.ratelimit import rate_limit
-from fleetrl.config import RunConfig
-from fleetrl.ledger import AckLedger
-from fleetrl.local_cluster import connect
-from fleetrl.policy import LEARNER_GROUPS
-from fleetrl.process import Heartbeat
-from fleetrl.proto import fleetrl_pb2 as pb
-from fleetrl.transport import Security
+from foundation.acting import WeightsSnapshot
+from foundation.config import RunConfig
+from foundation.ledger import AckLedger
+from foundation.policy import LEARNER_GROUPS
+from foundation.process import Heartbeat
+from foundation.proto import fleetrl_pb2 as pb
+from foundation.transport import Security, connect
 from learner.models import GROUPS, SACModel
 from learner.sac import Batch, SACHyperparams, compute_gradients
 from learner.task_schedule import TaskSchedule
@@ -40,7 +41,6 @@ log = logging.getLogger("fleetrl.learner")
 class LearnerEndpoints:
     aggregator: str  # host:port of the aggregator
     redis: str  # host:port[,host:port...] of Redis Cluster nodes
-    heartbeat_path: str | None = None
     ack_log_dir: str | None = None  # AckLedger files: every acked gradient push, for audits and fault tests
 
 
@@ -70,7 +70,8 @@ def resolve_device(name: str) -> torch.device:
 
 
 class Batches:
-    """Training batches from the replay sampler, optionally prepared one ahead in a thread.
+    """Training batches from a batch source (buffer.api.BatchSource: the replay sampler),
+    optionally prepared one ahead in a thread.
 
     With prefetch the next batch is sampled (and turned into tensors on the device) while the
     current gradient is computed: torch's kernels release the GIL, so the two overlap.
@@ -78,9 +79,9 @@ class Batches:
     """
 
     def __init__(
-        self, replay: ReplaySampler, batch_size: int, device: torch.device, prefetch: bool, tasks: TaskSet | None = None
+        self, source: BatchSource, batch_size: int, device: torch.device, prefetch: bool, tasks: TaskSet | None = None
     ) -> None:
-        self.replay, self.batch_size, self.device = replay, batch_size, device
+        self.source, self.batch_size, self.device = source, batch_size, device
         self.tasks = tasks if tasks is not None and tasks.multi else None  # rows' task places, multi-task only
         self.version = 0  # the learner's weights version ('version' sampling bounds the rows' lag by it)
         self._queue: queue.Queue[Batch | BaseException] = queue.Queue(maxsize=1)
@@ -91,7 +92,7 @@ class Batches:
             self._thread.start()
 
     def _make(self) -> Batch:
-        sampled = self.replay.sample(self.batch_size, self.version)
+        sampled = self.source.sample(self.batch_size, self.version)
         t, task = sampled.transitions, None
         if self.tasks is not None:
             task = self.tasks.indices(sampled.task_id)
@@ -99,7 +100,7 @@ class Batches:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            if not self.replay.wait_to_sample(self.batch_size, self._stop):  # flow control
+            if not self.source.wait_to_sample(self.batch_size, self._stop):  # flow control
                 return
             try:
                 item: Batch | BaseException = self._make()
@@ -117,7 +118,7 @@ class Batches:
     def next(self, stop: threading.Event) -> Batch | None:
         """The next batch; None once `stop` is set."""
         if self._thread is None:
-            return self._make() if self.replay.wait_to_sample(self.batch_size, stop) else None
+            return self._make() if self.source.wait_to_sample(self.batch_size, stop) else None
         while not stop.is_set():
             try:
                 item = self._queue.get(timeout=0.5)
@@ -134,12 +135,18 @@ class Batches:
             self._thread.join(timeout=5.0)
 
 
-def run_learner(config: RunConfig, learner_id: int, endpoints: LearnerEndpoints, stop: threading.Event) -> int:
-    """Loop until `stop` is set; returns the number of gradients pushed."""
+def run_learner(
+    config: RunConfig,
+    learner_id: int,
+    endpoints: LearnerEndpoints,
+    security: Security,
+    stop: threading.Event,
+    heartbeat: Heartbeat,
+) -> int:
+    """The learner role (foundation/role.py): loop until `stop` is set; returns the number of
+    gradients pushed."""
     torch.set_num_threads(config.learner.torch_threads)
     tasks = TaskSet.for_run(config)
-    heartbeat = Heartbeat(endpoints.heartbeat_path)
-    security = Security.from_config(config.security)
     redis_client = connect(endpoints.redis, security)
     try:
         with (
@@ -175,18 +182,20 @@ def run_learner(config: RunConfig, learner_id: int, endpoints: LearnerEndpoints,
                 stop.wait(0.1)
             device = resolve_device(config.learner.device)
             batches = Batches(replay, config.learner.batch_size, device, config.learner.prefetch, tasks)
-            try:
-                loop = _GradientLoop(config, learner_id, tasks.act_dim, agg, weights, batches, heartbeat)
+            ledger: AckLedger | None = None
+            try:  # an error anywhere here still stops the prefetch thread and closes the ledger
+                loop = _GradientLoop(config, learner_id, tasks.act_dim, agg, weights, batches, replay, heartbeat)
                 if tasks.multi and config.learner.task_sampling == "success":
                     loop.schedule = TaskSchedule(tasks.names, replay, agg, config.learner.task_min_share)
                 if endpoints.ack_log_dir:
-                    loop.ledger = AckLedger(endpoints.ack_log_dir, f"learner-{learner_id}", agg.incarnation)
+                    ledger = AckLedger(endpoints.ack_log_dir, f"learner-{learner_id}", agg.incarnation)
+                    loop.ledger = ledger
                 pushed = loop.run(snapshot, stop)
                 heartbeat.close(pushed=pushed)
             finally:
                 batches.close()
-                if loop.ledger is not None:
-                    loop.ledger.close()
+                if ledger is not None:
+                    ledger.close()
     finally:
         redis_client.close()
     log.info("learner %d: stopped after %d gradients", learner_id, pushed)
@@ -204,11 +213,13 @@ class _GradientLoop:
         agg: AggregatorClient,
         weights: WeightsWatcher,
         batches: Batches,
+        replay: ReplaySampler,
         heartbeat: Heartbeat,
     ) -> None:
         self.hp = SACHyperparams.for_run(config, act_dim)
         self.config, self.learner_id = config, learner_id
         self.agg, self.weights, self.batches, self.heartbeat = agg, weights, batches, heartbeat
+        self.replay = replay  # its size and flow-control counters, for the heartbeat
         self.ledger: AckLedger | None = None
         self.schedule: TaskSchedule | None = None  # learner.task_sampling 'success'
         self._share_tried = False
@@ -245,7 +256,7 @@ class _GradientLoop:
                 self._record(pending, ack)
                 # The next gradient may be computed on weights at most max_grad_staleness behind.
                 need = max(need, int(ack.version) - self.config.learner.max_grad_staleness)
-                replay = self.batches.replay
+                replay = self.replay
                 self.heartbeat.beat(
                     pushed=pushed,
                     version=ack.version,

@@ -28,16 +28,16 @@ from dataclasses import dataclass, field
 import grpc
 import numpy as np
 
-from aggregator.client import AggregatorClient, WeightsSnapshot
+from aggregator.client import AggregatorClient
 from buffer.client import IngestClient
-from fleetrl.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint
-from fleetrl.config import EvalConfig, RunConfig
-from fleetrl.policy import ACTOR_GROUPS, SWA_GROUP, ModelSpec
-from fleetrl.process import Heartbeat
-from fleetrl.proto import fleetrl_pb2 as pb
-from fleetrl.transport import Security
-from fleetrl.wire import to_tensor
-from sampler.worker import Policy, rollout
+from foundation.acting import Policy, WeightsSnapshot, rollout
+from foundation.checkpoint import CheckpointError, latest_checkpoint, load_policy_checkpoint
+from foundation.config import EvalConfig, RunConfig
+from foundation.policy import ACTOR_GROUPS, SWA_GROUP
+from foundation.process import Heartbeat
+from foundation.proto import fleetrl_pb2 as pb
+from foundation.transport import Security
+from foundation.wire import to_tensor
 from sim.registry import goal_reward
 from sim.tasks import TaskSet
 
@@ -125,20 +125,10 @@ def score_checkpoint(
     found = latest_checkpoint(path) if os.path.isdir(path) else path
     if found is None:
         raise CheckpointError(f"{path}: no checkpoint in this folder")
-    state = load_checkpoint(found)
-    groups = state.get("weights", {})
-    missing = [g for g in ACTOR_GROUPS if g not in groups] + (["spec"] if "spec" not in state else [])
-    if missing:
-        raise CheckpointError(f"{found}: lacks {missing}; not a policy checkpoint")
-    tensors = {g: np.asarray(groups[g], np.float32) for g in ACTOR_GROUPS}
-    if weights != "live":
-        average = (state.get(weights) or {}).get("actor")
-        if average is None:
-            raise CheckpointError(f"{found}: holds no {weights} weight average (train with aggregator.swa on)")
-        tensors["actor"] = np.asarray(average, np.float32)
+    ckpt = load_policy_checkpoint(found, weights)  # checks groups, spec, and NaN or inf weights
     policy = Policy()
-    policy.refresh(WeightsSnapshot(int(state["version"]), tensors, ModelSpec.from_json(state["spec"])))
-    tasks = TaskSet.parse(state["task"]) if state.get("task") else TaskSet.for_run(config)
+    policy.refresh(WeightsSnapshot(ckpt.version, {"actor": ckpt.actor, "obs_norm": ckpt.obs_norm}, ckpt.spec))
+    tasks = TaskSet.parse(ckpt.task) if ckpt.task else TaskSet.for_run(config)
     envs = eval_envs(tasks, config)
     try:
         per_task = {
@@ -214,32 +204,53 @@ def _acked_env_steps(ingest: IngestClient, stop: threading.Event) -> int | None:
     return None
 
 
+@dataclass(frozen=True)
+class EvaluatorEndpoints:
+    buffer: str  # host:port of a buffer ingest service (the run's acked env steps)
+    aggregator: str  # host:port of the aggregator (weights in, scores out)
+
+
 def run_evaluator(
     config: RunConfig,
     evaluator_id: int,
-    buffer: str,
-    aggregator: str,
+    endpoints: EvaluatorEndpoints,
+    security: Security,
     stop: threading.Event,
-    heartbeat_path: str | None = None,
+    heartbeat: Heartbeat,
 ) -> int:
-    """Score versions until `stop` is set; returns how many versions were scored."""
+    """The evaluator role (foundation/role.py): score versions until `stop` is set; returns how
+    many versions were scored. Its envs are closed on the way out, on an error too."""
     os.nice(config.eval.nice)  # scoring uses spare CPU first; training loops keep priority
     tasks = TaskSet.for_run(config)
     envs = dict(zip(tasks.names, eval_envs(tasks, config), strict=True))
-    heartbeat = Heartbeat(heartbeat_path)
+    try:
+        return _score_versions(config, evaluator_id, endpoints, security, stop, heartbeat, envs)
+    finally:
+        for env in envs.values():
+            env.close()
+
+
+def _score_versions(
+    config: RunConfig,
+    evaluator_id: int,
+    endpoints: EvaluatorEndpoints,
+    security: Security,
+    stop: threading.Event,
+    heartbeat: Heartbeat,
+    envs: dict,
+) -> int:
     policy = Policy()
     scored = 0
     name = f"evaluator-{evaluator_id}"
     swa = config.aggregator.swa != "off"  # also score the weight average, beside the live policy
     watched = (*ACTOR_GROUPS, SWA_GROUP) if swa else ACTOR_GROUPS
-    security = Security.from_config(config.security)
     with (
         # Short calls, retried: a hung aggregator must not keep the evaluator from its heartbeat.
-        AggregatorClient(aggregator, timeout_sec=5.0, security=security) as agg,
+        AggregatorClient(endpoints.aggregator, timeout_sec=5.0, security=security) as agg,
         # At most one version a second: the evaluator only needs the newest when it scores, and
         # every version streamed costs the aggregator a serialization (measured: 7% of a core).
         agg.watch(name, watched, min_interval_sec=1.0) as watcher,
-        IngestClient(buffer, sampler_id=0, run_id=config.run_id, security=security) as ingest,
+        IngestClient(endpoints.buffer, sampler_id=0, run_id=config.run_id, security=security) as ingest,
     ):
         started, next_at, near = time.monotonic(), 0.0, NearTarget()
         while not stop.is_set():
@@ -274,8 +285,6 @@ def run_evaluator(
             next_at = time.monotonic() + next_interval_sec(config.eval, config.target_success, curve, age, misses)
             heartbeat.beat(scored=scored, version=policy.version, success=curve)
     heartbeat.close(scored=scored)
-    for env in envs.values():
-        env.close()
     return scored
 
 

@@ -14,28 +14,13 @@ make the episodes that moved something a larger share of every batch.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import numpy as np
 
-from fleetrl.wire import Transitions
+from foundation.acting import Episode
+from foundation.wire import Transitions
 
 RewardFn = Callable[[np.ndarray, np.ndarray], np.ndarray]  # (achieved, desired) -> reward [N]
-
-
-@dataclass
-class Episode:
-    """One episode's arrays, leading dim T."""
-
-    obs: np.ndarray
-    achieved_goal: np.ndarray  # achieved goal *after* each step (from next observation)
-    desired_goal: np.ndarray
-    action: np.ndarray
-    next_obs: np.ndarray
-    terminated: np.ndarray
-
-    def __len__(self) -> int:
-        return int(self.action.shape[0])
 
 
 def moved(episode: Episode, reward_fn: RewardFn) -> bool:

@@ -25,15 +25,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from aggregator.client import AggregatorClient, WeightsSnapshot
+from aggregator.client import AggregatorClient, WeightsWatcher
 from buffer.client import IngestClient, IngestUnavailable
-from fleetrl.config import RunConfig
-from fleetrl.ledger import AckLedger
-from fleetrl.policy import ACTOR_GROUPS, NumpyActor
-from fleetrl.process import Heartbeat
-from fleetrl.transport import Security
+from foundation.acting import Policy, rollout
+from foundation.config import RunConfig
+from foundation.ledger import AckLedger
+from foundation.policy import ACTOR_GROUPS
+from foundation.process import Heartbeat
+from foundation.transport import Security
 from sampler.hardening import harden
-from sampler.her import Episode, relabel_future
+from sampler.her import relabel_future
 from sim.registry import TaskSpec, goal_reward
 from sim.tasks import TaskSet
 
@@ -45,87 +46,11 @@ TRAIN_SEEDS_FROM = 2**21  # evaluation seeds start at EvalConfig.seed (1e6 by de
 class SamplerEndpoints:
     buffer: str  # host:port of a buffer ingest service
     aggregator: str  # host:port of the aggregator
-    heartbeat_path: str | None = None
     ack_log_dir: str | None = None  # AckLedger files: every acked batch, for audits and fault tests
 
 
 def row_fingerprint(row: np.ndarray) -> str:
     return hashlib.sha1(np.ascontiguousarray(row, np.float32).tobytes()).hexdigest()
-
-
-class Policy:
-    """The newest actor this process has; acts stochastically or deterministically."""
-
-    def __init__(self, seed: int = 0, random_action_prob: float = 0.0, noise_std: float | None = None) -> None:
-        self.version = -1
-        self.actor: NumpyActor | None = None
-        self.random_action_prob = random_action_prob  # stochastic acting only; see SamplerConfig
-        self.noise_std = noise_std  # None: SAC's own sampling; else tanh(mu) + N(0, noise_std) (DDPG)
-        self._rng = np.random.default_rng(seed)
-
-    @classmethod
-    def exploring(cls, config: RunConfig, seed: int) -> Policy:
-        """The acting policy of a sampler: the algorithm's exploration plus epsilon-random steps."""
-        ddpg = config.learner.algo == "ddpg"
-        noise = config.sampler.action_noise_std if ddpg else None
-        return cls(seed=seed, random_action_prob=config.sampler.random_action_prob, noise_std=noise)
-
-    def refresh(self, snapshot: WeightsSnapshot | None) -> bool:
-        if snapshot is None or snapshot.version == self.version:
-            return False
-        self.actor = NumpyActor(snapshot.spec, snapshot.tensors["actor"], snapshot.tensors["obs_norm"])
-        self.version = snapshot.version
-        return True
-
-    def act(self, obs: dict[str, np.ndarray], deterministic: bool, task: int = 0) -> np.ndarray:
-        """An action for `obs` of the run's task place `task` (multi-task runs; 0 otherwise)."""
-        assert self.actor is not None, "refresh() with weights before acting"
-        if not deterministic and self.random_action_prob > 0 and self._rng.random() < self.random_action_prob:
-            return self._rng.uniform(-1.0, 1.0, self.actor.spec.act_dim).astype(np.float32)
-        x = np.concatenate([obs["observation"], obs["desired_goal"]]).astype(np.float32)[None]
-        if deterministic:
-            return self.actor.deterministic(x, task)[0]
-        if self.noise_std is not None:
-            noise = self._rng.normal(0.0, self.noise_std, self.actor.spec.act_dim)
-            return np.clip(self.actor.deterministic(x, task)[0] + noise, -1.0, 1.0).astype(np.float32)
-        return self.actor.sample(x, self._rng, task)[0]
-
-
-def rollout(
-    env, policy: Policy | None, seed: int | None, rng: np.random.Generator, deterministic: bool = False, task: int = 0
-):
-    """One episode of the run's task place `task`; policy None means uniform random actions.
-    Returns (Episode, success)."""
-    obs, _ = env.reset(seed=seed)
-    rows: dict[str, list[np.ndarray | float]] = {k: [] for k in ("obs", "ag", "dg", "action", "next_obs", "term")}
-    info: dict = {}
-    while True:
-        if policy is None:
-            action = rng.uniform(-1.0, 1.0, env.action_space.shape).astype(np.float32)
-        else:
-            action = policy.act(obs, deterministic, task)
-        next_obs, _, terminated, truncated, info = env.step(action)
-        for key, value in (
-            ("obs", obs["observation"]),
-            ("ag", next_obs["achieved_goal"]),
-            ("dg", obs["desired_goal"]),
-            ("action", action),
-            ("next_obs", next_obs["observation"]),
-            ("term", float(terminated)),
-        ):
-            rows[key].append(value)
-        obs = next_obs
-        if terminated or truncated:
-            break
-    episode = Episode(
-        obs=np.asarray(rows["obs"], np.float32),
-        achieved_goal=np.asarray(rows["ag"], np.float32),
-        desired_goal=np.asarray(rows["dg"], np.float32),
-        action=np.asarray(rows["action"], np.float32),
-        next_obs=np.asarray(rows["next_obs"], np.float32),
-        terminated=np.asarray(rows["term"], np.float32),
-    )
-    return episode, bool(info.get("is_success", 0.0))
 
 
 class Pusher:
@@ -228,73 +153,55 @@ class Pusher:
                 )
 
 
-def run_sampler(config: RunConfig, sampler_id: int, endpoints: SamplerEndpoints, stop: threading.Event) -> int:
-    """Collect and push until `stop` is set; returns env steps acked."""
+def run_sampler(
+    config: RunConfig,
+    sampler_id: int,
+    endpoints: SamplerEndpoints,
+    security: Security,
+    stop: threading.Event,
+    heartbeat: Heartbeat,
+) -> int:
+    """The sampler role (foundation/role.py): collect and push until `stop` is set; returns env
+    steps acked. The envs, the pusher and the ledger are closed on the way out, on an error too."""
     cfg = config.sampler
     tasks = TaskSet.for_run(config)
     mine = tasks.assigned(sampler_id, cfg.num_samplers)  # task places, episodes taken in turn
-    envs = [tasks.make_env(i, config.sim.randomization, config.sim.control_hz) for i in mine]
-    report = harden(sampler_id, pin=cfg.pin_cpus, mlock=cfg.mlock)
-    names = ", ".join(tasks.names[i] for i in mine)
-    log.info("sampler %d: task %s, cpu %s, mlocked %s", sampler_id, names, report.cpu, report.mlocked)
-    heartbeat = Heartbeat(endpoints.heartbeat_path)
-    steps, episodes, successes = 0, 0, 0
-    security = Security.from_config(config.security)
-    with (
-        AggregatorClient(endpoints.aggregator, security=security) as agg,
-        agg.watch(f"sampler-{sampler_id}", ACTOR_GROUPS, cfg.weights_interval_sec) as watcher,
-        IngestClient(
-            endpoints.buffer,
-            sampler_id=sampler_id,
-            run_id=config.run_id,
-            push_timeout_sec=cfg.push_timeout_sec,
-            security=security,
-        ) as ingest,
-    ):
-        # Streams of this sampler *process*: a restarted sampler (a new incarnation) must not
-        # replay its previous life's episodes, and samplers never share episode seeds.
-        streams = np.random.SeedSequence([cfg.seed, sampler_id, ingest.incarnation]).spawn(3)
-        rng, seeds = np.random.default_rng(streams[0]), np.random.default_rng(streams[1])
-        policy = Policy.exploring(config, seed=int(streams[2].generate_state(1)[0]))
-        ledger = None
-        if endpoints.ack_log_dir:
-            ledger = AckLedger(endpoints.ack_log_dir, f"sampler-{sampler_id}", ingest.incarnation)
-        # Flow control is the buffer's (buffer/ratelimit.py): while learners lag, the ingest
-        # service holds pushes back, this queue fills and put() waits. Two batches queued at most:
-        # an episode collected while it waits is at most two episodes old when stored.
-        pusher = Pusher(ingest, tasks.tasks[mine[0]], max_pending=2, ledger=ledger, halt=stop)
-        while not stop.is_set():
-            policy.refresh(watcher.latest())
-            acting = policy if (steps >= cfg.random_steps and policy.actor is not None) else None
-            turn = episodes % len(mine)
-            env, place = envs[turn], mine[turn]
-            with heartbeat.phase("rollout"):
-                seed = int(seeds.integers(TRAIN_SEEDS_FROM, 2**31))  # clear of the evaluator's held-out seeds
-                episode, success = rollout(env, acting, seed=seed, rng=rng, task=place)
-            with heartbeat.phase("relabel"):
-                reward = functools.partial(goal_reward, env)
-                transitions = relabel_future(episode, cfg.her_k, reward, rng, k_unmoved=cfg.her_k_unmoved)
-            with heartbeat.phase("enqueue"):  # long only while flow control holds pushes back
-                version = max(policy.version, 0)
-                task_id = tasks.tasks[place].task_id
-                pusher.put(transitions, version, env_steps=len(episode), successes=int(success), task_id=task_id)
-            steps += len(episode)
-            episodes += 1
-            successes += success
-            heartbeat.beat(
-                env_steps=steps,
-                episodes=episodes,
-                train_success=successes / episodes,
-                acked_env_steps=pusher.acked_env_steps,
-                version=policy.version,
-                rate_limited_sec=ingest.rate_limited_sec,
-            )
-        pusher.close(timeout=3.0)  # bounded, whatever the buffer does
-        heartbeat.close(acked_env_steps=pusher.acked_env_steps)
-        if ledger is not None:
-            ledger.close()
-    for env in envs:
-        env.close()
+    envs: list = []
+    try:
+        envs.extend(tasks.make_env(i, config.sim.randomization, config.sim.control_hz) for i in mine)
+        report = harden(sampler_id, pin=cfg.pin_cpus, mlock=cfg.mlock)
+        names = ", ".join(tasks.names[i] for i in mine)
+        log.info("sampler %d: task %s, cpu %s, mlocked %s", sampler_id, names, report.cpu, report.mlocked)
+        with (
+            AggregatorClient(endpoints.aggregator, security=security) as agg,
+            agg.watch(f"sampler-{sampler_id}", ACTOR_GROUPS, cfg.weights_interval_sec) as watcher,
+            IngestClient(
+                endpoints.buffer,
+                sampler_id=sampler_id,
+                run_id=config.run_id,
+                push_timeout_sec=cfg.push_timeout_sec,
+                security=security,
+            ) as ingest,
+        ):
+            ledger = None
+            if endpoints.ack_log_dir:
+                ledger = AckLedger(endpoints.ack_log_dir, f"sampler-{sampler_id}", ingest.incarnation)
+            try:
+                # Flow control is the buffer's (buffer/ratelimit.py): while learners lag, the ingest
+                # service holds pushes back, this queue fills and put() waits. Two batches queued at
+                # most: an episode collected while it waits is at most two episodes old when stored.
+                pusher = Pusher(ingest, tasks.tasks[mine[0]], max_pending=2, ledger=ledger, halt=stop)
+                try:
+                    steps = _collect(config, sampler_id, envs, mine, watcher, ingest, pusher, heartbeat, stop)
+                finally:
+                    pusher.close(timeout=3.0)  # bounded, whatever the buffer does
+                heartbeat.close(acked_env_steps=pusher.acked_env_steps)
+            finally:
+                if ledger is not None:
+                    ledger.close()
+    finally:
+        for env in envs:
+            env.close()
     log.info(
         "sampler %d: stopped after %d env steps (%d acked, %d batches dropped unacked)",
         sampler_id,
@@ -303,3 +210,51 @@ def run_sampler(config: RunConfig, sampler_id: int, endpoints: SamplerEndpoints,
         pusher.dropped,
     )
     return pusher.acked_env_steps
+
+
+def _collect(
+    config: RunConfig,
+    sampler_id: int,
+    envs: list,
+    mine: list[int],
+    watcher: WeightsWatcher,
+    ingest: IngestClient,
+    pusher: Pusher,
+    heartbeat: Heartbeat,
+    stop: threading.Event,
+) -> int:
+    """act -> relabel -> enqueue, episode after episode, until `stop`; returns env steps taken."""
+    cfg, tasks = config.sampler, TaskSet.for_run(config)
+    steps, episodes, successes = 0, 0, 0
+    # Streams of this sampler *process*: a restarted sampler (a new incarnation) must not
+    # replay its previous life's episodes, and samplers never share episode seeds.
+    streams = np.random.SeedSequence([cfg.seed, sampler_id, ingest.incarnation]).spawn(3)
+    rng, seeds = np.random.default_rng(streams[0]), np.random.default_rng(streams[1])
+    policy = Policy.exploring(config, seed=int(streams[2].generate_state(1)[0]))
+    while not stop.is_set():
+        policy.refresh(watcher.latest())
+        acting = policy if (steps >= cfg.random_steps and policy.actor is not None) else None
+        turn = episodes % len(mine)
+        env, place = envs[turn], mine[turn]
+        with heartbeat.phase("rollout"):
+            seed = int(seeds.integers(TRAIN_SEEDS_FROM, 2**31))  # clear of the evaluator's held-out seeds
+            episode, success = rollout(env, acting, seed=seed, rng=rng, task=place)
+        with heartbeat.phase("relabel"):
+            reward = functools.partial(goal_reward, env)
+            transitions = relabel_future(episode, cfg.her_k, reward, rng, k_unmoved=cfg.her_k_unmoved)
+        with heartbeat.phase("enqueue"):  # long only while flow control holds pushes back
+            version = max(policy.version, 0)
+            task_id = tasks.tasks[place].task_id
+            pusher.put(transitions, version, env_steps=len(episode), successes=int(success), task_id=task_id)
+        steps += len(episode)
+        episodes += 1
+        successes += success
+        heartbeat.beat(
+            env_steps=steps,
+            episodes=episodes,
+            train_success=successes / episodes,
+            acked_env_steps=pusher.acked_env_steps,
+            version=policy.version,
+            rate_limited_sec=ingest.rate_limited_sec,
+        )
+    return steps

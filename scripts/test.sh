@@ -7,4 +7,5 @@ source "$(dirname "${BASH_SOURCE[0]}")/setup.sh"
 ruff check .
 ruff format --check .
 mypy  # files and settings: [tool.mypy] in pyproject.toml
-exec python -m pytest -q "$@"
+lint-imports  # the layers and the role-to-role edges: [tool.importlinter] in pyproject.toml
+exec python -m pytest -q -rs "$@"  # -rs: every skip with its reason

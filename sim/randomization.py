@@ -43,7 +43,7 @@ import gymnasium as gym
 import mujoco
 import numpy as np
 
-from fleetrl.config import ConfigError, RandomizationConfig
+from foundation.config import ConfigError, RandomizationConfig
 
 _OBJECT_BODY = re.compile(r"object\d+")
 _SCALE_FIELDS = ("mass_scale", "friction_scale", "damping_scale", "weld_stiffness_scale", "action_scale")

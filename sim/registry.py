@@ -28,8 +28,9 @@ from typing import Any, cast
 import gymnasium as gym
 import numpy as np
 
-from fleetrl.config import RandomizationConfig
-from fleetrl.wire import TransitionSchema
+from foundation.config import TASK_NAMES, RandomizationConfig
+from foundation.errors import FleetrlError
+from foundation.wire import TransitionSchema
 from sim.randomization import DomainRandomization
 from sim.rate import NATIVE_HZ, ControlRate, episode_steps
 
@@ -41,7 +42,7 @@ with contextlib.redirect_stderr(io.StringIO()):
 gym.register_envs(gymnasium_robotics)
 
 
-class UnknownTaskError(ValueError):
+class UnknownTaskError(FleetrlError, ValueError):
     """A task name or id is not in the registry; the message lists the known tasks."""
 
 
@@ -50,7 +51,7 @@ class TaskSpec:
     """One task: its stable wire id, the gymnasium id it builds, and its fixed dimensions.
 
     `obs_dim` is the width of the "observation" entry only; goals are a separate column
-    (`goal_dim`), as in fleetrl.wire.TransitionSchema.
+    (`goal_dim`), as in foundation.wire.TransitionSchema.
 
         >>> get_task("FetchReach-v4").schema()
         TransitionSchema(obs_dim=10, goal_dim=3, act_dim=4)
@@ -100,6 +101,8 @@ TASKS: Mapping[str, TaskSpec] = types.MappingProxyType({s.name: s for s in _SPEC
 _BY_ID: Mapping[int, TaskSpec] = types.MappingProxyType({s.task_id: s for s in _SPECS})
 if len(_BY_ID) != len(_SPECS) or len(TASKS) != len(_SPECS):
     raise RuntimeError("sim.registry: duplicate task name or id in _SPECS")
+if tuple(TASKS) != TASK_NAMES:
+    raise RuntimeError(f"sim.registry: TASKS {tuple(TASKS)} differ from foundation.config.TASK_NAMES {TASK_NAMES}")
 
 
 def _known_tasks() -> str:

@@ -39,8 +39,8 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from fleetrl.config import ConfigError, RandomizationConfig, RunConfig
-from fleetrl.wire import TransitionSchema
+from foundation.config import ConfigError, RandomizationConfig, RunConfig
+from foundation.wire import TransitionSchema
 from sim.registry import TaskSpec, get_task, make_env
 
 

@@ -7,18 +7,54 @@
         run_role(clean_redis_cluster.addresses)
 
 A test that needs a cluster of its own (to kill it, say) starts a LocalRedisCluster itself.
+
+One way to wait for something, everywhere (a bound against hanging, not a timing check):
+
+    count = wait_until(lambda: ledger_rows() > 10, 180, "ten acked batches", procs)
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import subprocess
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import TypeVar
 
 import numpy as np
 import pytest
 from redis.cluster import RedisCluster
 
-from fleetrl.local_cluster import LocalRedisCluster
-from fleetrl.wire import Transitions, TransitionSchema
+from fleet.local_cluster import LocalRedisCluster
+from foundation.wire import Transitions, TransitionSchema
+
+T = TypeVar("T")
+
+
+def wait_until(
+    condition: Callable[[], T],
+    timeout_sec: float = 10.0,
+    what: str | Callable[[], str] = "the condition",
+    procs: Mapping[str, subprocess.Popen] | Iterable[tuple[str, subprocess.Popen]] = (),
+    interval_sec: float = 0.25,
+) -> T:
+    """The first truthy value of `condition()`, polled every `interval_sec`.
+
+    AssertionError naming `what` (a string, or a function giving one: a log tail, say) after
+    `timeout_sec`, or as soon as one of `procs` (name -> process) has exited: a role that died
+    fails the test at once, not at the timeout.
+    """
+    watched = dict(procs)
+    deadline = time.monotonic() + timeout_sec
+    while True:
+        for name, proc in watched.items():
+            assert proc.poll() is None, f"{name} exited with {proc.returncode}"
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            described = what() if callable(what) else what
+            raise AssertionError(f"timed out after {timeout_sec}s waiting for {described}")
+        time.sleep(interval_sec)
 
 
 @pytest.fixture(scope="session")

@@ -9,14 +9,14 @@ import pytest
 import torch
 
 from aggregator.core import AggregatorCore, GradientError
-from fleetrl.checkpoint import (
+from foundation.checkpoint import (
     checkpoint_path,
     latest_checkpoint,
     list_checkpoints,
     load_checkpoint,
     save_checkpoint,
 )
-from fleetrl.config import AggregatorConfig
+from foundation.config import AggregatorConfig
 from learner.models import GRADIENT_GROUPS, GROUPS, ModelSpec, SACModel, norm_from_stats, norm_stats
 from learner.sac import Batch, SACHyperparams, compute_gradients
 

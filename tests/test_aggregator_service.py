@@ -12,37 +12,20 @@ import grpc
 import numpy as np
 import pytest
 
-from aggregator.client import AggregatorClient, GradientPush
+from aggregator.client import AggregatorClient
 from aggregator.core import AggregatorCore
-from aggregator.service import AggregatorServer, AggregatorServicer
-from fleetrl.checkpoint import load_checkpoint
-from fleetrl.config import AggregatorConfig
-from fleetrl.policy import GRADIENT_GROUPS, GROUPS, ModelSpec
-from fleetrl.proto import fleetrl_pb2 as pb
-from fleetrl.proto import fleetrl_pb2_grpc as pb_grpc
-from fleetrl.shm import SharedWeightsWriter
-from fleetrl.transport import GRPC_OPTIONS
-from fleetrl.wire import WIRE_DTYPES, from_tensor, to_tensor
-from learner.models import norm_stats
-
-SPEC = ModelSpec(obs_dim=3, goal_dim=2, act_dim=2, hidden_sizes=(8,))
-CONFIG = AggregatorConfig(lr=1e-2, tau=0.1, checkpoint_every_versions=1000, keep_checkpoints=2)
-
-
-def make_core() -> AggregatorCore:
-    return AggregatorCore(SPEC, CONFIG, grads_per_step=1, max_staleness=1)
-
-
-def push(core: AggregatorCore, base_version: int, seed: int = 0) -> GradientPush:
-    rng = np.random.default_rng(seed)
-    return GradientPush(
-        learner_id=0,
-        base_version=base_version,
-        grads={g: rng.normal(size=core.sizes[g]).astype(np.float32) for g in GRADIENT_GROUPS},
-        norm_stats=norm_stats(rng.normal(size=(8, SPEC.input_dim))),
-        batch_size=8,
-        metrics={"loss/critic": 0.5},
-    )
+from aggregator.service import AggregatorServer
+from aggregator.servicer import AggregatorServicer
+from foundation.checkpoint import load_checkpoint
+from foundation.config import AggregatorConfig
+from foundation.policy import GRADIENT_GROUPS, GROUPS
+from foundation.proto import fleetrl_pb2 as pb
+from foundation.proto import fleetrl_pb2_grpc as pb_grpc
+from foundation.shm import SharedWeightsWriter
+from foundation.transport import GRPC_OPTIONS
+from foundation.wire import WIRE_DTYPES, from_tensor, to_tensor
+from tests.conftest import wait_until
+from tests.helpers import CONFIG, SPEC, make_core, push
 
 
 @pytest.fixture
@@ -102,10 +85,10 @@ def test_async_push_is_acked_and_a_stale_push_is_reported(server, client):
 def test_a_waiting_stream_is_counted_so_new_versions_wake_it(server, client):
     with client.watch("sampler-0", ("actor",)) as watcher:
         watcher.wait_newer_than(-1, timeout=10)
-        assert _wait_for(lambda: server.servicer._waiters == 1)  # waiting for version 1
+        wait_until(lambda: server.servicer._waiters == 1, 10.0, "a stream waiting", interval_sec=0.01)  # for version 1
         client.push_gradients(push(server.servicer.core, 0))
         assert watcher.wait_newer_than(0, timeout=10).version == 1
-    assert _wait_for(lambda: server.servicer._waiters == 0)
+    wait_until(lambda: server.servicer._waiters == 0, 10.0, "no stream waiting", interval_sec=0.01)
 
 
 def test_a_watcher_of_some_groups_gets_only_those(server, client):
@@ -135,18 +118,13 @@ def test_min_interval_conflates_versions(server, client):
     assert received <= 2 + elapsed / 0.3 + 1
 
 
-def _wait_for(condition: Callable[[], bool], timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while not condition() and time.monotonic() < deadline:
-        time.sleep(0.01)
-    return condition()
-
-
 def test_a_same_host_watcher_reads_weights_from_shared_memory(server, client):
     core, groups = server.servicer.core, ("actor", "critic", "log_alpha", "obs_norm")
     with client.watch("learner-0", groups, shared_memory=True) as watcher:
         assert watcher.wait_newer_than(-1, timeout=10).version == 0  # over gRPC, offering the segment
-        assert _wait_for(lambda: watcher.shared_memory)  # mapped, and watching again with the key
+        wait_until(
+            lambda: watcher.shared_memory, 10.0, "shared memory", interval_sec=0.01
+        )  # mapped, watching with the key
         for v in range(5):
             client.push_gradients(push(core, v, seed=v))
             snapshot = watcher.wait_newer_than(v, timeout=10)
@@ -168,7 +146,7 @@ def test_a_shared_memory_watcher_falls_back_to_grpc_when_the_segment_is_unreadab
     core, groups = server.servicer.core, ("actor", "obs_norm")
     with client.watch("learner-0", groups, shared_memory=True) as watcher:
         watcher.wait_newer_than(-1, timeout=10)
-        assert _wait_for(lambda: watcher.shared_memory)
+        wait_until(lambda: watcher.shared_memory, 10.0, "shared memory", interval_sec=0.01)
         segment = server.servicer._cache.segments[groups]
         segment._header[1] += 1  # a write that never ends, as a wedged or foreign writer would leave it
         client.push_gradients(push(core, 0))
@@ -197,7 +175,7 @@ def test_a_shared_memory_watcher_follows_a_restarted_aggregator_to_its_new_segme
             snapshot = watcher.wait_newer_than(1, timeout=30)
             assert snapshot is not None and snapshot.version == 2
             np.testing.assert_array_equal(snapshot.tensors["actor"], core.weights()["actor"])
-            assert _wait_for(lambda: watcher.shared_memory)
+            wait_until(lambda: watcher.shared_memory, 10.0, "shared memory", interval_sec=0.01)
             client.push_gradients(push(core, 2, seed=2))
             assert watcher.wait_newer_than(2, timeout=10).version == 3
             assert second.servicer.counts["weights_shared"] >= 1
@@ -797,11 +775,11 @@ def test_a_step_waiting_for_a_departed_learner_closes_at_its_deadline(tmp_path):
 
 
 def test_a_moe_runs_router_metrics_are_kept_for_the_summary(tmp_path):
-    from aggregator.service import _write_expert_load
+    from aggregator.outputs import write_expert_load
 
-    _write_expert_load(str(tmp_path), 7, {"loss/critic": 1.0})  # a dense run: nothing to keep
+    write_expert_load(str(tmp_path), 7, {"loss/critic": 1.0})  # a dense run: nothing to keep
     assert not (tmp_path / "expert_load.json").exists()
-    _write_expert_load(str(tmp_path), 9, {"loss/critic": 1.0, "moe/actor_beta": 0.5, "moe/actor/l0/share_e1": 0.25})
+    write_expert_load(str(tmp_path), 9, {"loss/critic": 1.0, "moe/actor_beta": 0.5, "moe/actor/l0/share_e1": 0.25})
     kept = json.loads((tmp_path / "expert_load.json").read_text())
     assert kept == {"version": 9, "actor_beta": 0.5, "actor/l0/share_e1": 0.25}
 
@@ -847,6 +825,6 @@ def test_closing_finishes_the_deadline_task_instead_of_leaving_it_pending(tmp_pa
     is pending"; close() must see it finished."""
     core = AggregatorCore(SPEC, CONFIG, grads_per_step=2, max_staleness=1)  # K-of-M: a deadline task
     with AggregatorServer(core, CONFIG, run_dir=tmp_path) as srv:
-        task = srv.servicer._deadline_task
+        task = srv.servicer.deadline_task
         assert task is not None and not task.done()
     assert task.done() and task.cancelled()

@@ -22,8 +22,8 @@ from buffer.client import (
 from buffer.ratelimit import SampleToInsertRatio
 from buffer.service import IngestServer
 from buffer.storage import PushKey, TemporalStorage
-from fleetrl.config import BufferConfig
-from fleetrl.wire import Transitions, TransitionSchema
+from foundation.config import BufferConfig
+from foundation.wire import Transitions, TransitionSchema
 
 SCHEMA = TransitionSchema(obs_dim=3, goal_dim=2, act_dim=2)  # make_transitions' default
 CONFIG = BufferConfig(window_size_transitions=8, capacity_transitions=32)

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from buffer.layout import RecordLayout, Segment
-from fleetrl.config import BufferConfig
-from fleetrl.wire import TransitionSchema
+from foundation.config import BufferConfig
+from foundation.wire import TransitionSchema
 
 SCHEMA = TransitionSchema(obs_dim=3, goal_dim=2, act_dim=2)
 

@@ -19,11 +19,11 @@ import pytest
 from buffer.client import IngestClient, IngestUnavailable
 from buffer.service import IngestServer
 from buffer.storage import TemporalStorage
-from fleetrl.config import BufferConfig
-from fleetrl.proto import fleetrl_pb2 as pb
-from fleetrl.proto import fleetrl_pb2_grpc as pb_grpc
-from fleetrl.transport import GRPC_OPTIONS
-from fleetrl.wire import TransitionSchema, batch_to_proto
+from foundation.config import BufferConfig
+from foundation.proto import fleetrl_pb2 as pb
+from foundation.proto import fleetrl_pb2_grpc as pb_grpc
+from foundation.transport import GRPC_OPTIONS
+from foundation.wire import TransitionSchema, batch_to_proto
 
 SCHEMA = TransitionSchema(obs_dim=3, goal_dim=2, act_dim=2)  # make_transitions' default
 CONFIG = BufferConfig(window_size_transitions=8, capacity_transitions=1024, max_batch_transitions=64)
@@ -273,11 +273,14 @@ def test_run_ingest_service_serves_until_sigterm(clean_redis_cluster, tmp_path, 
     ready = tmp_path / "ready"
     script = textwrap.dedent(
         f"""
-        from buffer.service import IngestService, run_ingest_service
-        from fleetrl.config import BufferConfig
-        from fleetrl.wire import TransitionSchema
+        from buffer.service import IngestService, serve_ingest
+        from foundation.config import BufferConfig
+        from foundation.process import Heartbeat, stop_event
+        from foundation.transport import NO_SECURITY
+        from foundation.wire import TransitionSchema
         service = IngestService(BufferConfig(), {RUN!r}, ({TASK},), TransitionSchema(3, 2, 2), "127.0.0.1:0")
-        run_ingest_service(service, {clean_redis_cluster.addresses!r}, {str(ready)!r})
+        addresses, ready = {clean_redis_cluster.addresses!r}, {str(ready)!r}
+        serve_ingest(service, addresses, ready, NO_SECURITY, stop_event(), Heartbeat(None))
         """
     )
     env = {**os.environ, "PYTHONPATH": str(REPO)}

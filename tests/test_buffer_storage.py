@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from buffer.storage import PushKey, RunCounters, Snapshot, TemporalStorage, WriteResult
-from fleetrl.config import BufferConfig
-from fleetrl.wire import TransitionSchema
+from foundation.config import BufferConfig
+from foundation.wire import TransitionSchema
 
 SMALL_SCHEMA = TransitionSchema(obs_dim=3, goal_dim=2, act_dim=2)  # make_transitions' default
 

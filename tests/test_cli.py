@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from fleetrl.cli import main
+from fleet.cli import main
 
 SERVICE_FLAGS = ("--port", "--listen", "--advertise", "--ready-file")
 

@@ -7,7 +7,7 @@ import typing
 
 import pytest
 
-from fleetrl.config import ConfigError, RunConfig, help_lines, with_overrides
+from foundation.config import ConfigError, RunConfig, help_lines, with_overrides
 
 
 def test_defaults_validate_and_validate_returns_self():

@@ -6,9 +6,9 @@ import pytest
 
 from aggregator.core import AggregatorCore
 from deploy_npu.controller import controller_check
-from fleetrl.checkpoint import save_checkpoint
-from fleetrl.config import RunConfig, with_overrides
-from fleetrl.policy import model_spec
+from foundation.checkpoint import save_checkpoint
+from foundation.config import RunConfig, with_overrides
+from foundation.policy import model_spec
 from sim.registry import get_task
 
 
@@ -58,7 +58,7 @@ def test_a_multi_task_run_is_checked_task_by_task_on_each_tasks_own_input(tmp_pa
 def test_deploy_check_writes_its_figures_as_json_and_exits_by_the_deadline_verdict(tmp_path):
     import json
 
-    from fleetrl.cli import main
+    from fleet.cli import main
 
     run_dir = _run_dir(tmp_path / "run", "learner.hidden_sizes=[32, 32]")
     out = tmp_path / "check.json"

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import psutil
 import pytest
 
-from fleetrl.cpu import CpuMeter, own_cpu_sec, role_group
+from foundation.cpu import CpuMeter, own_cpu_sec, role_group
 
 
 @pytest.mark.parametrize(

@@ -14,7 +14,7 @@ from aggregator.core import AggregatorCore
 from deploy_npu import cli
 from deploy_npu.audit import NPU_OPS, OpAuditError, audit_onnx
 from deploy_npu.export import export_onnx
-from deploy_npu.freeze import CheckpointError, load_policy_checkpoint, reference_actor
+from deploy_npu.freeze import reference_actor
 from deploy_npu.parity import (
     CONTROL_BUDGET_MS,
     OnnxPolicy,
@@ -25,8 +25,8 @@ from deploy_npu.parity import (
     random_inputs,
     task_for_spec,
 )
-from fleetrl.checkpoint import load_checkpoint, save_checkpoint
-from fleetrl.config import AggregatorConfig
+from foundation.checkpoint import CheckpointError, load_checkpoint, load_policy_checkpoint, save_checkpoint
+from foundation.config import AggregatorConfig
 from learner.models import GRADIENT_GROUPS, ModelSpec, norm_stats
 from sim import get_task
 

@@ -3,7 +3,7 @@
 Real redis-server nodes, a real ingest service, aggregator, sampler and learner processes
 (the `fleetrl` CLI). The sampler, the ingest service and the aggregator are SIGKILLed mid-run
 and started again; afterwards an independent reader (this test, straight from Redis and from
-the checkpoint files) checks against the processes' ack ledgers (fleetrl/ledger.py): every
+the checkpoint files) checks against the processes' ack ledgers (foundation/ledger.py): every
 acked batch is stored once, and every acked gradient is applied once or rolled back with the
 weights of a crash, never lost otherwise and never applied twice.
 """
@@ -15,7 +15,6 @@ import pathlib
 import re
 import signal
 import subprocess
-import sys
 import time
 from collections import Counter
 
@@ -26,39 +25,26 @@ import redis
 from buffer.client import IngestClient
 from buffer.layout import RecordLayout
 from buffer.storage import TemporalStorage
-from fleetrl.checkpoint import load_checkpoint
-from fleetrl.config import RunConfig, WatchdogConfig, with_overrides
-from fleetrl.launch import free_port
-from fleetrl.ledger import read_ledgers
-from fleetrl.local_cluster import LocalRedisCluster, answers, cluster_ok
-from fleetrl.watchdog import Watchdog
+from fleet.launch import free_port
+from fleet.local_cluster import LocalRedisCluster, answers, cluster_ok
+from fleet.watchdog import Watchdog
+from foundation.checkpoint import load_checkpoint
+from foundation.config import RunConfig, WatchdogConfig, with_overrides
+from foundation.ledger import read_ledgers
 from sampler.worker import row_fingerprint
 from sim.registry import get_task
+from tests.conftest import wait_until
+from tests.helpers import TASK, role_args, start_role, stop_all
 
 pytestmark = pytest.mark.e2e
 
-TASK = "FetchReach-v4"
-
-
-def _start(role: str, config: pathlib.Path, log_dir: pathlib.Path, *args: str) -> subprocess.Popen:
-    with open(log_dir / f"{role}.log", "ab") as log:
-        return subprocess.Popen(
-            [sys.executable, "-m", "fleetrl.cli", role, "--config", str(config), *args],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-
 
 def _wait_for_acks(acks: pathlib.Path, more_than: int, timeout_sec: float, procs: dict) -> int:
-    deadline = time.monotonic() + timeout_sec
-    while time.monotonic() < deadline:
-        for name, proc in procs.items():
-            assert proc.poll() is None, f"{name} exited with {proc.returncode}"
-        count = len(read_ledgers(acks, "sampler-"))
-        if count > more_than:
-            return count
-        time.sleep(0.25)
-    raise AssertionError(f"no more than {more_than} acked batches after {timeout_sec}s")
+    def count() -> int:
+        n = len(read_ledgers(acks, "sampler-"))
+        return n if n > more_than else 0
+
+    return wait_until(count, timeout_sec, f"more than {more_than} acked batches", procs)
 
 
 def _stored_rows(cluster: LocalRedisCluster, config: RunConfig) -> np.ndarray:
@@ -83,20 +69,20 @@ def test_sigkill_of_a_sampler_and_of_the_ingest_service_loses_and_doubles_nothin
         buffer_args = ("--port", buffer.split(":")[1], "--redis", cluster.addresses)
         sampler_args = ("--buffer", buffer, "--aggregator", aggregator, "--ack-log", str(acks))
         procs = {
-            "aggregator": _start("aggregator", config_path, logs, "--port", aggregator.split(":")[1]),
-            "buffer": _start("buffer", config_path, logs, *buffer_args),
-            "sampler": _start("sampler", config_path, logs, *sampler_args),
+            "aggregator": start_role("aggregator", config_path, logs, "--port", aggregator.split(":")[1]),
+            "buffer": start_role("buffer", config_path, logs, *buffer_args),
+            "sampler": start_role("sampler", config_path, logs, *sampler_args),
         }
         try:
             seen = _wait_for_acks(acks, 5, 120, procs)
             procs["sampler"].send_signal(signal.SIGKILL)  # mid-push, most likely: one batch in flight
             procs["sampler"].wait()
-            procs["sampler"] = _start("sampler", config_path, logs, *sampler_args)  # a new incarnation
+            procs["sampler"] = start_role("sampler", config_path, logs, *sampler_args)  # a new incarnation
             seen = _wait_for_acks(acks, seen + 5, 120, procs)
             procs["buffer"].send_signal(signal.SIGKILL)  # the sampler retries until it is back
             procs["buffer"].wait()
             time.sleep(1.0)
-            procs["buffer"] = _start("buffer", config_path, logs, *buffer_args)
+            procs["buffer"] = start_role("buffer", config_path, logs, *buffer_args)
             _wait_for_acks(acks, seen + 5, 120, procs)
             procs["sampler"].send_signal(signal.SIGTERM)  # a clean stop: its last acks are logged
             assert procs["sampler"].wait(30) == 0
@@ -104,7 +90,7 @@ def test_sigkill_of_a_sampler_and_of_the_ingest_service_loses_and_doubles_nothin
             with IngestClient(buffer, sampler_id=0, run_id=config.run_id) as ingest:
                 stats = ingest.stats(wait_for_ready=True, timeout_sec=60)  # the restarted service's figures
         finally:
-            _stop_all(procs)
+            stop_all(procs)
     ledger = read_ledgers(acks, "sampler-")
     # A batch's first row (step 0 with the episode's own goal) is unique to it: HER's relabeled
     # copies share observations but carry other goals, so count whole batches by it.
@@ -145,7 +131,7 @@ def test_a_sampler_whose_peers_never_answer_logs_it_and_stops_on_sigterm(tmp_pat
         silent.bind(("127.0.0.1", 0))
         silent.listen(64)  # the kernel completes handshakes; nobody ever reads or writes
         dead = f"127.0.0.1:{silent.getsockname()[1]}"
-        proc = _start("sampler", config_path, tmp_path, "--buffer", dead, "--aggregator", dead)
+        proc = start_role("sampler", config_path, tmp_path, "--buffer", dead, "--aggregator", dead)
         log = tmp_path / "sampler.log"
         deadline = time.monotonic() + 120  # a bound against hanging, not a timing check
         while "unreachable" not in log.read_text():
@@ -183,22 +169,22 @@ def test_sigkill_of_the_aggregator_applies_every_acked_gradient_once_or_rolls_it
     logs, acks, run_dir = tmp_path / "logs", tmp_path / "acks", tmp_path / "run"
     logs.mkdir()
     with LocalRedisCluster(num_primaries=3) as cluster:
-        args = _role_args(cluster, acks, run_dir)
-        procs = {role: _start(role, config_path, logs, *a) for role, a in args.items()}
+        args = role_args(cluster, acks, run_dir)
+        procs = {role: start_role(role, config_path, logs, *a) for role, a in args.items()}
         try:
-            _wait_for(lambda: _applied(acks) >= 60, 180, "60 applied gradients", procs)
+            wait_until(lambda: _applied(acks) >= 60, 180, "60 applied gradients", procs)
             procs["aggregator"].send_signal(signal.SIGKILL)  # one push in flight, most likely
             procs["aggregator"].wait()
             before = _applied(acks)
             time.sleep(1.0)
-            procs["aggregator"] = _start("aggregator", config_path, logs, *args["aggregator"])
-            _wait_for(lambda: _applied(acks) >= before + 60, 180, "60 more applied gradients", procs)
+            procs["aggregator"] = start_role("aggregator", config_path, logs, *args["aggregator"])
+            wait_until(lambda: _applied(acks) >= before + 60, 180, "60 more applied gradients", procs)
             for role in ("sampler", "learner", "aggregator"):  # clean stops: complete ledgers, a final checkpoint
                 procs[role].send_signal(signal.SIGTERM)
                 assert procs[role].wait(30) == 0, role
             stored = _stored_rows(cluster, config)
         finally:
-            _stop_all(procs)
+            stop_all(procs)
     restored = re.findall(
         r"restored checkpoint version (\d+); resuming at version (\d+)", (logs / "aggregator.log").read_text()
     )
@@ -229,36 +215,8 @@ def test_sigkill_of_the_aggregator_applies_every_acked_gradient_once_or_rolls_it
     assert "Traceback" not in logs_text, logs_text[-3000:]
 
 
-def _role_args(cluster: LocalRedisCluster, acks: pathlib.Path, run_dir: pathlib.Path | None = None) -> dict:
-    """Each role's command-line arguments for a fleet on `cluster`, ack ledgers in `acks`."""
-    buffer, aggregator = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
-    ledger = ("--ack-log", str(acks))
-    return {
-        "aggregator": ("--port", aggregator.split(":")[1], *(("--run-dir", str(run_dir)) if run_dir else ())),
-        "buffer": ("--port", buffer.split(":")[1], "--redis", cluster.addresses),
-        "sampler": ("--buffer", buffer, "--aggregator", aggregator, *ledger),
-        "learner": ("--redis", cluster.addresses, "--aggregator", aggregator, *ledger),
-    }
-
-
-def _stop_all(procs: dict) -> None:
-    for proc in procs.values():
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(30)
-
-
 def _applied(acks: pathlib.Path) -> int:
     return sum(r["applied"] for r in read_ledgers(acks, "learner-"))
-
-
-def _wait_for(condition, timeout_sec: float, what: str, procs: dict) -> None:
-    deadline = time.monotonic() + timeout_sec  # a bound against hanging, not a timing check
-    while not condition():
-        for name, proc in procs.items():
-            assert proc.poll() is None, f"{name} exited with {proc.returncode}"
-        assert time.monotonic() < deadline, f"no {what} after {timeout_sec}s"
-        time.sleep(0.25)
 
 
 def test_sigkill_of_a_redis_primary_with_a_replica_loses_no_acked_transition(tmp_path: pathlib.Path) -> None:
@@ -283,24 +241,24 @@ def test_sigkill_of_a_redis_primary_with_a_replica_loses_no_acked_transition(tmp
         Watchdog(tmp_path / "redis-logs") as dog,
     ):
         cluster.supervise(dog, WatchdogConfig())
-        procs = {role: _start(role, config_path, logs, *a) for role, a in _role_args(cluster, acks).items()}
+        procs = {role: start_role(role, config_path, logs, *a) for role, a in role_args(cluster, acks).items()}
         try:
-            _wait_for(lambda: len(read_ledgers(acks, "sampler-")) >= 10 and _applied(acks) >= 20, 180, "a warm fleet",
+            wait_until(lambda: len(read_ledgers(acks, "sampler-")) >= 10 and _applied(acks) >= 20, 180, "a warm fleet",
                       procs)  # fmt: skip
             batches, applied = len(read_ledgers(acks, "sampler-")), _applied(acks)
             host, port = _primary_of(cluster, config)
             os.kill(dog.pids()[f"redis-{port}"], signal.SIGKILL)  # its replica is promoted
-            _wait_for(lambda: len(read_ledgers(acks, "sampler-")) >= batches + 10, 180, "acks after the failover",
+            wait_until(lambda: len(read_ledgers(acks, "sampler-")) >= batches + 10, 180, "acks after the failover",
                       procs)  # fmt: skip
-            _wait_for(lambda: _applied(acks) >= applied + 50, 180, "training after the failover", procs)
-            _wait_for(lambda: dog.poll() is not None and _role_of(host, port, cluster) == "slave", 120,
+            wait_until(lambda: _applied(acks) >= applied + 50, 180, "training after the failover", procs)
+            wait_until(lambda: dog.poll() is not None and _role_of(host, port, cluster) == "slave", 120,
                       "the killed primary back as a replica", procs)  # fmt: skip
             assert cluster_ok(cluster.nodes, cluster.auth)
             procs["sampler"].send_signal(signal.SIGTERM)
             assert procs["sampler"].wait(30) == 0
             stored = _stored_rows(cluster, config)
         finally:
-            _stop_all(procs)
+            stop_all(procs)
     ledger = read_ledgers(acks, "sampler-")
     copies = Counter(row_fingerprint(row) for row in stored)
     lost = [r["seq"] for r in ledger if copies[r["fingerprint"]] == 0]

@@ -14,7 +14,6 @@ import pathlib
 import signal
 import subprocess
 import sys
-import time
 
 import numpy as np
 import psutil
@@ -22,11 +21,12 @@ import pytest
 
 from aggregator.client import AggregatorClient
 from buffer.layout import RecordLayout
-from fleetrl.config import RunConfig, with_overrides
-from fleetrl.launch import free_port
-from fleetrl.ledger import read_ledgers
-from fleetrl.local_cluster import LocalRedisCluster
+from fleet.launch import free_port
+from fleet.local_cluster import LocalRedisCluster
+from foundation.config import RunConfig, with_overrides
+from foundation.ledger import read_ledgers
 from sim.registry import get_task
+from tests.conftest import wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -36,22 +36,10 @@ TASK = "FetchReach-v4"
 ONCE = ("--set", "eval.min_interval_sec=1000", "--set", "eval.max_interval_sec=1000")
 
 
-def _wait_until(predicate, timeout_sec: float, what: str, procs=()):
-    deadline = time.monotonic() + timeout_sec
-    while time.monotonic() < deadline:
-        for name, proc in procs:
-            assert proc.poll() is None, f"{name} exited with {proc.returncode}"
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.25)
-    raise AssertionError(f"timed out after {timeout_sec}s waiting for {what}")
-
-
 def _role(role: str, config_path: pathlib.Path, log_dir: pathlib.Path, *args: str) -> subprocess.Popen:
     with open(log_dir / f"{role}.log", "wb") as log:  # the child keeps its own copy of the fd
         return subprocess.Popen(
-            [sys.executable, "-m", "fleetrl.cli", role, "--config", str(config_path), *args],
+            [sys.executable, "-m", "fleet.cli", role, "--config", str(config_path), *args],
             stdout=log,
             stderr=subprocess.STDOUT,
         )
@@ -99,14 +87,14 @@ def test_roles_started_by_address_form_a_learning_fleet(tmp_path: pathlib.Path) 
         procs = [(role, _role(role, config_path, logs, *args)) for role, args in role_args.items()]
         try:
             with AggregatorClient(aggregator) as agg:
-                _wait_until(lambda: _stats(agg) and _stats(agg).version >= 50, 150, "version >= 50", procs)
-                _wait_until(lambda: _stats(agg).last_eval.episodes > 0, 60, "an evaluator report", procs)
+                wait_until(lambda: _stats(agg) and _stats(agg).version >= 50, 150, "version >= 50", procs)
+                wait_until(lambda: _stats(agg).last_eval.episodes > 0, 60, "an evaluator report", procs)
                 # Sampler, learner and evaluator all watch weights. A role started before the
                 # aggregator connects on its next reconnect attempt (at most 2 s apart).
-                _wait_until(lambda: _stats(agg).subscribers >= 3, 30, "3 weight subscribers", procs)
+                wait_until(lambda: _stats(agg).subscribers >= 3, 30, "3 weight subscribers", procs)
                 stats = _stats(agg)
             assert stats.gradients_applied >= 50
-            _wait_until(
+            wait_until(
                 lambda: _heartbeat(beat["sampler"]).get("counters", {}).get("version", 0) > 0,
                 30,
                 "the sampler acting with weights newer than version 0",
@@ -147,7 +135,7 @@ def _assert_transitions_in_redis(cluster: LocalRedisCluster, config: RunConfig) 
 
 def _train(run_dir: pathlib.Path, *extra: str) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-m", "fleetrl.cli", "train", "--task", TASK, "--run-dir", str(run_dir), *extra],
+        [sys.executable, "-m", "fleet.cli", "train", "--task", TASK, "--run-dir", str(run_dir), *extra],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -198,7 +186,7 @@ def test_ctrl_c_stops_the_fleet_cleanly(tmp_path: pathlib.Path) -> None:
     run_dir = tmp_path / "run"
     proc = _train(run_dir, "--max-wall-sec", "300", "--target-success", "1.0")
     try:
-        _wait_until(
+        wait_until(
             lambda: (run_dir / "heartbeats" / "learner-0.json").exists(),
             120,
             "the learner's heartbeat",
@@ -206,7 +194,7 @@ def test_ctrl_c_stops_the_fleet_cleanly(tmp_path: pathlib.Path) -> None:
         )
         endpoints = json.loads((run_dir / "metrics.json").read_text())
         assert {"aggregator", "buffer", "sampler-0", "learner-0", "evaluator-0"} <= set(endpoints)
-        _wait_until(
+        wait_until(
             lambda: "fleetrl_counter" in _scrape(endpoints["learner-0"]), 60, "learner metrics", [("train", proc)]
         )
         assert "fleetrl_resident_bytes" in _scrape(endpoints["aggregator"])
@@ -231,11 +219,11 @@ def test_watchdog_restarts_killed_roles_and_training_continues(tmp_path: pathlib
     proc = _train(run_dir, *extra)
     try:
         evals = run_dir / "heartbeats" / "aggregator.json"  # the version, every second
-        _wait_until(lambda: _last_version(evals) >= 100, 150, "version 100", [("train", proc)])
+        wait_until(lambda: _last_version(evals) >= 100, 150, "version 100", [("train", proc)])
         before = _last_version(evals)
         for role in ("sampler-0", "learner-0", "aggregator"):
             os.kill(_role_pid(proc, role), signal.SIGKILL)
-        _wait_until(lambda: _last_version(evals) > before + 50, 120, "versions past the kill", [("train", proc)])
+        wait_until(lambda: _last_version(evals) > before + 50, 120, "versions past the kill", [("train", proc)])
         os.killpg(proc.pid, signal.SIGINT)
         out, _ = proc.communicate(timeout=60)
     finally:
@@ -268,7 +256,7 @@ def test_the_summary_counts_every_acked_env_step_across_a_buffer_sigkill(tmp_pat
         return sum(r["env_steps"] for r in read_ledgers(acks, "sampler-"))
 
     try:
-        _wait_until(lambda: acked_steps() >= 1000, 150, "1000 acked env steps", [("train", proc)])
+        wait_until(lambda: acked_steps() >= 1000, 150, "1000 acked env steps", [("train", proc)])
         os.kill(_role_pid(proc, "buffer"), signal.SIGKILL)  # the sampler retries until it is back
         out, _ = proc.communicate(timeout=240)
     finally:
@@ -302,18 +290,18 @@ def test_sigstopped_roles_go_silent_and_are_replaced(tmp_path: pathlib.Path) -> 
 
     try:
         evals = run_dir / "heartbeats" / "aggregator.json"  # the version, every second
-        _wait_until(lambda: _last_version(evals) >= 100, 150, "version 100", [("train", proc)])
+        wait_until(lambda: _last_version(evals) >= 100, 150, "version 100", [("train", proc)])
         for role in ("sampler-0", "aggregator"):
             before = _last_version(evals)
             stopped = _role_pid(proc, role)
             os.kill(stopped, signal.SIGSTOP)
             silent = f"{role} stopped sending heartbeats"
-            _wait_until(lambda r=silent: any(e.startswith(r) for e in events()), 60, silent, [("train", proc)])
+            wait_until(lambda r=silent: any(e.startswith(r) for e in events()), 60, silent, [("train", proc)])
             assert not psutil.pid_exists(stopped) or psutil.Process(stopped).status() == psutil.STATUS_ZOMBIE
             if role == "aggregator":  # versions from its replacement, past the one it resumed at
-                _wait_until(lambda: _resumed_versions(run_dir), 60, "the aggregator's replacement", [("train", proc)])
+                wait_until(lambda: _resumed_versions(run_dir), 60, "the aggregator's replacement", [("train", proc)])
                 before = _resumed_versions(run_dir)[0]
-            _wait_until(lambda b=before: _last_version(evals) > b + 20, 120, f"versions past {role}", [("train", proc)])
+            wait_until(lambda b=before: _last_version(evals) > b + 20, 120, f"versions past {role}", [("train", proc)])
         os.killpg(proc.pid, signal.SIGINT)
         out, _ = proc.communicate(timeout=60)
     finally:
@@ -340,7 +328,7 @@ def test_a_run_short_of_its_target_scores_its_last_checkpoint(tmp_path: pathlib.
     assert summary["final_success_episodes"] == 50 and summary["final_success_version"] == newest, summary
     assert "final score: version" in out
     scored = subprocess.run(
-        [sys.executable, "-m", "fleetrl.cli", "evaluate", str(run_dir), "--episodes", "50", "--json"],
+        [sys.executable, "-m", "fleet.cli", "evaluate", str(run_dir), "--episodes", "50", "--json"],
         capture_output=True,
         text=True,
         timeout=120,

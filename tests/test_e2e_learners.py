@@ -14,9 +14,10 @@ import signal
 import pytest
 
 from aggregator.client import AggregatorClient
-from fleetrl.config import RunConfig, with_overrides
-from fleetrl.ledger import read_ledgers
-from tests.test_e2e_faults import TASK, _role_args, _start, _stop_all, _wait_for
+from foundation.config import RunConfig, with_overrides
+from foundation.ledger import read_ledgers
+from tests.conftest import wait_until
+from tests.helpers import TASK, role_args, start_role, stop_all
 
 pytestmark = pytest.mark.e2e
 
@@ -32,24 +33,24 @@ def test_a_learner_joins_and_leaves_a_running_fleet_and_no_step_waits_for_it(tmp
     config_path.write_text(config.to_json())
     logs, acks = tmp_path / "logs", tmp_path / "acks"
     logs.mkdir()
-    args = _role_args(clean_redis_cluster, acks)
-    procs = {role: _start(role, config_path, logs, *args[role]) for role in ("aggregator", "buffer", "sampler")}
+    args = role_args(clean_redis_cluster, acks)
+    procs = {role: start_role(role, config_path, logs, *args[role]) for role in ("aggregator", "buffer", "sampler")}
     aggregator = args["sampler"][args["sampler"].index("--aggregator") + 1]
     try:
-        procs["learner-0"] = _start("learner", config_path, logs, "--id", "0", *args["learner"])
+        procs["learner-0"] = start_role("learner", config_path, logs, "--id", "0", *args["learner"])
         # One of two learners: every step closes at its deadline.
-        _wait_for(lambda: _applied(acks, 0) >= 30, 180, "steps with one learner of two", procs)
-        procs["learner-1"] = _start("learner", config_path, logs, "--id", "1", *args["learner"])
-        _wait_for(lambda: _applied(acks, 1) >= 30, 180, "the joining learner's gradients applied", procs)
+        wait_until(lambda: _applied(acks, 0) >= 30, 180, "steps with one learner of two", procs)
+        procs["learner-1"] = start_role("learner", config_path, logs, "--id", "1", *args["learner"])
+        wait_until(lambda: _applied(acks, 1) >= 30, 180, "the joining learner's gradients applied", procs)
         with AggregatorClient(aggregator, timeout_sec=10) as agg:
             joined = agg.stats().version
         procs.pop("learner-1").send_signal(signal.SIGKILL)
         before = _applied(acks, 0)
-        _wait_for(lambda: _applied(acks, 0) >= before + 30, 180, "steps after a learner left", procs)
+        wait_until(lambda: _applied(acks, 0) >= before + 30, 180, "steps after a learner left", procs)
         # One learner's gradients alone make versions. A wait, not a snapshot: an ack means the
         # gradient joined the open step (which closes at its deadline), and the ledger records
         # each ack when the next gradient is ready, so the 30th may be a version short.
         with AggregatorClient(aggregator, timeout_sec=10) as agg:
-            _wait_for(lambda: agg.stats().version >= joined + 30, 60, "versions after a learner left", procs)
+            wait_until(lambda: agg.stats().version >= joined + 30, 60, "versions after a learner left", procs)
     finally:
-        _stop_all(procs)  # _wait_for checked all along that no other process exited
+        stop_all(procs)  # wait_until checked all along that no other process exited

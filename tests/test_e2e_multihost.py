@@ -31,7 +31,8 @@ import time
 import pytest
 import yaml
 
-from fleetrl.ledger import read_ledgers
+from foundation.ledger import read_ledgers
+from tests.conftest import wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -130,14 +131,17 @@ def _acked_steps(run_dir: pathlib.Path) -> int:
 
 
 def _wait(condition, timeout_sec: float, what: str, procs: dict, run_dir: pathlib.Path) -> None:
-    deadline = time.monotonic() + timeout_sec  # a bound against hanging, not a timing check
-    while not condition():
+    """wait_until, with each host's log tail in the message of a failure."""
+
+    def hosts_up_and() -> bool:
         for host, proc in procs.items():
             assert proc.poll() is None, f"fleet up --host {host} exited {proc.returncode}:\n{_tail(run_dir, host)}"
-        assert time.monotonic() < deadline, f"no {what} after {timeout_sec}s:\n" + "".join(
-            _tail(run_dir, h) for h in procs
-        )
-        time.sleep(0.5)
+        return condition()
+
+    def tails() -> str:
+        return f"{what}:\n" + "".join(_tail(run_dir, h) for h in procs)
+
+    wait_until(hosts_up_and, timeout_sec, tails, interval_sec=0.5)
 
 
 def _tail(run_dir: pathlib.Path, host: str) -> str:
@@ -160,7 +164,7 @@ def test_one_spec_runs_a_fleet_over_five_namespaces_and_rides_out_a_link_failure
             for host in HOSTS:
                 with open(tmp_path / f"fleet-{host}.log", "wb") as log:
                     procs[host] = subprocess.Popen(
-                        ["ip", "netns", "exec", net.namespaces[host], sys.executable, "-m", "fleetrl.cli", "fleet",
+                        ["ip", "netns", "exec", net.namespaces[host], sys.executable, "-m", "fleet.cli", "fleet",
                          "up", str(spec_path), "--host", host],
                         stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
                     )  # fmt: skip

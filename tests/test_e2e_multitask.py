@@ -17,7 +17,7 @@ import sys
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from fleetrl.checkpoint import load_checkpoint
+from foundation.checkpoint import load_checkpoint
 
 pytestmark = pytest.mark.e2e
 
@@ -40,7 +40,7 @@ def test_a_multi_task_moe_run_scores_and_reports_every_task(tmp_path: pathlib.Pa
     }
     sets = [arg for key, value in settings.items() for arg in ("--set", f"{key}={value}")]
     proc = subprocess.run(
-        [sys.executable, "-m", "fleetrl.cli", "train", "--tasks", ",".join(TASKS), "--run-dir", str(run_dir)]
+        [sys.executable, "-m", "fleet.cli", "train", "--tasks", ",".join(TASKS), "--run-dir", str(run_dir)]
         + ["--max-wall-sec", "60", "--target-success", "1.0", *sets],
         capture_output=True,
         text=True,

@@ -5,12 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from aggregator.client import WeightsSnapshot
-from fleetrl.checkpoint import CheckpointError
-from fleetrl.config import EvalConfig
-from fleetrl.policy import ModelSpec
+from foundation.acting import Policy, WeightsSnapshot, rollout
+from foundation.checkpoint import CheckpointError
+from foundation.config import EvalConfig
+from foundation.policy import ModelSpec
 from sampler.evaluator import EpisodeLog, NearTarget, evaluate, next_interval_sec, score_checkpoint
-from sampler.worker import Policy, rollout
 from sim.registry import get_task, make_env
 
 SEED = 1_000_000
@@ -171,8 +170,8 @@ def test_near_target_misses_count_scores_without_a_new_best():
 
 def test_a_checkpoint_is_scored_on_the_same_held_out_episodes_every_time(tmp_path):
     from aggregator.core import AggregatorCore
-    from fleetrl.checkpoint import save_checkpoint
-    from fleetrl.config import AggregatorConfig, RunConfig
+    from foundation.checkpoint import save_checkpoint
+    from foundation.config import AggregatorConfig, RunConfig
 
     core = AggregatorCore(ModelSpec(10, 3, 4, (32, 32)), AggregatorConfig(), grads_per_step=1, max_staleness=1)
     save_checkpoint(tmp_path, core.state(), keep=1)
@@ -187,7 +186,21 @@ def test_a_checkpoint_is_scored_on_the_same_held_out_episodes_every_time(tmp_pat
 
 
 def test_fleetrl_evaluate_names_what_is_missing(tmp_path, capsys):
-    from fleetrl.cli import main
+    from fleet.cli import main
 
     assert main(["evaluate", str(tmp_path)]) == 2
     assert "no config.json" in capsys.readouterr().err
+
+
+def test_a_checkpoint_with_nan_weights_is_refused_before_any_episode(tmp_path):
+    # score_checkpoint reads the policy with the same function as export (foundation.checkpoint).
+    from aggregator.core import AggregatorCore
+    from foundation.checkpoint import save_checkpoint
+    from foundation.config import AggregatorConfig, RunConfig
+
+    core = AggregatorCore(ModelSpec(10, 3, 4, (32, 32)), AggregatorConfig(), grads_per_step=1, max_staleness=1)
+    state = core.state()
+    state["weights"]["actor"] = np.full_like(state["weights"]["actor"], np.nan)
+    save_checkpoint(tmp_path, state, keep=1)
+    with pytest.raises(CheckpointError, match="NaN or inf"):
+        score_checkpoint(tmp_path, RunConfig(), episodes=4)

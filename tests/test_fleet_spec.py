@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from fleetrl.config import ConfigError, RunConfig, with_overrides
-from fleetrl.fleet import FleetHost, FleetSpec
-from fleetrl.launch import LocalFleet
-from fleetrl.transport import REDIS_PASSWORD_ENV, TOKEN_ENV
+from fleet.launch import LocalFleet
+from fleet.spec import FleetHost, FleetSpec
+from foundation.config import ConfigError, RunConfig, with_overrides
+from foundation.transport import REDIS_PASSWORD_ENV, TOKEN_ENV
 
 SPEC = {
     "run_id": "big",

@@ -25,7 +25,7 @@ def run_child(worker_index: int, pin: bool, mlock: bool) -> dict:
         f"""
         import json, os
         import threading
-        from fleetrl.process import locked_kib
+        from foundation.process import locked_kib
         from sampler.hardening import harden
         allowed = sorted(os.sched_getaffinity(0))
         report = harden({worker_index}, pin={pin}, mlock={mlock})

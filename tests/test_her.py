@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from sampler.her import Episode, moved, relabel_future
-from sampler.worker import rollout
+from foundation.acting import Episode, rollout
+from sampler.her import moved, relabel_future
 from sim.registry import goal_reward, make_env
 
 T, OBS, GOAL, ACT = 7, 4, 3, 2

@@ -8,54 +8,27 @@ import numpy as np
 import pytest
 import torch
 
-from fleetrl.wire import Transitions
 from learner.worker import Batches, resolve_device
-
-
-class FakeReplay:
-    """ReplaySampler's sample() and size(); row i of call k has reward k (the call's number)."""
-
-    def __init__(self, fail_after: int | None = None) -> None:
-        self.calls = 0
-        self.fail_after = fail_after
-
-    def size(self) -> int:
-        return 1000
-
-    def wait_to_sample(self, n: int, stop) -> bool:  # no flow control here
-        return True
-
-    def sample(self, n: int, version: int = 0):
-        if self.fail_after is not None and self.calls >= self.fail_after:
-            raise ConnectionError("redis went away")
-        self.calls += 1
-        f = np.full
-        rows = Transitions(
-            obs=f((n, 3), 0.5, np.float32),
-            goal=f((n, 2), 0.25, np.float32),
-            action=f((n, 2), 0.1, np.float32),
-            reward=f(n, float(self.calls), np.float32),
-            next_obs=f((n, 3), 0.75, np.float32),
-            done=np.zeros(n, np.float32),
-        )
-        return type("Sampled", (), {"transitions": rows})()
+from tests.fakes import FakeBatchSource
 
 
 @pytest.mark.parametrize("prefetch", [False, True])
 def test_batches_come_in_order_with_the_right_shapes(prefetch):
-    batches = Batches(FakeReplay(), 8, torch.device("cpu"), prefetch)  # type: ignore[arg-type]
+    source = FakeBatchSource()
+    batches = Batches(source, 8, torch.device("cpu"), prefetch)
     stop = threading.Event()
     try:
         got = [batches.next(stop) for _ in range(3)]
     finally:
         batches.close()
+    source.assert_calls(samples=3, batch_size=8)  # each batch after flow control said yes
     assert [float(b.reward[0]) for b in got if b is not None] == [1.0, 2.0, 3.0]
     first = got[0]
     assert first is not None and first.obs_goal.shape == (8, 5) and first.obs_goal.dtype == torch.float32
 
 
 def test_a_prefetch_failure_reaches_the_learner_loop():
-    batches = Batches(FakeReplay(fail_after=1), 4, torch.device("cpu"), prefetch=True)  # type: ignore[arg-type]
+    batches = Batches(FakeBatchSource(fail_after=1), 4, torch.device("cpu"), prefetch=True)
     stop = threading.Event()
     try:
         assert batches.next(stop) is not None
@@ -67,7 +40,7 @@ def test_a_prefetch_failure_reaches_the_learner_loop():
 
 
 def test_next_returns_none_once_stopped_even_with_nothing_to_take():
-    batches = Batches(FakeReplay(fail_after=0), 4, torch.device("cpu"), prefetch=True)  # type: ignore[arg-type]
+    batches = Batches(FakeBatchSource(fail_after=0), 4, torch.device("cpu"), prefetch=True)
     batches.close()  # the thread is gone: nothing will ever arrive
     stop = threading.Event()
     stop.set()
@@ -83,8 +56,8 @@ def test_device_auto_is_cpu_without_cuda_and_cuda_without_a_gpu_is_a_clear_error
 
 
 def test_a_learner_keeps_its_own_target_critics_like_the_aggregators_polyak_update():
-    from aggregator.client import WeightsSnapshot
-    from fleetrl.policy import ModelSpec
+    from foundation.acting import WeightsSnapshot
+    from foundation.policy import ModelSpec
     from learner.models import SACModel
     from learner.worker import _load
 
@@ -106,3 +79,16 @@ def test_a_learner_keeps_its_own_target_critics_like_the_aggregators_polyak_upda
     critic = np.zeros(target.shape, np.float32)
     _load(learner, WeightsSnapshot(5, {"critic": critic}, spec), tau=0.25, versions=3)  # 3 versions at once
     np.testing.assert_allclose(learner.get_flat("critic_target"), target * 0.75**3, rtol=1e-5, atol=1e-6)
+
+
+def test_batches_sample_at_the_learners_version_and_never_past_flow_control():
+    source = FakeBatchSource()
+    batches = Batches(source, 4, torch.device("cpu"), prefetch=False)
+    batches.version = 7  # 'version' sampling bounds the rows' lag by the learner's weights
+    stop = threading.Event()
+    assert batches.next(stop) is not None
+    source.assert_calls(samples=1, batch_size=4, version=7)
+    stop.set()
+    assert batches.next(stop) is None and source.samples == 1  # flow control said no: nothing sampled
+    with pytest.raises(AssertionError, match="flow control bypassed"):
+        source.sample(4)  # the fake refuses what a broken loop would do

@@ -16,11 +16,13 @@ import pytest
 import redis
 import redis.cluster
 
-from fleetrl import local_cluster
-from fleetrl.config import WatchdogConfig
-from fleetrl.local_cluster import LocalClusterError, LocalRedisCluster, connect, parse_addresses
-from fleetrl.watchdog import Watchdog
-from tests.test_watchdog import poll_until
+from fleet import local_cluster
+from fleet.local_cluster import LocalClusterError, LocalRedisCluster
+from fleet.watchdog import Watchdog
+from foundation.config import WatchdogConfig
+from foundation.transport import connect, parse_addresses
+from tests.conftest import wait_until
+from tests.helpers import poll_until
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -33,16 +35,6 @@ def _alive(pid: int) -> bool:
     # A zombie still answers kill(0); it is dead for our purpose.
     stat = Path(f"/proc/{pid}/stat")
     return stat.exists() and stat.read_text().split(") ")[-1][:1] != "Z"
-
-
-def _wait_dead(pids: list[int], timeout_sec: float) -> list[int]:
-    deadline = time.monotonic() + timeout_sec
-    while time.monotonic() < deadline:
-        alive = [p for p in pids if _alive(p)]
-        if not alive:
-            return []
-        time.sleep(0.05)
-    return [p for p in pids if _alive(p)]
 
 
 def test_cluster_has_three_primaries_all_ok(redis_cluster):
@@ -90,7 +82,7 @@ def test_close_stops_every_process_and_removes_the_directory():
     assert all(_alive(p) for p in pids)
     tmp = Path(cluster._tmp.name)  # the directory's path, to check it is gone
     cluster.close()
-    assert _wait_dead(pids, 2.0) == []
+    wait_until(lambda: not [p for p in pids if _alive(p)], 2.0, f"pids {pids} to exit", interval_sec=0.05)
     assert not tmp.exists()
     cluster.close()  # idempotent
 
@@ -100,7 +92,7 @@ def test_nodes_die_with_a_killed_parent(tmp_path):
     script = textwrap.dedent(
         f"""
         import time
-        from fleetrl.local_cluster import LocalRedisCluster
+        from fleet.local_cluster import LocalRedisCluster
         cluster = LocalRedisCluster().start()
         open({str(pid_file)!r} + ".tmp", "w").write(",".join(map(str, cluster.pids)))
         import os; os.replace({str(pid_file)!r} + ".tmp", {str(pid_file)!r})
@@ -117,7 +109,7 @@ def test_nodes_die_with_a_killed_parent(tmp_path):
     finally:
         parent.send_signal(signal.SIGKILL)  # no cleanup code runs: only PDEATHSIG can help
         parent.wait()
-    assert _wait_dead(pids, 5.0) == []
+    wait_until(lambda: not [p for p in pids if _alive(p)], 5.0, f"pids {pids} to exit", interval_sec=0.05)
 
 
 def test_missing_redis_server_gives_the_install_hint(monkeypatch, tmp_path):

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import urllib.request
 
-from fleetrl import process
-from fleetrl.metrics import RoleMetrics
+from foundation import process
+from foundation.metrics import RoleMetrics
 
 
 def test_a_role_serves_its_heartbeat_phases_counters_and_memory(tmp_path):

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from fleetrl.policy import ModelSpec, NumpyActor, top_k_gates
+from foundation.policy import ModelSpec, NumpyActor, top_k_gates
 from learner.models import MoELinear, SACModel, norm_stats
 from learner.sac import Batch, SACHyperparams, compute_gradients
 
@@ -151,7 +151,7 @@ def _reach_checkpoint(favour: tuple[int, int] | None = None) -> dict:
     """A MoE AggregatorCore state with FetchReach's dims; `favour`: gates that always pick those
     two experts with equal weight (state-independent routing)."""
     from aggregator.core import AggregatorCore
-    from fleetrl.config import AggregatorConfig
+    from foundation.config import AggregatorConfig
 
     core = AggregatorCore(REACH_MOE, AggregatorConfig(seed=1), 1, 1, "FetchReach-v4")
     state = core.state()
@@ -168,8 +168,9 @@ def _reach_checkpoint(favour: tuple[int, int] | None = None) -> dict:
 
 
 def test_routing_that_never_depends_on_the_state_freezes_exactly():
-    from deploy_npu.freeze import load_policy_checkpoint, reference_actor
+    from deploy_npu.freeze import reference_actor
     from deploy_npu.routing import FrozenRoutingPolicy, freeze_routing
+    from foundation.checkpoint import load_policy_checkpoint
 
     ckpt = load_policy_checkpoint(_reach_checkpoint(favour=(2, 3)))
     states = np.random.default_rng(5).normal(size=(300, 13)).astype(np.float32)

@@ -10,9 +10,10 @@ import pytest
 import torch
 
 from aggregator.core import AggregatorCore
-from deploy_npu.freeze import TaskInput, freeze_policy, load_policy_checkpoint, reference_actor
+from deploy_npu.freeze import TaskInput, freeze_policy, reference_actor
 from deploy_npu.pipeline import DeployCheckConfig, export_and_check
-from fleetrl.config import AggregatorConfig
+from foundation.checkpoint import load_policy_checkpoint
+from foundation.config import AggregatorConfig
 from learner.models import GRADIENT_GROUPS, ModelSpec, norm_stats
 from sim.tasks import TaskSet
 
@@ -84,7 +85,7 @@ def test_a_multi_task_checkpoint_needs_one_of_its_tasks_named(tmp_path):
 @pytest.mark.parametrize("kind", ["dense", "moe"])
 def test_fleetrl_export_writes_every_task_and_one_multi_task_graph_with_manifests(kind, tmp_path, capsys):
     from deploy_npu import cli
-    from fleetrl.checkpoint import save_checkpoint
+    from foundation.checkpoint import save_checkpoint
 
     path = save_checkpoint(tmp_path / "ckpt", _checkpoint(kind), keep=1)
     out = tmp_path / "deploy"

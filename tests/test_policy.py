@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from fleetrl.policy import LOG_STD_MAX, LOG_STD_MIN, NORM_CLIP, ModelSpec, NumpyActor
+from foundation.policy import LOG_STD_MAX, LOG_STD_MIN, NORM_CLIP, ModelSpec, NumpyActor
 from learner.models import SACModel, build_actor
 
 SPECS = [

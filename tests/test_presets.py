@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from fleetrl.cli import main
-from fleetrl.config import RunConfig, help_lines, with_overrides
-from fleetrl.presets import TASK_PRESETS, preset_config
+from fleet.cli import main
+from fleet.presets import TASK_PRESETS, preset_config
+from foundation.config import RunConfig, help_lines, with_overrides
 from sim.registry import get_task
 
 

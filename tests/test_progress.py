@@ -5,8 +5,8 @@ from __future__ import annotations
 import dataclasses
 import json
 
-from fleetrl.config import RunConfig, with_overrides
-from fleetrl.progress import EvalPoint, Progress, Snapshot
+from fleet.progress import EvalPoint, Progress, Snapshot
+from foundation.config import RunConfig, with_overrides
 
 
 def _snap(wall: float, *, curve=None, full=None, rejected=(), train=0.0) -> Snapshot:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from buffer.ratelimit import SampleToInsertRatio, rate_limit
-from fleetrl.config import RunConfig, with_overrides
+from foundation.config import RunConfig, with_overrides
 
 LIMIT = SampleToInsertRatio(samples_per_insert=2.0, min_size_to_sample=100, error_buffer=50.0)
 

@@ -13,13 +13,13 @@ import pytest
 from aggregator.client import AggregatorClient
 from aggregator.core import AggregatorCore
 from aggregator.service import AggregatorServer
-from fleetrl.config import AggregatorConfig, ConfigError, EvalConfig, RunConfig, with_overrides
-from fleetrl.proto import fleetrl_pb2_grpc as pb_grpc
-from fleetrl.transport import GRPC_OPTIONS
-from fleetrl.wire import to_tensor
+from foundation.config import AggregatorConfig, ConfigError, EvalConfig, RunConfig, with_overrides
+from foundation.proto import fleetrl_pb2_grpc as pb_grpc
+from foundation.transport import GRPC_OPTIONS
+from foundation.wire import to_tensor
 from sampler.evaluator import evaluate
 from sim.registry import make_env
-from tests.test_aggregator_service import SPEC, push
+from tests.helpers import SPEC, push
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -94,7 +94,7 @@ def test_early_stop_never_cuts_a_version_that_reaches_the_target_exactly():
 
 
 def test_after_a_crash_the_restored_version_jumps_past_every_version_that_may_have_been_broadcast(tmp_path):
-    from tests.test_aggregator_service import CONFIG, make_core
+    from tests.helpers import CONFIG, make_core
 
     server = AggregatorServer(make_core(), CONFIG, run_dir=tmp_path)
     with AggregatorClient(server.address, timeout_sec=5.0) as agg:
@@ -114,7 +114,7 @@ def test_after_a_crash_the_restored_version_jumps_past_every_version_that_may_ha
 
 def test_a_watcher_reconnects_when_the_aggregator_restarts_gracefully(tmp_path):
     """Watchers outlive an aggregator restart on the same address: they reconnect and resume."""
-    from tests.test_aggregator_service import CONFIG, make_core
+    from tests.helpers import CONFIG, make_core
 
     first = AggregatorServer(make_core(), CONFIG, run_dir=tmp_path)
     port = first.port
@@ -132,7 +132,7 @@ def test_samplers_the_buffer_and_the_evaluator_do_not_load_torch():
     """torch is ~200 MiB resident, and a sampler pins what it touches (mlockall): the roles that
     never encode or decode a checkpoint must not import it (the CLI once did, for an error type)."""
     code = (
-        "import sys, fleetrl.cli, sampler.worker, sampler.evaluator, buffer.service; "
+        "import sys, fleet.cli, sampler.worker, sampler.evaluator, buffer.service; "
         "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO)

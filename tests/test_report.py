@@ -9,8 +9,8 @@ import re
 
 import pytest
 
-from fleetrl.cpu import CpuMeter
-from fleetrl.report import ReportError, add_arguments, load_run, main, write_report
+from fleet.report import ReportError, add_arguments, load_run, main, write_report
+from foundation.cpu import CpuMeter
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 START = 1_700_000_000.0  # started_unix of the synthetic fleet run
@@ -189,9 +189,9 @@ def test_main_prints_the_page_path(tmp_path: pathlib.Path, capsys: pytest.Captur
 
 
 def test_a_multi_task_moe_run_gets_per_task_curves_and_its_expert_routing(tmp_path: pathlib.Path) -> None:
-    from fleetrl.policy import ModelSpec
-    from fleetrl.report_tasks import task_curves
-    from fleetrl.routing_stats import expert_routing
+    from fleet.report_tasks import task_curves
+    from foundation.policy import ModelSpec
+    from foundation.routing_stats import expert_routing
     from learner.models import SACModel
 
     run = make_fleet_run(tmp_path)

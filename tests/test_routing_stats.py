@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from fleetrl.policy import ModelSpec
-from fleetrl.routing_stats import expert_routing, layer_routing
+from foundation.policy import ModelSpec
+from foundation.routing_stats import expert_routing, layer_routing
 from learner.models import SACModel
 
 SPEC = ModelSpec(7, 3, 2, hidden_sizes=(16, 12), kind="moe", experts=8, top_k=2, tasks=3, router="task")

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from aggregator.client import WeightsSnapshot
-from fleetrl.policy import ModelSpec
-from sampler.worker import Policy
+from foundation.acting import Policy, WeightsSnapshot
+from foundation.policy import ModelSpec
 
 SPEC = ModelSpec(obs_dim=3, goal_dim=2, act_dim=4, hidden_sizes=(8,))
 
@@ -54,7 +53,7 @@ def test_ddpg_noise_is_gaussian_around_the_deterministic_action_and_clipped():
 
 
 def test_the_exploring_policy_follows_the_algorithm():
-    from fleetrl.config import RunConfig, with_overrides
+    from foundation.config import RunConfig, with_overrides
 
     sac = Policy.exploring(RunConfig(), seed=0)
     ddpg = Policy.exploring(with_overrides(RunConfig(), ['learner.algo="ddpg"', "sampler.action_noise_std=0.3"]), 0)

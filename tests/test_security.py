@@ -14,13 +14,13 @@ from aggregator.service import AggregatorServer
 from buffer.client import IngestClient
 from buffer.service import IngestServer
 from buffer.storage import TemporalStorage
-from fleetrl.certs import make_certs
-from fleetrl.config import AggregatorConfig, BufferConfig, SecurityConfig
-from fleetrl.local_cluster import LocalRedisCluster
-from fleetrl.proto import fleetrl_pb2 as pb
-from fleetrl.transport import Security, SecurityError
+from fleet.local_cluster import LocalRedisCluster
+from foundation.certs import make_certs
+from foundation.config import AggregatorConfig, BufferConfig, SecurityConfig
+from foundation.proto import fleetrl_pb2 as pb
+from foundation.transport import Security, SecurityError
 from tests.conftest import SMALL_SCHEMA
-from tests.test_aggregator_service import SPEC, push
+from tests.helpers import SPEC, push
 
 RUN = "auth"
 TOKEN = Security(token="right-token")

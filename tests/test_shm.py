@@ -1,4 +1,4 @@
-"""fleetrl/shm.py: the weights segment a same-host subscriber maps (unit tests, real files)."""
+"""foundation/shm.py: the weights segment a same-host subscriber maps (unit tests, real files)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import threading
 import numpy as np
 import pytest
 
-from fleetrl.shm import SEQ, VERSION, SharedWeightsReader, SharedWeightsWriter
+from foundation.shm import SEQ, VERSION, SharedWeightsReader, SharedWeightsWriter
 
 SIZES = {"actor": 5, "critic": 7}
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fleetrl.config import RandomizationConfig
+from foundation.acting import rollout
+from foundation.config import RandomizationConfig
 from sampler.her import relabel_future
-from sampler.worker import rollout
 from sim.registry import get_task, goal_reward, goal_success, make_env
 from sim.tasks import TaskSet
 

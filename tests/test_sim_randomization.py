@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from gymnasium.utils.env_checker import check_env
 
-from fleetrl.config import ConfigError, RandomizationConfig
+from foundation.config import ConfigError, RandomizationConfig
 from sim import TASKS, DomainRandomization, make_env
 from sim.randomization import NOMINAL_CONFIG, NOMINAL_PARAMS
 

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from gymnasium.utils.env_checker import check_env
 
-from fleetrl.config import RandomizationConfig
-from fleetrl.wire import TransitionSchema
+from foundation.config import TASK_NAMES, RandomizationConfig
+from foundation.wire import TransitionSchema
 from sim import (
     TASKS,
     DomainRandomization,
@@ -53,6 +53,11 @@ def test_ids_are_stable(name: str, task_id: int) -> None:
 
 def test_registry_holds_exactly_the_stable_tasks_in_id_order() -> None:
     assert [(s.name, s.task_id) for s in TASKS.values()] == STABLE_IDS
+
+
+def test_config_accepts_exactly_the_registered_tasks() -> None:
+    # RunConfig.validate checks sim.task against TASK_NAMES (the config imports no role).
+    assert TASK_NAMES == tuple(TASKS)
 
 
 @pytest.mark.parametrize("name", list(TASKS))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fleetrl.config import ConfigError, RunConfig, with_overrides
+from foundation.config import ConfigError, RunConfig, with_overrides
 from sim.registry import get_task
 from sim.tasks import TaskSet
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from aggregator.swa import LayeredSWA, actor_parts
-from fleetrl.policy import ModelSpec
+from foundation.policy import ModelSpec
 
 MOE = ModelSpec(3, 2, 2, (4, 4), kind="moe", experts=3, top_k=2, tasks=2, task_embed_dim=2)
 DENSE = ModelSpec(3, 2, 2, (4,))
@@ -69,8 +69,8 @@ def test_bad_arguments_are_refused():
 
 def test_export_takes_the_average_only_when_it_scored_above_the_live_policy():
     from aggregator.core import AggregatorCore
-    from deploy_npu.freeze import CheckpointError, load_policy_checkpoint
-    from fleetrl.config import AggregatorConfig
+    from foundation.checkpoint import CheckpointError, load_policy_checkpoint
+    from foundation.config import AggregatorConfig
 
     spec = ModelSpec(10, 3, 4, (16,))
     state = AggregatorCore(spec, AggregatorConfig(), 1, 1, "FetchReach-v4").state()

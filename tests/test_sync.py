@@ -10,9 +10,9 @@ import sys
 import numpy as np
 import pytest
 
-from fleetrl.config import RunConfig
-from fleetrl.sync import MemoryReplay
-from fleetrl.wire import Transitions
+from fleet.sync import MemoryReplay
+from foundation.config import RunConfig
+from foundation.wire import Transitions
 from sampler.evaluator import score_checkpoint
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -36,7 +36,7 @@ def test_memory_replay_wraps_and_samples_only_what_it_holds():
 @pytest.mark.e2e
 def test_sync_mode_learns_fetch_reach_and_leaves_a_checkpoint(tmp_path):
     run_dir = tmp_path / "sync"
-    cmd = [sys.executable, "-m", "fleetrl.cli", "train", "--task", "FetchReach-v4", "--mode", "sync"]
+    cmd = [sys.executable, "-m", "fleet.cli", "train", "--task", "FetchReach-v4", "--mode", "sync"]
     cmd += ["--run-dir", str(run_dir), "--max-wall-sec", "300"]
     subprocess.run(cmd, check=True, cwd=REPO, timeout=600, capture_output=True)
     summary = json.loads((run_dir / "summary.json").read_text())

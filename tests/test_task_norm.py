@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from aggregator.core import AggregatorCore, GradientError
-from fleetrl.config import AggregatorConfig
-from fleetrl.policy import ModelSpec, NumpyActor
+from foundation.config import AggregatorConfig
+from foundation.policy import ModelSpec, NumpyActor
 from learner.models import GRADIENT_GROUPS, Normalizer, SACModel, norm_from_stats, norm_stats
 
 OBS, GOAL, TASKS = 6, 3, 2  # obs = 4 own columns ++ a 2-wide task one-hot

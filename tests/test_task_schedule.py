@@ -7,8 +7,8 @@ import grpc
 import numpy as np
 import pytest
 
-from fleetrl.config import ConfigError, RunConfig, with_overrides
-from fleetrl.proto import fleetrl_pb2 as pb
+from foundation.config import ConfigError, RunConfig, with_overrides
+from foundation.proto import fleetrl_pb2 as pb
 from learner.task_schedule import TaskSchedule, success_shares
 
 NAMES = ["FetchReach-v4", "FetchPush-v4", "MetaWorld-push-v3"]

@@ -11,21 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from fleetrl.watchdog import RoleFailed, RoleSpec, Watchdog
+from fleet.watchdog import RoleFailed, RoleSpec, Watchdog
+from tests.helpers import poll_until
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = {"PYTHONPATH": str(REPO)}
 SLEEPER = (sys.executable, "-c", "import time; time.sleep(60)")
-
-
-def poll_until(dog: Watchdog, done, timeout: float = 120.0) -> list[str]:
-    events: list[str] = []
-    deadline = time.monotonic() + timeout
-    while not done(events):
-        assert time.monotonic() < deadline, f"timed out; events so far: {events}"
-        events += dog.poll()
-        time.sleep(0.05)
-    return events
 
 
 def test_a_crashing_role_is_restarted_up_to_max_restarts_then_fails_naming_its_log(tmp_path):
@@ -60,7 +51,7 @@ def test_a_role_with_a_stale_heartbeat_is_restarted_and_a_beating_one_is_not(tmp
     beating = (
         sys.executable,
         "-c",
-        "import time\nfrom fleetrl.process import Heartbeat\n"
+        "import time\nfrom foundation.process import Heartbeat\n"
         f"hb = Heartbeat({str(live_beat)!r}, interval_sec=0.1)\n"
         "while True:\n    hb.beat()\n    time.sleep(0.1)\n",
     )

@@ -1,4 +1,4 @@
-"""fleetrl.wire: tensors on the wire, bfloat16 gradients included."""
+"""foundation.wire: tensors on the wire, bfloat16 gradients included."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from fleetrl.wire import (
+from foundation.wire import (
     WIRE_DTYPES,
     Transitions,
     TransitionSchema,

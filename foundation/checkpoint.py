@@ -26,9 +26,15 @@ import os
 import pathlib
 import re
 import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
+from foundation.config import ConfigError
+from foundation.errors import FleetrlError
+from foundation.policy import ACTOR_GROUPS, ModelSpec
 
 log = logging.getLogger("fleetrl.checkpoint")
 
@@ -38,8 +44,10 @@ _HEADER = re.compile(rb"^FLEETRL-CKPT 1 sha256=([0-9a-f]{64}) bytes=(\d+)$")
 _tmp_ids = itertools.count()  # unique temporary names: two writers never share one
 
 
-class CheckpointError(ValueError):
-    """A checkpoint file is torn, altered or not a fleetrl checkpoint; the message names it."""
+class CheckpointError(FleetrlError, ValueError):
+    """A checkpoint cannot be used: a file torn, altered or not a fleetrl checkpoint, or one that
+    holds no usable policy (weights missing, NaN or inf, a spec that does not fit); the message
+    names the file and what is wrong."""
 
 
 def checkpoint_path(directory: str | os.PathLike, version: int) -> pathlib.Path:
@@ -200,3 +208,101 @@ class VersionLease:
         if clean_shutdown:
             return checkpoint_version
         return max(checkpoint_version, self.granted) + 1
+
+
+# The policy in a checkpoint: what export (deploy_npu) and evaluation (sampler/evaluator.py) read.
+
+
+@dataclass(frozen=True)
+class PolicyCheckpoint:
+    """The part of an aggregator checkpoint that a deployed policy needs (ACTOR_GROUPS)."""
+
+    version: int
+    spec: ModelSpec
+    actor: np.ndarray  # flat float32 actor parameters
+    obs_norm: np.ndarray  # flat float32 input mean ++ std
+    source: str  # where it came from, for reports and error messages
+    task: str | None = None  # task(s) the run trained on (checkpoints record it); None if unknown
+    weights: str = "live"  # "live": the aggregator's newest actor; "swa": its weight average
+
+    @property
+    def task_names(self) -> list[str]:
+        """The run's tasks, in order (several for a multi-task run; [] when not recorded)."""
+        return [name for name in (self.task or "").split(",") if name]
+
+
+CheckpointSource = str | os.PathLike | Mapping[str, Any] | PolicyCheckpoint
+
+
+def _read_state(checkpoint: str | os.PathLike | Mapping[str, Any]) -> tuple[Mapping[str, Any], str]:
+    if isinstance(checkpoint, Mapping):
+        return checkpoint, "<in-memory checkpoint>"
+    path = pathlib.Path(checkpoint)
+    if not path.exists():
+        raise FileNotFoundError(
+            f"checkpoint {str(path)!r} does not exist: pass a ckpt_<version>.pt file or the directory holding them"
+        )
+    try:
+        state = load_checkpoint(path)
+    except FileNotFoundError:
+        raise  # an empty directory: load_checkpoint's message already names it
+    except Exception as exc:  # torch.load raises pickle, zip and EOF errors alike on a bad file
+        raise CheckpointError(
+            f"cannot read checkpoint {str(path)!r} ({type(exc).__name__}: {exc}); "
+            "expected a file written by foundation.checkpoint.save_checkpoint"
+        ) from exc
+    if not isinstance(state, Mapping):
+        raise CheckpointError(f"checkpoint {str(path)!r} holds a {type(state).__name__}, expected a dict")
+    return state, str(path)
+
+
+WEIGHT_CHOICES = ("best", "live", "swa", "swa_plain")
+
+
+def load_policy_checkpoint(checkpoint: CheckpointSource, weights: str = "best") -> PolicyCheckpoint:
+    """Read and validate a checkpoint (path, directory = newest in it, or AggregatorCore.state() dict).
+
+    `weights`: "live" the newest actor; "swa" the weight average of a run with aggregator.swa
+    on ("swa_plain": a layered run's plain average, for comparisons); "best" the average when
+    the evaluator scored it above the live policy, else live.
+    A PolicyCheckpoint is returned as it is, so callers can load once and pass it on.
+    Raises FileNotFoundError for a missing path and CheckpointError for anything unusable.
+    """
+    if weights not in WEIGHT_CHOICES:
+        raise ConfigError(f"weights {weights!r}: expected one of {WEIGHT_CHOICES}", field="weights")
+    choice = weights
+    if isinstance(checkpoint, PolicyCheckpoint):
+        return checkpoint
+    state, source = _read_state(checkpoint)
+    missing = [k for k in ("version", "spec", "weights") if k not in state]
+    if missing:
+        raise CheckpointError(f"checkpoint {source} lacks {missing}: not an AggregatorCore.state() dict")
+    groups = state["weights"]
+    absent = [g for g in ACTOR_GROUPS if g not in groups]
+    if absent:
+        raise CheckpointError(f"checkpoint {source} has no weight group(s) {absent}; a policy needs {ACTOR_GROUPS}")
+    try:
+        spec = ModelSpec.from_json(state["spec"])
+    except (TypeError, ValueError, KeyError) as exc:
+        raise CheckpointError(f"checkpoint {source}: unreadable model spec {state['spec']!r} ({exc})") from exc
+    flats = {g: np.asarray(groups[g], np.float32) for g in ACTOR_GROUPS}
+    chosen = _choose_weights(state, choice, source)
+    if chosen != "live":
+        flats["actor"] = np.asarray(state[chosen]["actor"], np.float32)
+    for group, flat in flats.items():
+        if not np.all(np.isfinite(flat)):
+            raise CheckpointError(f"checkpoint {source}: weights[{group!r}] contain NaN or inf; the policy is unusable")
+    task = state.get("task") or None
+    return PolicyCheckpoint(int(state["version"]), spec, flats["actor"], flats["obs_norm"], source, task, chosen)
+
+
+def _choose_weights(state: Mapping[str, Any], choice: str, source: str) -> str:
+    if choice in ("swa", "swa_plain") and (state.get(choice) or {}).get("actor") is None:
+        raise CheckpointError(f"checkpoint {source} holds no {choice} weight average (train with aggregator.swa on)")
+    swa = state.get("swa") or {}
+    has_average = swa.get("actor") is not None
+    if choice != "best":
+        return choice
+    score, live = swa.get("score"), swa.get("live_score")
+    better = has_average and score is not None and live is not None and score > live
+    return "swa" if better else "live"

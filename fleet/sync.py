@@ -24,19 +24,19 @@ from dataclasses import asdict
 import numpy as np
 import torch
 
-from aggregator.client import WeightsSnapshot
 from aggregator.core import AggregatorCore
 from buffer.ratelimit import rate_limit
-from fleetrl.checkpoint import save_checkpoint
-from fleetrl.config import ConfigError, RunConfig
-from fleetrl.launch import Summary
-from fleetrl.policy import ACTOR_GROUPS, model_spec
-from fleetrl.wire import Transitions
+from fleet.launch import Summary
+from foundation.acting import Policy, WeightsSnapshot, rollout
+from foundation.checkpoint import save_checkpoint
+from foundation.config import ConfigError, RunConfig
+from foundation.policy import ACTOR_GROUPS, model_spec
+from foundation.wire import Transitions
 from learner.models import GROUPS, SACModel
 from learner.sac import Batch, SACHyperparams, compute_gradients
 from sampler.evaluator import next_interval_sec, scores
 from sampler.her import relabel_future
-from sampler.worker import TRAIN_SEEDS_FROM, Policy, rollout
+from sampler.worker import TRAIN_SEEDS_FROM
 from sim.registry import get_task, goal_reward, make_env
 
 log = logging.getLogger("fleetrl.sync")

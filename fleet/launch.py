@@ -33,17 +33,17 @@ import numpy as np
 
 from aggregator.client import AggregatorClient
 from buffer.client import IngestClient
-from fleetrl.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint
-from fleetrl.config import RunConfig
-from fleetrl.cpu import CpuMeter
-from fleetrl.fleet import FleetHost, FleetSpec, HostSpec, Workers
-from fleetrl.local_cluster import LocalRedisCluster, free_port_pair
-from fleetrl.policy import ModelSpec
-from fleetrl.process import free_port, stop_event
-from fleetrl.progress import Progress, Snapshot
-from fleetrl.routing_stats import expert_routing
-from fleetrl.transport import Security, serving
-from fleetrl.watchdog import Watchdog
+from fleet.local_cluster import LocalRedisCluster, free_port_pair
+from fleet.progress import Progress, Snapshot
+from fleet.spec import FleetHost, FleetSpec, HostSpec, Workers
+from fleet.watchdog import Watchdog
+from foundation.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint
+from foundation.config import RunConfig
+from foundation.cpu import CpuMeter
+from foundation.policy import ModelSpec
+from foundation.process import free_port, stop_event
+from foundation.routing_stats import expert_routing
+from foundation.transport import Security, serving
 
 if TYPE_CHECKING:
     from sampler.evaluator import EvalResult
@@ -88,14 +88,14 @@ class Summary:
     updates_per_sec: float = 0.0  # final_version / wall_sec
     restarts: int = 0
     started_unix: float = 0.0  # epoch seconds at the command's start (report plots count from here)
-    cpu: dict = field(default_factory=dict)  # fleetrl.cpu.CpuMeter.report(): per role and group
+    cpu: dict = field(default_factory=dict)  # foundation.cpu.CpuMeter.report(): per role and group
     fleet_overhead_share: float | None = None  # aggregator+buffer+evaluator+redis+launcher CPU / machine
     counters: dict = field(default_factory=dict)  # each role's last heartbeat counters (heartbeats/*.json)
     checkpoints: list[str] = field(default_factory=list)
-    mode: str = "async"  # or "sync": fleetrl train --mode sync (fleetrl/sync.py)
+    mode: str = "async"  # or "sync": fleetrl train --mode sync (fleet/sync.py)
     expert_load: dict = field(default_factory=dict)  # a MoE run: routers' newest metrics (expert_load.json)
     # A task-routed MoE run: per network, layer and task the experts chosen, overlaps, load
-    # (fleetrl/routing_stats.py), read from the newest checkpoint.
+    # (foundation/routing_stats.py), read from the newest checkpoint.
     expert_routing: dict = field(default_factory=dict)
     tasks: list[str] = field(default_factory=list)  # a multi-task run's tasks (success figures are their means)
     # A multi-task run, per task: best (curve or complete full score), last (newest curve) and

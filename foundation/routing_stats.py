@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from fleetrl.policy import ModelSpec, top_k_gates
+from foundation.policy import ModelSpec, top_k_gates
 
 
 def _gates_per_layer(

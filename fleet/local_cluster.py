@@ -33,12 +33,13 @@ import time
 from pathlib import Path
 
 import redis
-from redis.cluster import ClusterNode, RedisCluster
+from redis.cluster import RedisCluster
 
-from fleetrl.config import WatchdogConfig
-from fleetrl.process import HANDED_OUT_PORTS, parent_death_prefix, terminate
-from fleetrl.transport import Security
-from fleetrl.watchdog import Watchdog, role_spec
+from fleet.watchdog import Watchdog, role_spec
+from foundation.config import WatchdogConfig
+from foundation.errors import RunFailed
+from foundation.process import HANDED_OUT_PORTS, parent_death_prefix, terminate
+from foundation.transport import Security, connect
 
 NUM_SLOTS = 16384
 CLUSTER_BUS_OFFSET = 10000  # Redis fixes the cluster bus port at port + 10000.
@@ -47,31 +48,8 @@ _PORT_ATTEMPTS = 20
 _LOG_TAIL_LINES = 20
 
 
-class LocalClusterError(RuntimeError):
+class LocalClusterError(RunFailed, RuntimeError):
     """The local cluster could not be started or formed; the message carries the node logs."""
-
-
-def connect(addresses: str, security: Security | None = None) -> RedisCluster:
-    """A RedisCluster client for "host:port,host:port" (any reachable subset of the nodes),
-    logged in as the run's ACL user when `security` carries a Redis password."""
-    nodes = [ClusterNode(h, p) for h, p in parse_addresses(addresses)]
-    if security is None or not security.redis_password:
-        return RedisCluster(startup_nodes=nodes)
-    return RedisCluster(startup_nodes=nodes, username=security.redis_user, password=security.redis_password)
-
-
-def parse_addresses(addresses: str) -> list[tuple[str, int]]:
-    """Parse "host:port,host:port" into [(host, port), ...]; ValueError names the bad item."""
-    items = [a.strip() for a in addresses.split(",") if a.strip()]
-    if not items:
-        raise ValueError(f"redis addresses {addresses!r} is empty: expected 'host:port,host:port'")
-    out = []
-    for item in items:
-        host, sep, port = item.rpartition(":")
-        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise ValueError(f"redis address {item!r} in {addresses!r} must look like host:port with port in 1..65535")
-        out.append((host, int(port)))
-    return out
 
 
 def _port_is_free(port: int, host: str = "127.0.0.1") -> bool:

@@ -19,9 +19,9 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from fleetrl.config import RunConfig
-from fleetrl.proto import fleetrl_pb2 as pb
-from fleetrl.tb import ScalarWriter
+from foundation.config import RunConfig
+from foundation.proto import fleetrl_pb2 as pb
+from foundation.tb import ScalarWriter
 
 LOG_EVERY_SEC = 5.0  # when not on a terminal; also the progress.jsonl interval
 

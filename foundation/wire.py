@@ -1,7 +1,7 @@
 """Shared wire types: numpy <-> proto Tensor, and the transition batch column schema.
 
 This is the one small module of shared types that every role may import (with
-fleetrl.config and the generated protos). It holds no role's logic.
+foundation.config and the generated protos). It holds no role's logic.
 """
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fleetrl.proto import fleetrl_pb2 as pb
+from foundation.errors import FleetrlError
+from foundation.proto import fleetrl_pb2 as pb
 
 ALLOWED_DTYPES = ("float32",)  # what every message may carry; gradients may also come as bfloat16
 WIRE_DTYPES = ("float32", "bfloat16")
@@ -24,8 +25,10 @@ def cap(text: str, limit: int = 60) -> str:
     return text if len(text) <= limit else f"{text[: limit - 15]}... ({len(text)} chars)"
 
 
-class WireError(ValueError):
+class WireError(FleetrlError, ValueError):
     """A message does not match its contract. `field` names the offending field."""
+
+    field: str  # always set: the offending field
 
     def __init__(self, field: str, message: str) -> None:
         super().__init__(f"{field}: {message}")

@@ -20,8 +20,8 @@ import time
 import psutil
 from prometheus_client import CollectorRegistry, Gauge, start_http_server
 
-from fleetrl.process import locked_kib
-from fleetrl.transport import parse_hostport
+from foundation.process import locked_kib
+from foundation.transport import parse_hostport
 
 # Locked memory comes from /proc/self/smaps_rollup, which the kernel answers by walking every
 # mapping: 4% of the aggregator's CPU when read every second (py-spy, a FetchPush run). It

@@ -23,14 +23,12 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
 if TYPE_CHECKING:
-    from fleetrl.config import RunConfig
-    from sim.registry import TaskSpec
-    from sim.tasks import TaskSet
+    from foundation.config import RunConfig
 
 # Weight groups: one flat float32 vector each, versioned together by the aggregator.
 GROUPS = ("actor", "critic", "critic_target", "log_alpha", "obs_norm")
@@ -124,7 +122,18 @@ class ModelSpec:
         return cls(**data)
 
 
-def model_spec(config: RunConfig, task: TaskSpec | TaskSet) -> ModelSpec:
+class TaskDims(Protocol):
+    """What model_spec reads of a task (sim.registry.TaskSpec) or of a run's tasks (sim.tasks.TaskSet)."""
+
+    @property
+    def obs_dim(self) -> int: ...
+    @property
+    def goal_dim(self) -> int: ...
+    @property
+    def act_dim(self) -> int: ...
+
+
+def model_spec(config: RunConfig, task: TaskDims) -> ModelSpec:
     """The networks a run trains for `task` (or a multi-task run's TaskSet, its padded width
     and one task embedding row per task): shapes, learner.hidden_sizes and model.* (a MoE's
     hidden layers model.expert_width wide, one per learner.hidden_sizes entry)."""

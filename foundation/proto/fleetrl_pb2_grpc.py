@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from fleetrl.proto import fleetrl_pb2 as fleetrl_dot_proto_dot_fleetrl__pb2
+from foundation.proto import fleetrl_pb2 as foundation_dot_proto_dot_fleetrl__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in fleetrl/proto/fleetrl_pb2_grpc.py depends on'
+        + ' but the generated code in foundation/proto/fleetrl_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -36,13 +36,13 @@ class ReplayIngestStub:
         """
         self.Push = channel.unary_unary(
                 '/fleetrl.v1.ReplayIngest/Push',
-                request_serializer=fleetrl_dot_proto_dot_fleetrl__pb2.TransitionBatch.SerializeToString,
-                response_deserializer=fleetrl_dot_proto_dot_fleetrl__pb2.PushAck.FromString,
+                request_serializer=foundation_dot_proto_dot_fleetrl__pb2.TransitionBatch.SerializeToString,
+                response_deserializer=foundation_dot_proto_dot_fleetrl__pb2.PushAck.FromString,
                 _registered_method=True)
         self.Stats = channel.unary_unary(
                 '/fleetrl.v1.ReplayIngest/Stats',
-                request_serializer=fleetrl_dot_proto_dot_fleetrl__pb2.BufferStatsRequest.SerializeToString,
-                response_deserializer=fleetrl_dot_proto_dot_fleetrl__pb2.BufferStats.FromString,
+                request_serializer=foundation_dot_proto_dot_fleetrl__pb2.BufferStatsRequest.SerializeToString,
+                response_deserializer=foundation_dot_proto_dot_fleetrl__pb2.BufferStats.FromString,
                 _registered_method=True)
 
 
@@ -66,13 +66,13 @@ def add_ReplayIngestServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Push': grpc.unary_unary_rpc_method_handler(
                     servicer.Push,
-                    request_deserializer=fleetrl_dot_proto_dot_fleetrl__pb2.TransitionBatch.FromString,
-                    response_serializer=fleetrl_dot_proto_dot_fleetrl__pb2.PushAck.SerializeToString,
+                    request_deserializer=foundation_dot_proto_dot_fleetrl__pb2.TransitionBatch.FromString,
+                    response_serializer=foundation_dot_proto_dot_fleetrl__pb2.PushAck.SerializeToString,
             ),
             'Stats': grpc.unary_unary_rpc_method_handler(
                     servicer.Stats,
-                    request_deserializer=fleetrl_dot_proto_dot_fleetrl__pb2.BufferStatsRequest.FromString,
-                    response_serializer=fleetrl_dot_proto_dot_fleetrl__pb2.BufferStats.SerializeToString,
+                    request_deserializer=foundation_dot_proto_dot_fleetrl__pb2.BufferStatsRequest.FromString,
+                    response_serializer=foundation_dot_proto_dot_fleetrl__pb2.BufferStats.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -100,8 +100,8 @@ class ReplayIngest:
             request,
             target,
             '/fleetrl.v1.ReplayIngest/Push',
-            fleetrl_dot_proto_dot_fleetrl__pb2.TransitionBatch.SerializeToString,
-            fleetrl_dot_proto_dot_fleetrl__pb2.PushAck.FromString,
+            foundation_dot_proto_dot_fleetrl__pb2.TransitionBatch.SerializeToString,
+            foundation_dot_proto_dot_fleetrl__pb2.PushAck.FromString,
             options,
             channel_credentials,
             insecure,
@@ -127,8 +127,8 @@ class ReplayIngest:
             request,
             target,
             '/fleetrl.v1.ReplayIngest/Stats',
-            fleetrl_dot_proto_dot_fleetrl__pb2.BufferStatsRequest.SerializeToString,
-            fleetrl_dot_proto_dot_fleetrl__pb2.BufferStats.FromString,
+            foundation_dot_proto_dot_fleetrl__pb2.BufferStatsRequest.SerializeToString,
+            foundation_dot_proto_dot_fleetrl__pb2.BufferStats.FromString,
             options,
             channel_credentials,
             insecure,
@@ -151,28 +151,28 @@ class AggregatorStub:
         """
         self.PushGradients = channel.unary_unary(
                 '/fleetrl.v1.Aggregator/PushGradients',
-                request_serializer=fleetrl_dot_proto_dot_fleetrl__pb2.Gradients.SerializeToString,
-                response_deserializer=fleetrl_dot_proto_dot_fleetrl__pb2.GradientAck.FromString,
+                request_serializer=foundation_dot_proto_dot_fleetrl__pb2.Gradients.SerializeToString,
+                response_deserializer=foundation_dot_proto_dot_fleetrl__pb2.GradientAck.FromString,
                 _registered_method=True)
         self.PushGradientsStream = channel.stream_stream(
                 '/fleetrl.v1.Aggregator/PushGradientsStream',
-                request_serializer=fleetrl_dot_proto_dot_fleetrl__pb2.Gradients.SerializeToString,
-                response_deserializer=fleetrl_dot_proto_dot_fleetrl__pb2.GradientAck.FromString,
+                request_serializer=foundation_dot_proto_dot_fleetrl__pb2.Gradients.SerializeToString,
+                response_deserializer=foundation_dot_proto_dot_fleetrl__pb2.GradientAck.FromString,
                 _registered_method=True)
         self.WatchWeights = channel.unary_stream(
                 '/fleetrl.v1.Aggregator/WatchWeights',
-                request_serializer=fleetrl_dot_proto_dot_fleetrl__pb2.WatchRequest.SerializeToString,
-                response_deserializer=fleetrl_dot_proto_dot_fleetrl__pb2.Weights.FromString,
+                request_serializer=foundation_dot_proto_dot_fleetrl__pb2.WatchRequest.SerializeToString,
+                response_deserializer=foundation_dot_proto_dot_fleetrl__pb2.Weights.FromString,
                 _registered_method=True)
         self.Stats = channel.unary_unary(
                 '/fleetrl.v1.Aggregator/Stats',
-                request_serializer=fleetrl_dot_proto_dot_fleetrl__pb2.AggregatorStatsRequest.SerializeToString,
-                response_deserializer=fleetrl_dot_proto_dot_fleetrl__pb2.AggregatorStats.FromString,
+                request_serializer=foundation_dot_proto_dot_fleetrl__pb2.AggregatorStatsRequest.SerializeToString,
+                response_deserializer=foundation_dot_proto_dot_fleetrl__pb2.AggregatorStats.FromString,
                 _registered_method=True)
         self.ReportEval = channel.unary_unary(
                 '/fleetrl.v1.Aggregator/ReportEval',
-                request_serializer=fleetrl_dot_proto_dot_fleetrl__pb2.EvalReport.SerializeToString,
-                response_deserializer=fleetrl_dot_proto_dot_fleetrl__pb2.EvalAck.FromString,
+                request_serializer=foundation_dot_proto_dot_fleetrl__pb2.EvalReport.SerializeToString,
+                response_deserializer=foundation_dot_proto_dot_fleetrl__pb2.EvalAck.FromString,
                 _registered_method=True)
 
 
@@ -221,28 +221,28 @@ def add_AggregatorServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'PushGradients': grpc.unary_unary_rpc_method_handler(
                     servicer.PushGradients,
-                    request_deserializer=fleetrl_dot_proto_dot_fleetrl__pb2.Gradients.FromString,
-                    response_serializer=fleetrl_dot_proto_dot_fleetrl__pb2.GradientAck.SerializeToString,
+                    request_deserializer=foundation_dot_proto_dot_fleetrl__pb2.Gradients.FromString,
+                    response_serializer=foundation_dot_proto_dot_fleetrl__pb2.GradientAck.SerializeToString,
             ),
             'PushGradientsStream': grpc.stream_stream_rpc_method_handler(
                     servicer.PushGradientsStream,
-                    request_deserializer=fleetrl_dot_proto_dot_fleetrl__pb2.Gradients.FromString,
-                    response_serializer=fleetrl_dot_proto_dot_fleetrl__pb2.GradientAck.SerializeToString,
+                    request_deserializer=foundation_dot_proto_dot_fleetrl__pb2.Gradients.FromString,
+                    response_serializer=foundation_dot_proto_dot_fleetrl__pb2.GradientAck.SerializeToString,
             ),
             'WatchWeights': grpc.unary_stream_rpc_method_handler(
                     servicer.WatchWeights,
-                    request_deserializer=fleetrl_dot_proto_dot_fleetrl__pb2.WatchRequest.FromString,
-                    response_serializer=fleetrl_dot_proto_dot_fleetrl__pb2.Weights.SerializeToString,
+                    request_deserializer=foundation_dot_proto_dot_fleetrl__pb2.WatchRequest.FromString,
+                    response_serializer=foundation_dot_proto_dot_fleetrl__pb2.Weights.SerializeToString,
             ),
             'Stats': grpc.unary_unary_rpc_method_handler(
                     servicer.Stats,
-                    request_deserializer=fleetrl_dot_proto_dot_fleetrl__pb2.AggregatorStatsRequest.FromString,
-                    response_serializer=fleetrl_dot_proto_dot_fleetrl__pb2.AggregatorStats.SerializeToString,
+                    request_deserializer=foundation_dot_proto_dot_fleetrl__pb2.AggregatorStatsRequest.FromString,
+                    response_serializer=foundation_dot_proto_dot_fleetrl__pb2.AggregatorStats.SerializeToString,
             ),
             'ReportEval': grpc.unary_unary_rpc_method_handler(
                     servicer.ReportEval,
-                    request_deserializer=fleetrl_dot_proto_dot_fleetrl__pb2.EvalReport.FromString,
-                    response_serializer=fleetrl_dot_proto_dot_fleetrl__pb2.EvalAck.SerializeToString,
+                    request_deserializer=foundation_dot_proto_dot_fleetrl__pb2.EvalReport.FromString,
+                    response_serializer=foundation_dot_proto_dot_fleetrl__pb2.EvalAck.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -270,8 +270,8 @@ class Aggregator:
             request,
             target,
             '/fleetrl.v1.Aggregator/PushGradients',
-            fleetrl_dot_proto_dot_fleetrl__pb2.Gradients.SerializeToString,
-            fleetrl_dot_proto_dot_fleetrl__pb2.GradientAck.FromString,
+            foundation_dot_proto_dot_fleetrl__pb2.Gradients.SerializeToString,
+            foundation_dot_proto_dot_fleetrl__pb2.GradientAck.FromString,
             options,
             channel_credentials,
             insecure,
@@ -297,8 +297,8 @@ class Aggregator:
             request_iterator,
             target,
             '/fleetrl.v1.Aggregator/PushGradientsStream',
-            fleetrl_dot_proto_dot_fleetrl__pb2.Gradients.SerializeToString,
-            fleetrl_dot_proto_dot_fleetrl__pb2.GradientAck.FromString,
+            foundation_dot_proto_dot_fleetrl__pb2.Gradients.SerializeToString,
+            foundation_dot_proto_dot_fleetrl__pb2.GradientAck.FromString,
             options,
             channel_credentials,
             insecure,
@@ -324,8 +324,8 @@ class Aggregator:
             request,
             target,
             '/fleetrl.v1.Aggregator/WatchWeights',
-            fleetrl_dot_proto_dot_fleetrl__pb2.WatchRequest.SerializeToString,
-            fleetrl_dot_proto_dot_fleetrl__pb2.Weights.FromString,
+            foundation_dot_proto_dot_fleetrl__pb2.WatchRequest.SerializeToString,
+            foundation_dot_proto_dot_fleetrl__pb2.Weights.FromString,
             options,
             channel_credentials,
             insecure,
@@ -351,8 +351,8 @@ class Aggregator:
             request,
             target,
             '/fleetrl.v1.Aggregator/Stats',
-            fleetrl_dot_proto_dot_fleetrl__pb2.AggregatorStatsRequest.SerializeToString,
-            fleetrl_dot_proto_dot_fleetrl__pb2.AggregatorStats.FromString,
+            foundation_dot_proto_dot_fleetrl__pb2.AggregatorStatsRequest.SerializeToString,
+            foundation_dot_proto_dot_fleetrl__pb2.AggregatorStats.FromString,
             options,
             channel_credentials,
             insecure,
@@ -378,8 +378,8 @@ class Aggregator:
             request,
             target,
             '/fleetrl.v1.Aggregator/ReportEval',
-            fleetrl_dot_proto_dot_fleetrl__pb2.EvalReport.SerializeToString,
-            fleetrl_dot_proto_dot_fleetrl__pb2.EvalAck.FromString,
+            foundation_dot_proto_dot_fleetrl__pb2.EvalReport.SerializeToString,
+            foundation_dot_proto_dot_fleetrl__pb2.EvalAck.FromString,
             options,
             channel_credentials,
             insecure,

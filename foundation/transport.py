@@ -28,8 +28,10 @@ from typing import Any
 
 import grpc
 import grpc.aio
+from redis.cluster import ClusterNode, RedisCluster
 
-from fleetrl.config import SecurityConfig
+from foundation.config import SecurityConfig
+from foundation.errors import FleetrlError
 
 log = logging.getLogger("fleetrl.transport")
 
@@ -57,8 +59,10 @@ def parse_hostport(address: str, field: str = "address") -> tuple[str, int]:
     return host, int(port)
 
 
-class SecurityError(ValueError):
+class SecurityError(FleetrlError, ValueError):
     """A security setting cannot be used (missing file, half a TLS pair); names the field."""
+
+    label = "security error"
 
 
 def _read(path: str, field: str) -> bytes:
@@ -363,3 +367,26 @@ class StandardServices:
 
     def _status(self, ok: bool) -> int:
         return self._pb.HealthCheckResponse.SERVING if ok else self._pb.HealthCheckResponse.NOT_SERVING
+
+
+def connect(addresses: str, security: Security | None = None) -> RedisCluster:
+    """A RedisCluster client for "host:port,host:port" (any reachable subset of the nodes),
+    logged in as the run's ACL user when `security` carries a Redis password."""
+    nodes = [ClusterNode(h, p) for h, p in parse_addresses(addresses)]
+    if security is None or not security.redis_password:
+        return RedisCluster(startup_nodes=nodes)
+    return RedisCluster(startup_nodes=nodes, username=security.redis_user, password=security.redis_password)
+
+
+def parse_addresses(addresses: str) -> list[tuple[str, int]]:
+    """Parse "host:port,host:port" into [(host, port), ...]; ValueError names the bad item."""
+    items = [a.strip() for a in addresses.split(",") if a.strip()]
+    if not items:
+        raise ValueError(f"redis addresses {addresses!r} is empty: expected 'host:port,host:port'")
+    out = []
+    for item in items:
+        host, sep, port = item.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"redis address {item!r} in {addresses!r} must look like host:port with port in 1..65535")
+        out.append((host, int(port)))
+    return out

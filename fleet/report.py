@@ -24,7 +24,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeGuard
 
-from fleetrl.report_tasks import routing_figure, task_curve_figure
+from fleet.report_tasks import routing_figure, task_curve_figure
+from foundation.errors import FleetrlError
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -40,7 +41,7 @@ PLOT_NAMES = (
 )
 
 
-class ReportError(ValueError):
+class ReportError(FleetrlError, ValueError):
     """A run directory (or argument) the report cannot use; the message names the path."""
 
 

@@ -35,11 +35,11 @@ from typing import Any
 
 import yaml
 
-from fleetrl.config import ConfigError, RunConfig, with_overrides
-from fleetrl.local_cluster import LocalRedisCluster, cluster_ok, form_cluster, nodes_answer
-from fleetrl.process import free_port, heartbeat_file
-from fleetrl.transport import REDIS_PASSWORD_ENV, TOKEN_ENV, Security
-from fleetrl.watchdog import RoleSpec, Watchdog, role_spec
+from fleet.local_cluster import LocalRedisCluster, cluster_ok, form_cluster, nodes_answer
+from fleet.watchdog import RoleSpec, Watchdog, role_spec
+from foundation.config import ConfigError, RunConfig, with_overrides
+from foundation.process import free_port, heartbeat_file
+from foundation.transport import REDIS_PASSWORD_ENV, TOKEN_ENV, Security
 
 log = logging.getLogger("fleetrl.fleet")
 
@@ -258,7 +258,7 @@ class FleetHost:
             "learner": ("--redis", redis, "--aggregator", aggregator),
             "evaluator": ("--buffer", buffer, "--aggregator", aggregator),
         }
-        base = (sys.executable, "-m", "fleetrl.cli")
+        base = (sys.executable, "-m", "fleet.cli")
         specs = []
         for role, port in self.host.services.items():
             listen = f"{self.host.address}:{port}"

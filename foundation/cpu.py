@@ -20,7 +20,7 @@ import re
 
 import psutil
 
-from fleetrl.process import locked_kib
+from foundation.process import locked_kib
 
 # What the issue calls the fleet's overhead: everything but acting (samplers) and learning
 # (learners). The launcher's own progress polling is counted too.

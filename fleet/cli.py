@@ -30,6 +30,10 @@ import logging
 import pathlib
 import sys
 import time
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from foundation.role import Role
 
 STARTED_AT = time.monotonic()  # wall-clock figures count from the command's start
 
@@ -128,10 +132,10 @@ def _parser(export_args: bool = True) -> argparse.ArgumentParser:
     certs.add_argument("--out", required=True, help="folder for ca.pem, ca.key, fleet.pem, fleet.key")
     certs.add_argument("--hosts", default="", help="comma-separated host names and IPs the services listen on")
     certs.add_argument("--days", type=int, default=365, help="validity in days")
-    fleet = sub.add_parser("fleet", help="run this host's share of a fleet over several hosts (fleetrl/fleet.py)")
+    fleet = sub.add_parser("fleet", help="run this host's share of a fleet over several hosts (fleet/spec.py)")
     fleet_sub = fleet.add_subparsers(dest="fleet_command", required=True)
     up = fleet_sub.add_parser("up", help="start and supervise this host's roles from a fleet spec until Ctrl-C")
-    up.add_argument("spec", help="fleet spec YAML: hosts, their addresses and roles (see fleetrl/fleet.py)")
+    up.add_argument("spec", help="fleet spec YAML: hosts, their addresses and roles (see fleet/spec.py)")
     up.add_argument("--host", required=True, help="which host of the spec this is")
     _common(up)
     evaluate = sub.add_parser("evaluate", help="score a run's last checkpoint on held-out episodes")
@@ -146,7 +150,7 @@ def _parser(export_args: bool = True) -> argparse.ArgumentParser:
         help="the live actor, or a weight average the checkpoint holds (aggregator.swa)",
     )
     report = sub.add_parser("report", help="one HTML page (PNG plots beside it) comparing run directories")
-    from fleetrl.report import add_arguments as add_report_arguments  # matplotlib loads only when writing
+    from fleet.report import add_arguments as add_report_arguments  # matplotlib loads only when writing
 
     add_report_arguments(report)
     check = sub.add_parser(
@@ -168,8 +172,8 @@ def _parser(export_args: bool = True) -> argparse.ArgumentParser:
 
 
 def _config(args: argparse.Namespace):
-    from fleetrl.config import RunConfig, with_overrides
-    from fleetrl.presets import preset_config, preset_task
+    from fleet.presets import preset_config, preset_task
+    from foundation.config import RunConfig, with_overrides
 
     overrides = list(args.set)
     shorthands = {
@@ -201,12 +205,12 @@ def _config(args: argparse.Namespace):
 def _train(args: argparse.Namespace) -> int:
     import dataclasses
 
-    from fleetrl.launch import LocalFleet
+    from fleet.launch import LocalFleet
 
     if args.resume:
         run_dir = pathlib.Path(args.resume)
         if not (run_dir / "config.json").exists():
-            from fleetrl.config import ConfigError
+            from foundation.config import ConfigError
 
             raise ConfigError(f"--resume {run_dir}: no config.json there (not a run directory)")
         args.config = str(run_dir / "config.json")  # the run's own config; --set still overrides
@@ -221,11 +225,11 @@ def _train(args: argparse.Namespace) -> int:
         config = dataclasses.replace(config, run_dir=f"runs/{config.sim.task}-{stamp}")
     if args.mode == "sync":
         if args.resume:
-            from fleetrl.config import ConfigError
+            from foundation.config import ConfigError
 
             raise ConfigError("--resume continues a fleet run; --mode sync starts afresh")
-        from fleetrl.process import stop_event
-        from fleetrl.sync import run_sync
+        from fleet.sync import run_sync
+        from foundation.process import stop_event
 
         summary = run_sync(config, STARTED_AT, stop_event())
     else:
@@ -242,8 +246,8 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _role(args: argparse.Namespace) -> int:
-    from fleetrl.process import die_with_parent, setup_logging, stop_event
-    from fleetrl.transport import Security
+    from foundation.process import Heartbeat, die_with_parent, setup_logging, stop_event
+    from foundation.transport import Security
 
     config = _config(args).validate()
     setup_logging(f"{args.command}-{args.id}")
@@ -251,50 +255,50 @@ def _role(args: argparse.Namespace) -> int:
     stop = stop_event()
     security = Security.from_config(config.security)  # the token and Redis password (files or env)
     if args.metrics:
-        from fleetrl.metrics import RoleMetrics
-        from fleetrl.process import use_metrics
+        from foundation.metrics import RoleMetrics
+        from foundation.process import use_metrics
 
         try:
             use_metrics(RoleMetrics(f"{args.command}-{args.id}", args.metrics))
         except OSError as err:  # a taken port costs the metrics, never the role
             logging.getLogger("fleetrl").warning("no Prometheus metrics on %s: %s", args.metrics, err)
+    role, endpoints = _role_entry(args)
+    # Services beat every second, workers every two (a heartbeat costs a file write).
+    heartbeat = Heartbeat(args.heartbeat, interval_sec=1.0 if args.command in ("buffer", "aggregator") else 2.0)
+    role(config, args.id, endpoints, security, stop, heartbeat)  # the one role shape: foundation/role.py
+    return 0
+
+
+def _role_entry(args: argparse.Namespace) -> tuple[Role[Any], object]:
+    """The role's entry point and its endpoints, from the command line (imports only that role)."""
+    listen, advertise = _listen(args)
     if args.command == "buffer":
-        from buffer.ratelimit import rate_limit
-        from buffer.service import IngestService, run_ingest_service
-        from sim.tasks import TaskSet
+        from buffer.service import IngestEndpoints, run_ingest_service
 
-        tasks = TaskSet.for_run(config)
-        listen, advertise = _listen(args)
-        service = IngestService(
-            config.buffer, config.run_id, tasks.ids, tasks.schema(), listen, advertise, rate_limit(config)
-        )
-        run_ingest_service(service, args.redis, args.ready_file, security, args.heartbeat)
-    elif args.command == "aggregator":
-        from aggregator.service import run_aggregator
+        return run_ingest_service, IngestEndpoints(listen, args.redis, advertise, args.ready_file)
+    if args.command == "aggregator":
+        from aggregator.service import AggregatorEndpoints, run_aggregator
 
-        listen, advertise = _listen(args)
-        run_aggregator(config, listen, args.run_dir, args.ready_file, stop, security, advertise, args.heartbeat)
-    elif args.command == "learner":
+        return run_aggregator, AggregatorEndpoints(listen, advertise, args.ready_file, args.run_dir)
+    if args.command == "learner":
         from learner.worker import LearnerEndpoints, run_learner
 
-        run_learner(config, args.id, LearnerEndpoints(args.aggregator, args.redis, args.heartbeat, args.ack_log), stop)
-    elif args.command == "sampler":
+        return run_learner, LearnerEndpoints(args.aggregator, args.redis, args.ack_log)
+    if args.command == "sampler":
         from sampler.worker import SamplerEndpoints, run_sampler
 
-        run_sampler(config, args.id, SamplerEndpoints(args.buffer, args.aggregator, args.heartbeat, args.ack_log), stop)
-    elif args.command == "evaluator":
-        from sampler.evaluator import run_evaluator
+        return run_sampler, SamplerEndpoints(args.buffer, args.aggregator, args.ack_log)
+    from sampler.evaluator import EvaluatorEndpoints, run_evaluator
 
-        run_evaluator(config, args.id, args.buffer, args.aggregator, stop, args.heartbeat)
-    return 0
+    return run_evaluator, EvaluatorEndpoints(args.buffer, args.aggregator)
 
 
 def _redis_cluster(args: argparse.Namespace) -> int:
     import secrets
 
-    from fleetrl.local_cluster import LocalRedisCluster
-    from fleetrl.process import stop_event
-    from fleetrl.transport import Security
+    from fleet.local_cluster import LocalRedisCluster
+    from foundation.process import stop_event
+    from foundation.transport import Security
 
     stop = stop_event()
     ports = [int(p) for p in args.ports.split(",")] if args.ports else None
@@ -305,7 +309,7 @@ def _redis_cluster(args: argparse.Namespace) -> int:
             args.primaries, host=args.host, ports=ports, appendonly=args.appendonly, auth=auth, replicas=args.replicas
         )
     except ValueError as err:
-        from fleetrl.config import ConfigError
+        from foundation.config import ConfigError
 
         raise ConfigError(str(err)) from err
     with cluster:
@@ -317,8 +321,8 @@ def _redis_cluster(args: argparse.Namespace) -> int:
 
 
 def _fleet(args: argparse.Namespace) -> int:
-    from fleetrl.fleet import FleetHost, FleetSpec
-    from fleetrl.process import setup_logging, stop_event
+    from fleet.spec import FleetHost, FleetSpec
+    from foundation.process import setup_logging, stop_event
 
     setup_logging(f"fleet-{args.host}")
     spec = FleetSpec.load(args.spec)
@@ -331,7 +335,7 @@ def _fleet(args: argparse.Namespace) -> int:
 
 
 def _evaluate(args: argparse.Namespace) -> int:
-    from fleetrl.config import ConfigError, RunConfig
+    from foundation.config import ConfigError, RunConfig
     from sampler.evaluator import score_checkpoint
 
     run_dir = pathlib.Path(args.run_dir)
@@ -367,12 +371,8 @@ def _listen(args: argparse.Namespace) -> tuple[str, str | None]:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = _parser(export_args=bool(argv) and argv[0] == "export").parse_args(argv)
-    from fleetrl.checkpoint import CheckpointError
-    from fleetrl.config import ConfigError, help_lines
-    from fleetrl.local_cluster import LocalClusterError
-    from fleetrl.report import ReportError
-    from fleetrl.transport import SecurityError
-    from fleetrl.watchdog import RoleFailed
+    from foundation.config import help_lines
+    from foundation.errors import FleetrlError
 
     try:
         if args.command == "train":
@@ -384,11 +384,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "redis-cluster":
             return _redis_cluster(args)
         if args.command == "certs":
-            from fleetrl.certs import main as certs_main  # cryptography loads only here
+            from foundation.certs import main as certs_main  # cryptography loads only here
 
             return certs_main(args)
         if args.command == "report":
-            from fleetrl.report import main as report_main
+            from fleet.report import main as report_main
 
             return report_main(args)
         if args.command == "export":
@@ -413,16 +413,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "fleet":
             return _fleet(args)
         return _role(args)
-    except ConfigError as err:
-        print(f"fleetrl: config error: {err}", file=sys.stderr)
-        return 2
-    except SecurityError as err:
-        print(f"fleetrl: security error: {err}", file=sys.stderr)
-        return 2
-    except (ReportError, CheckpointError) as err:
-        print(f"fleetrl: {err}", file=sys.stderr)
-        return 2
-    except (LocalClusterError, RoleFailed, TimeoutError) as err:
+    except FleetrlError as err:  # every error fleetrl raises on purpose: bad input 2, a failed run 1
+        label = f"{err.label}: " if err.label else ""
+        print(f"fleetrl: {label}{err}", file=sys.stderr)
+        return err.exit_status
+    except TimeoutError as err:
         print(f"fleetrl: {err}", file=sys.stderr)
         return 1
 

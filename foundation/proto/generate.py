@@ -1,6 +1,6 @@
 """Regenerate fleetrl_pb2.py, its type stub fleetrl_pb2.pyi and fleetrl_pb2_grpc.py from fleetrl.proto.
 
-Run `python -m fleetrl.proto.generate` from the repository root after editing the .proto.
+Run `python -m foundation.proto.generate` from the repository root after editing the .proto.
 `generated_sources()` is what tests/test_proto.py compares against the committed files.
 """
 
@@ -13,7 +13,7 @@ from grpc_tools import protoc
 
 PROTO_DIR = pathlib.Path(__file__).resolve().parent
 REPO_ROOT = PROTO_DIR.parent.parent
-PROTO_REL = "fleetrl/proto/fleetrl.proto"
+PROTO_REL = "foundation/proto/fleetrl.proto"
 OUTPUTS = ("fleetrl_pb2.py", "fleetrl_pb2.pyi", "fleetrl_pb2_grpc.py")
 
 
@@ -32,7 +32,7 @@ def generated_sources() -> dict[str, str]:
         )
         if rc != 0:
             raise RuntimeError(f"protoc failed with exit code {rc} on {PROTO_REL}")
-        gen = pathlib.Path(out) / "fleetrl" / "proto"
+        gen = pathlib.Path(out) / "foundation" / "proto"
         return {name: (gen / name).read_text() for name in OUTPUTS}
 
 

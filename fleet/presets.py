@@ -14,7 +14,7 @@ import dataclasses
 import json
 from typing import Any
 
-from fleetrl.config import RunConfig, with_overrides
+from foundation.config import RunConfig, with_overrides
 
 # The harder Fetch tasks share one recipe: the object must first be touched by chance, and
 # the sparse reward only then says anything. Why each value (runs in docs/presets.md):

@@ -6,7 +6,7 @@
             events = dog.poll()          # restarts crashed or silent roles, returns what it did
         # __exit__ stops every role: SIGTERM, then SIGKILL after `stop_grace_sec`
 
-Each role runs as its own OS process (`python -m fleetrl.cli <role> ...`) with its output in
+Each role runs as its own OS process (`python -m fleet.cli <role> ...`) with its output in
 `<log_dir>/<name>.log`, and dies with the watchdog (PR_SET_PDEATHSIG) if the watchdog crashes.
 A process that writes no heartbeat file (a redis-server) is watched through a `probe` instead
 (does it answer?), and one started elsewhere joins with `adopt` (the local Redis nodes, which
@@ -25,8 +25,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from fleetrl.config import WatchdogConfig
-from fleetrl.process import parent_death_prefix, terminate
+from foundation.config import WatchdogConfig
+from foundation.errors import RunFailed
+from foundation.process import parent_death_prefix, terminate
 
 log = logging.getLogger("fleetrl.watchdog")
 
@@ -96,7 +97,7 @@ class _Running:
     probed: float = 0.0
 
 
-class RoleFailed(RuntimeError):
+class RoleFailed(RunFailed, RuntimeError):
     """A role kept dying past its restart budget."""
 
 

@@ -1,0 +1,119 @@
+"""What acting needs, for every role that acts: a weights snapshot, the policy built from it,
+and one episode's rollout.
+
+    policy = Policy(seed=0)
+    policy.refresh(WeightsSnapshot(version, {"actor": actor, "obs_norm": obs_norm}, spec))
+    episode, success = rollout(env, policy, seed=7, rng=rng, deterministic=True)
+
+The sampler acts with these to collect experience, the evaluator to score a policy, the sync
+mode to train without a fleet, and the export path (deploy_npu/routing.py) to collect
+calibration states; none of them needs another role's code for it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from foundation.config import RunConfig
+from foundation.policy import ModelSpec, NumpyActor
+
+
+@dataclass(frozen=True)
+class WeightsSnapshot:
+    """One version of the aggregator's weights: flat float32 vectors by group, and the networks' spec."""
+
+    version: int
+    tensors: dict[str, np.ndarray]
+    spec: ModelSpec
+
+
+@dataclass
+class Episode:
+    """One episode's arrays, leading dim T."""
+
+    obs: np.ndarray
+    achieved_goal: np.ndarray  # achieved goal *after* each step (from next observation)
+    desired_goal: np.ndarray
+    action: np.ndarray
+    next_obs: np.ndarray
+    terminated: np.ndarray
+
+    def __len__(self) -> int:
+        return int(self.action.shape[0])
+
+
+class Policy:
+    """The newest actor this process has; acts stochastically or deterministically."""
+
+    def __init__(self, seed: int = 0, random_action_prob: float = 0.0, noise_std: float | None = None) -> None:
+        self.version = -1
+        self.actor: NumpyActor | None = None
+        self.random_action_prob = random_action_prob  # stochastic acting only; see SamplerConfig
+        self.noise_std = noise_std  # None: SAC's own sampling; else tanh(mu) + N(0, noise_std) (DDPG)
+        self._rng = np.random.default_rng(seed)
+
+    @classmethod
+    def exploring(cls, config: RunConfig, seed: int) -> Policy:
+        """The acting policy of a sampler: the algorithm's exploration plus epsilon-random steps."""
+        ddpg = config.learner.algo == "ddpg"
+        noise = config.sampler.action_noise_std if ddpg else None
+        return cls(seed=seed, random_action_prob=config.sampler.random_action_prob, noise_std=noise)
+
+    def refresh(self, snapshot: WeightsSnapshot | None) -> bool:
+        if snapshot is None or snapshot.version == self.version:
+            return False
+        self.actor = NumpyActor(snapshot.spec, snapshot.tensors["actor"], snapshot.tensors["obs_norm"])
+        self.version = snapshot.version
+        return True
+
+    def act(self, obs: dict[str, np.ndarray], deterministic: bool, task: int = 0) -> np.ndarray:
+        """An action for `obs` of the run's task place `task` (multi-task runs; 0 otherwise)."""
+        assert self.actor is not None, "refresh() with weights before acting"
+        if not deterministic and self.random_action_prob > 0 and self._rng.random() < self.random_action_prob:
+            return self._rng.uniform(-1.0, 1.0, self.actor.spec.act_dim).astype(np.float32)
+        x = np.concatenate([obs["observation"], obs["desired_goal"]]).astype(np.float32)[None]
+        if deterministic:
+            return self.actor.deterministic(x, task)[0]
+        if self.noise_std is not None:
+            noise = self._rng.normal(0.0, self.noise_std, self.actor.spec.act_dim)
+            return np.clip(self.actor.deterministic(x, task)[0] + noise, -1.0, 1.0).astype(np.float32)
+        return self.actor.sample(x, self._rng, task)[0]
+
+
+def rollout(
+    env, policy: Policy | None, seed: int | None, rng: np.random.Generator, deterministic: bool = False, task: int = 0
+):
+    """One episode of the run's task place `task`; policy None means uniform random actions.
+    Returns (Episode, success)."""
+    obs, _ = env.reset(seed=seed)
+    rows: dict[str, list[np.ndarray | float]] = {k: [] for k in ("obs", "ag", "dg", "action", "next_obs", "term")}
+    info: dict = {}
+    while True:
+        if policy is None:
+            action = rng.uniform(-1.0, 1.0, env.action_space.shape).astype(np.float32)
+        else:
+            action = policy.act(obs, deterministic, task)
+        next_obs, _, terminated, truncated, info = env.step(action)
+        for key, value in (
+            ("obs", obs["observation"]),
+            ("ag", next_obs["achieved_goal"]),
+            ("dg", obs["desired_goal"]),
+            ("action", action),
+            ("next_obs", next_obs["observation"]),
+            ("term", float(terminated)),
+        ):
+            rows[key].append(value)
+        obs = next_obs
+        if terminated or truncated:
+            break
+    episode = Episode(
+        obs=np.asarray(rows["obs"], np.float32),
+        achieved_goal=np.asarray(rows["ag"], np.float32),
+        desired_goal=np.asarray(rows["dg"], np.float32),
+        action=np.asarray(rows["action"], np.float32),
+        next_obs=np.asarray(rows["next_obs"], np.float32),
+        terminated=np.asarray(rows["term"], np.float32),
+    )
+    return episode, bool(info.get("is_success", 0.0))
