@@ -271,14 +271,15 @@ def _role(args: argparse.Namespace) -> int:
 
 def _role_entry(args: argparse.Namespace) -> tuple[Role[Any], object]:
     """The role's entry point and its endpoints, from the command line (imports only that role)."""
-    listen, advertise = _listen(args)
     if args.command == "buffer":
         from buffer.service import IngestEndpoints, run_ingest_service
 
+        listen, advertise = _listen(args)  # only the services take --listen/--advertise/--port
         return run_ingest_service, IngestEndpoints(listen, args.redis, advertise, args.ready_file)
     if args.command == "aggregator":
         from aggregator.service import AggregatorEndpoints, run_aggregator
 
+        listen, advertise = _listen(args)
         return run_aggregator, AggregatorEndpoints(listen, advertise, args.ready_file, args.run_dir)
     if args.command == "learner":
         from learner.worker import LearnerEndpoints, run_learner
