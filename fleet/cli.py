@@ -12,6 +12,8 @@
     fleetrl evaluate   RUN_DIR [--episodes 50]                  # score the run's last checkpoint
     fleetrl deploy-check RUN_DIR --hz 120 [--delay-ms 10]      # the exported policy as a 120 Hz controller
     fleetrl fleet up   fleet.yaml --host NAME                   # this host's share of a multi-host fleet
+    fleetrl fleet check fleet.yaml                              # roles, ports to open, derived settings
+    fleetrl fleet render --k8s fleet.yaml [--out DIR]           # Kubernetes manifests from the spec
     fleetrl report     RUN_DIR [RUN_DIR ...] [--out HTML]       # curves, updates/s, CPU per role
     fleetrl certs      --out DIR [--hosts H1,H2]                 # a self-signed TLS set for a fleet
 
@@ -105,6 +107,14 @@ def _parser(export_args: bool = True) -> argparse.ArgumentParser:
     cluster.add_argument(
         "--no-password", action="store_true", help="nodes without a password (default: a fresh one, printed once)"
     )
+    cluster.add_argument(
+        "--join",
+        metavar="HOST:PORT,...",
+        help="start nothing: form these running nodes (names or IPs, primaries first) into one cluster with "
+        "--replicas, logged in with FLEETRL_REDIS_PASSWORD, and exit (what a Kubernetes Job of "
+        "`fleet render --k8s` runs)",
+    )
+    cluster.add_argument("--redis-user", default="fleetrl", help="--join: the nodes' ACL user")
     for role, needs in (
         ("buffer", ("redis",)),
         ("aggregator", ()),
@@ -132,12 +142,25 @@ def _parser(export_args: bool = True) -> argparse.ArgumentParser:
     certs.add_argument("--out", required=True, help="folder for ca.pem, ca.key, fleet.pem, fleet.key")
     certs.add_argument("--hosts", default="", help="comma-separated host names and IPs the services listen on")
     certs.add_argument("--days", type=int, default=365, help="validity in days")
-    fleet = sub.add_parser("fleet", help="run this host's share of a fleet over several hosts (fleet/spec.py)")
+    fleet = sub.add_parser("fleet", help="a fleet over several hosts from one spec (docs/fleet-spec.md)")
     fleet_sub = fleet.add_subparsers(dest="fleet_command", required=True)
+    spec_help = "fleet spec YAML: hosts, their addresses and roles (format: docs/fleet-spec.md)"
     up = fleet_sub.add_parser("up", help="start and supervise this host's roles from a fleet spec until Ctrl-C")
-    up.add_argument("spec", help="fleet spec YAML: hosts, their addresses and roles (see fleet/spec.py)")
+    up.add_argument("spec", help=spec_help)
     up.add_argument("--host", required=True, help="which host of the spec this is")
     _common(up)
+    check = fleet_sub.add_parser(
+        "check", help="check a fleet spec; print each host's roles, the ports to open and the derived settings"
+    )
+    check.add_argument("spec", help=spec_help)
+    _common(check)
+    render = fleet_sub.add_parser("render", help="write a fleet spec as Kubernetes manifests (untested on a cluster)")
+    render.add_argument("spec", help=spec_help)
+    render.add_argument("--k8s", action="store_true", required=True, help="Kubernetes manifests (the one format)")
+    render.add_argument("--out", default="k8s", help="folder for the manifests (default: k8s)")
+    render.add_argument("--image", default="fleetrl:latest", help="container image built from the repo's Dockerfile")
+    render.add_argument("--namespace", default="default", help="namespace of every object")
+    _common(render)
     evaluate = sub.add_parser("evaluate", help="score a run's last checkpoint on held-out episodes")
     evaluate.add_argument("run_dir", help="a run directory (its config.json and newest checkpoint)")
     evaluate.add_argument("--checkpoint", help="a ckpt_<version>.pt file instead of the run's newest")
@@ -300,6 +323,8 @@ def _redis_cluster(args: argparse.Namespace) -> int:
     from foundation.process import stop_event
     from foundation.transport import Security
 
+    if args.join:
+        return _redis_join(args)
     stop = stop_event()
     ports = [int(p) for p in args.ports.split(",")] if args.ports else None
     password = "" if args.no_password else secrets.token_urlsafe(32)
@@ -320,14 +345,51 @@ def _redis_cluster(args: argparse.Namespace) -> int:
     return 0
 
 
+def _redis_join(args: argparse.Namespace) -> int:
+    """Form running nodes into one cluster once every one answers (CLUSTER MEET takes IPs)."""
+    import os
+    import socket
+
+    from fleet.local_cluster import form_cluster, nodes_answer
+    from foundation.transport import REDIS_PASSWORD_ENV, Security, parse_addresses
+
+    auth = Security(redis_user=args.redis_user, redis_password=os.environ.get(REDIS_PASSWORD_ENV, ""))
+    deadline = time.monotonic() + 300.0
+    while True:
+        try:
+            nodes = [(socket.gethostbyname(host), port) for host, port in parse_addresses(args.join)]
+            if nodes_answer(nodes, auth):
+                break
+        except OSError:  # a pod's name is published once it runs
+            pass
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"--join: not every node of {args.join} answered within 300 s")
+        time.sleep(1.0)
+    form_cluster(nodes, auth, replicas=args.replicas)
+    print(f"cluster of {len(nodes)} nodes ok ({args.replicas} replicas per primary)", flush=True)
+    return 0
+
+
 def _fleet(args: argparse.Namespace) -> int:
     from fleet.spec import FleetHost, FleetSpec
     from foundation.process import setup_logging, stop_event
 
-    setup_logging(f"fleet-{args.host}")
     spec = FleetSpec.load(args.spec)
     args.set = [*spec.overrides, *args.set]  # the spec's config, then this host's own --set
     config = spec.config(_config(args))  # the preset of the spec's task underneath
+    if args.fleet_command == "check":
+        from fleet.spec_plan import plan_lines
+
+        print(f"{args.spec}: ok")
+        print("\n".join(plan_lines(spec, config)))
+        return 0
+    if args.fleet_command == "render":
+        from fleet.k8s import write_manifests
+
+        for path in write_manifests(spec, config, args.out, image=args.image, namespace=args.namespace):
+            print(path)
+        return 0
+    setup_logging(f"fleet-{args.host}")
     if not config.security.enabled:
         logging.getLogger("fleetrl").warning("security.enabled is false: whoever reaches these ports is in the fleet")
     FleetHost(spec, args.host, config, stop_event()).run()

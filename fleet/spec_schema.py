@@ -148,8 +148,18 @@ def check_schema(raw: Any, source: str, lines: dict[tuple[Any, ...], int] | None
     errors = list(jsonschema.Draft202012Validator(SCHEMA).iter_errors(raw))
     if not errors:
         return
-    first = min(errors, key=lambda e: (lines or {}).get(tuple(e.absolute_path), 0))
+    first = min(errors, key=lambda e: (lines or {}).get(_location(e), 0))
     raise _error(_precise(first), source, lines)
+
+
+def _location(error: jsonschema.ValidationError) -> tuple[Any, ...]:
+    """The key path an error is about: for an unknown key, that key."""
+    path = tuple(error.absolute_path)
+    schema, value = error.schema, error.instance
+    if error.validator == "additionalProperties" and isinstance(value, dict) and isinstance(schema, dict):
+        known = schema.get("properties", {})
+        return (*path, next(str(k) for k in value if k not in known))
+    return path
 
 
 def _precise(error: jsonschema.ValidationError) -> jsonschema.ValidationError:
@@ -167,7 +177,7 @@ def _error(error: jsonschema.ValidationError, source: str, lines: dict[tuple[Any
     value: Any = error.instance
     if error.validator == "additionalProperties" and isinstance(value, dict):
         known = sorted(schema.get("properties", {}))
-        key = next(str(k) for k in value if k not in known)
+        key = _location(error)[-1]
         close = difflib.get_close_matches(key, known, n=1)
         hint = f"; did you mean {close[0]!r}?" if close else ""
         return ConfigError(

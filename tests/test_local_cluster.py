@@ -227,3 +227,17 @@ def test_nodes_of_several_hosts_form_one_cluster_with_replicas():
         node = client.get_node_from_key("{f}:k")
         assert client.execute_command("WAIT", 1, 2000, target_nodes=node) == 1  # a replica holds it
         client.close()
+
+
+def test_join_forms_running_nodes_by_name_with_the_password_from_the_environment(monkeypatch, capsys):
+    """`fleetrl redis-cluster --join`: what the Kubernetes Job runs against the Redis pods."""
+    from fleet.cli import main
+    from foundation.transport import REDIS_PASSWORD_ENV, Security
+
+    auth = Security(redis_user="fleetrl", redis_password="pw")
+    with LocalRedisCluster(3, form=False, auth=auth) as nodes:
+        monkeypatch.setenv(REDIS_PASSWORD_ENV, "pw")
+        by_name = ",".join(f"localhost:{port}" for _, port in nodes.nodes)  # names, resolved to IPs
+        assert main(["redis-cluster", "--join", by_name]) == 0
+        assert "cluster of 3 nodes ok" in capsys.readouterr().out
+        assert local_cluster.cluster_ok(nodes.nodes, auth)
