@@ -142,25 +142,9 @@ def _parser(export_args: bool = True) -> argparse.ArgumentParser:
     certs.add_argument("--out", required=True, help="folder for ca.pem, ca.key, fleet.pem, fleet.key")
     certs.add_argument("--hosts", default="", help="comma-separated host names and IPs the services listen on")
     certs.add_argument("--days", type=int, default=365, help="validity in days")
-    fleet = sub.add_parser("fleet", help="a fleet over several hosts from one spec (docs/fleet-spec.md)")
-    fleet_sub = fleet.add_subparsers(dest="fleet_command", required=True)
-    spec_help = "fleet spec YAML: hosts, their addresses and roles (format: docs/fleet-spec.md)"
-    up = fleet_sub.add_parser("up", help="start and supervise this host's roles from a fleet spec until Ctrl-C")
-    up.add_argument("spec", help=spec_help)
-    up.add_argument("--host", required=True, help="which host of the spec this is")
-    _common(up)
-    check = fleet_sub.add_parser(
-        "check", help="check a fleet spec; print each host's roles, the ports to open and the derived settings"
-    )
-    check.add_argument("spec", help=spec_help)
-    _common(check)
-    render = fleet_sub.add_parser("render", help="write a fleet spec as Kubernetes manifests (untested on a cluster)")
-    render.add_argument("spec", help=spec_help)
-    render.add_argument("--k8s", action="store_true", required=True, help="Kubernetes manifests (the one format)")
-    render.add_argument("--out", default="k8s", help="folder for the manifests (default: k8s)")
-    render.add_argument("--image", default="fleetrl:latest", help="container image built from the repo's Dockerfile")
-    render.add_argument("--namespace", default="default", help="namespace of every object")
-    _common(render)
+    from fleet.cli_fleet import add_fleet_parser
+
+    add_fleet_parser(sub, _common)
     evaluate = sub.add_parser("evaluate", help="score a run's last checkpoint on held-out episodes")
     evaluate.add_argument("run_dir", help="a run directory (its config.json and newest checkpoint)")
     evaluate.add_argument("--checkpoint", help="a ckpt_<version>.pt file instead of the run's newest")
@@ -324,7 +308,9 @@ def _redis_cluster(args: argparse.Namespace) -> int:
     from foundation.transport import Security
 
     if args.join:
-        return _redis_join(args)
+        from fleet.cli_fleet import redis_join
+
+        return redis_join(args)
     stop = stop_event()
     ports = [int(p) for p in args.ports.split(",")] if args.ports else None
     password = "" if args.no_password else secrets.token_urlsafe(32)
@@ -342,57 +328,6 @@ def _redis_cluster(args: argparse.Namespace) -> int:
         if password:
             print(f"export FLEETRL_REDIS_PASSWORD={password}   # every role that reaches these nodes", flush=True)
         stop.wait()
-    return 0
-
-
-def _redis_join(args: argparse.Namespace) -> int:
-    """Form running nodes into one cluster once every one answers (CLUSTER MEET takes IPs)."""
-    import os
-    import socket
-
-    from fleet.local_cluster import form_cluster, nodes_answer
-    from foundation.transport import REDIS_PASSWORD_ENV, Security, parse_addresses
-
-    auth = Security(redis_user=args.redis_user, redis_password=os.environ.get(REDIS_PASSWORD_ENV, ""))
-    deadline = time.monotonic() + 300.0
-    while True:
-        try:
-            nodes = [(socket.gethostbyname(host), port) for host, port in parse_addresses(args.join)]
-            if nodes_answer(nodes, auth):
-                break
-        except OSError:  # a pod's name is published once it runs
-            pass
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"--join: not every node of {args.join} answered within 300 s")
-        time.sleep(1.0)
-    form_cluster(nodes, auth, replicas=args.replicas)
-    print(f"cluster of {len(nodes)} nodes ok ({args.replicas} replicas per primary)", flush=True)
-    return 0
-
-
-def _fleet(args: argparse.Namespace) -> int:
-    from fleet.spec import FleetHost, FleetSpec
-    from foundation.process import setup_logging, stop_event
-
-    spec = FleetSpec.load(args.spec)
-    args.set = [*spec.overrides, *args.set]  # the spec's config, then this host's own --set
-    config = spec.config(_config(args))  # the preset of the spec's task underneath
-    if args.fleet_command == "check":
-        from fleet.spec_plan import plan_lines
-
-        print(f"{args.spec}: ok")
-        print("\n".join(plan_lines(spec, config)))
-        return 0
-    if args.fleet_command == "render":
-        from fleet.k8s import write_manifests
-
-        for path in write_manifests(spec, config, args.out, image=args.image, namespace=args.namespace):
-            print(path)
-        return 0
-    setup_logging(f"fleet-{args.host}")
-    if not config.security.enabled:
-        logging.getLogger("fleetrl").warning("security.enabled is false: whoever reaches these ports is in the fleet")
-    FleetHost(spec, args.host, config, stop_event()).run()
     return 0
 
 
@@ -473,7 +408,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "evaluate":
             return _evaluate(args)
         if args.command == "fleet":
-            return _fleet(args)
+            from fleet.cli_fleet import run_fleet
+
+            return run_fleet(args, _config)
         return _role(args)
     except FleetrlError as err:  # every error fleetrl raises on purpose: bad input 2, a failed run 1
         label = f"{err.label}: " if err.label else ""

@@ -3,10 +3,15 @@ precise error of a bad one."""
 
 from __future__ import annotations
 
+import pathlib
+
 import pytest
 
 from fleet.cli import main
+from fleet.spec_schema import HOST_SCHEMA, SCHEMA
 from tests.test_fleet_spec import README_SPEC
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
 
 PLAN = """\
 run big: 4 hosts, run_dir runs/big on every host
@@ -88,3 +93,12 @@ def test_render_writes_the_manifests_and_lists_them(tmp_path, capsys):
     assert main(["fleet", "render", "--k8s", str(path), "--out", str(tmp_path / "k8s")]) == 0
     listed = capsys.readouterr().out.split()
     assert listed == sorted(str(p) for p in (tmp_path / "k8s").iterdir()) and len(listed) == 9
+
+
+def test_fleet_up_help_points_at_the_spec_doc_which_names_every_key(capsys):
+    with pytest.raises(SystemExit):
+        main(["fleet", "up", "--help"])
+    assert "docs/fleet-spec.md" in capsys.readouterr().out
+    doc = (REPO / "docs" / "fleet-spec.md").read_text()
+    keys = [*SCHEMA["properties"], *HOST_SCHEMA["properties"], "port", "count", "cpus"]
+    assert [key for key in keys if f"`{key}`" not in doc] == []
