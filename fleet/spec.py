@@ -1,12 +1,13 @@
 """A fleet over several hosts from one spec: `fleetrl fleet up fleet.yaml --host NAME`.
+The format, every key and the ports to open: docs/fleet-spec.md; `fleetrl fleet check` checks one.
 
     run_id: big
     config: {sim.task: FetchPush-v4}        # config overrides, as --set section.field=value
     hosts:
       redis-a:  {address: 10.0.0.5, redis: [7000, 7001]}
       redis-b:  {address: 10.0.0.6, redis: [7002]}
-      services: {address: 10.0.0.7, buffer: 50051, aggregator: 50052, evaluator: 1}
-      gpu-box:  {address: 10.0.0.8, learner: 1}
+      services: {address: 10.0.0.7, buffer: 50051, aggregator: {port: 50052}, evaluator: 1}
+      gpu-box:  {address: 10.0.0.8, learner: {count: 1}}    # a port above, a count here
       sim-1:    {address: 10.0.0.9, sampler: {count: 8, cpus: [0, 1, 2, 3, 4, 5, 6, 7]}}
 
 Every host runs the same command with its own name; it starts and supervises (the watchdog:
