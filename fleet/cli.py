@@ -12,6 +12,8 @@
     fleetrl evaluate   RUN_DIR [--episodes 50]                  # score the run's last checkpoint
     fleetrl deploy-check RUN_DIR --hz 120 [--delay-ms 10]      # the exported policy as a 120 Hz controller
     fleetrl fleet up   fleet.yaml --host NAME                   # this host's share of a multi-host fleet
+    fleetrl fleet check fleet.yaml                              # roles, ports to open, derived settings
+    fleetrl fleet render --k8s fleet.yaml [--out DIR]           # Kubernetes manifests from the spec
     fleetrl report     RUN_DIR [RUN_DIR ...] [--out HTML]       # curves, updates/s, CPU per role
     fleetrl certs      --out DIR [--hosts H1,H2]                 # a self-signed TLS set for a fleet
 
@@ -105,6 +107,14 @@ def _parser(export_args: bool = True) -> argparse.ArgumentParser:
     cluster.add_argument(
         "--no-password", action="store_true", help="nodes without a password (default: a fresh one, printed once)"
     )
+    cluster.add_argument(
+        "--join",
+        metavar="HOST:PORT,...",
+        help="start nothing: form these running nodes (names or IPs, primaries first) into one cluster with "
+        "--replicas, logged in with FLEETRL_REDIS_PASSWORD, and exit (what a Kubernetes Job of "
+        "`fleet render --k8s` runs)",
+    )
+    cluster.add_argument("--redis-user", default="fleetrl", help="--join: the nodes' ACL user")
     for role, needs in (
         ("buffer", ("redis",)),
         ("aggregator", ()),
@@ -132,12 +142,9 @@ def _parser(export_args: bool = True) -> argparse.ArgumentParser:
     certs.add_argument("--out", required=True, help="folder for ca.pem, ca.key, fleet.pem, fleet.key")
     certs.add_argument("--hosts", default="", help="comma-separated host names and IPs the services listen on")
     certs.add_argument("--days", type=int, default=365, help="validity in days")
-    fleet = sub.add_parser("fleet", help="run this host's share of a fleet over several hosts (fleet/spec.py)")
-    fleet_sub = fleet.add_subparsers(dest="fleet_command", required=True)
-    up = fleet_sub.add_parser("up", help="start and supervise this host's roles from a fleet spec until Ctrl-C")
-    up.add_argument("spec", help="fleet spec YAML: hosts, their addresses and roles (see fleet/spec.py)")
-    up.add_argument("--host", required=True, help="which host of the spec this is")
-    _common(up)
+    from fleet.cli_fleet import add_fleet_parser
+
+    add_fleet_parser(sub, _common)
     evaluate = sub.add_parser("evaluate", help="score a run's last checkpoint on held-out episodes")
     evaluate.add_argument("run_dir", help="a run directory (its config.json and newest checkpoint)")
     evaluate.add_argument("--checkpoint", help="a ckpt_<version>.pt file instead of the run's newest")
@@ -301,6 +308,10 @@ def _redis_cluster(args: argparse.Namespace) -> int:
     from foundation.process import stop_event
     from foundation.transport import Security
 
+    if args.join:
+        from fleet.cli_fleet import redis_join
+
+        return redis_join(args)
     stop = stop_event()
     ports = [int(p) for p in args.ports.split(",")] if args.ports else None
     password = "" if args.no_password else secrets.token_urlsafe(32)
@@ -318,20 +329,6 @@ def _redis_cluster(args: argparse.Namespace) -> int:
         if password:
             print(f"export FLEETRL_REDIS_PASSWORD={password}   # every role that reaches these nodes", flush=True)
         stop.wait()
-    return 0
-
-
-def _fleet(args: argparse.Namespace) -> int:
-    from fleet.spec import FleetHost, FleetSpec
-    from foundation.process import setup_logging, stop_event
-
-    setup_logging(f"fleet-{args.host}")
-    spec = FleetSpec.load(args.spec)
-    args.set = [*spec.overrides, *args.set]  # the spec's config, then this host's own --set
-    config = spec.config(_config(args))  # the preset of the spec's task underneath
-    if not config.security.enabled:
-        logging.getLogger("fleetrl").warning("security.enabled is false: whoever reaches these ports is in the fleet")
-    FleetHost(spec, args.host, config, stop_event()).run()
     return 0
 
 
@@ -412,7 +409,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "evaluate":
             return _evaluate(args)
         if args.command == "fleet":
-            return _fleet(args)
+            from fleet.cli_fleet import run_fleet
+
+            return run_fleet(args, _config)
         return _role(args)
     except FleetrlError as err:  # every error fleetrl raises on purpose: bad input 2, a failed run 1
         label = f"{err.label}: " if err.label else ""

@@ -163,23 +163,34 @@ def _assign_and_meet(conns: list[redis.Redis], nodes: list[tuple[str, int]]) -> 
         conns[0].execute_command("CLUSTER", "MEET", host, port)
 
 
-def form_cluster(nodes: list[tuple[str, int]], auth: Security, timeout_sec: float = 60.0) -> None:
+def form_cluster(nodes: list[tuple[str, int]], auth: Security, timeout_sec: float = 60.0, replicas: int = 0) -> None:
     """Join running, empty cluster-enabled nodes (on any hosts) into one cluster: split the
-    slots evenly, give each node its own config epoch, MEET them all, wait until every node
-    says ok. A cluster already formed from exactly these nodes is left as it is."""
+    slots evenly over the primaries (the first len(nodes) / (1 + replicas) nodes), give each its
+    own config epoch, MEET them all, wait until every node says ok; replica i then follows
+    primary i mod primaries. A cluster already formed from exactly these nodes is left as it is."""
     if cluster_ok(nodes, auth):
         return
+    count = len(nodes) // (1 + replicas)
     conns = [_node_client(h, p, auth) for h, p in nodes]
+    deadline = time.monotonic() + timeout_sec
     try:
-        _assign_and_meet(conns, nodes)
+        _assign_and_meet(conns[:count], nodes[:count])
+        for host, port in nodes[count:]:  # replicas join empty, then follow a primary
+            conns[0].execute_command("CLUSTER", "MEET", host, port)
+        while not cluster_ok(nodes, auth):
+            if time.monotonic() > deadline:
+                raise LocalClusterError(f"cluster of {len(nodes)} nodes ({nodes}) not ok after {timeout_sec}s")
+            time.sleep(0.05)
+        for i, conn in enumerate(conns[count:]):
+            node_id = conns[i % count].execute_command("CLUSTER", "MYID")
+            conn.execute_command("CLUSTER", "REPLICATE", node_id.decode() if isinstance(node_id, bytes) else node_id)
+        while not all(c.info("replication").get("master_link_status") == "up" for c in conns[count:]):
+            if time.monotonic() > deadline:
+                raise LocalClusterError(f"replicas {nodes[count:]} not linked to their primaries after {timeout_sec}s")
+            time.sleep(0.05)
     finally:
         for conn in conns:
             conn.close()
-    deadline = time.monotonic() + timeout_sec
-    while not cluster_ok(nodes, auth):
-        if time.monotonic() > deadline:
-            raise LocalClusterError(f"cluster of {len(nodes)} nodes ({nodes}) not ok after {timeout_sec}s")
-        time.sleep(0.05)
 
 
 class _Node:

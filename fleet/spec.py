@@ -1,12 +1,13 @@
 """A fleet over several hosts from one spec: `fleetrl fleet up fleet.yaml --host NAME`.
+The format, every key and the ports to open: docs/fleet-spec.md; `fleetrl fleet check` checks one.
 
     run_id: big
     config: {sim.task: FetchPush-v4}        # config overrides, as --set section.field=value
     hosts:
       redis-a:  {address: 10.0.0.5, redis: [7000, 7001]}
       redis-b:  {address: 10.0.0.6, redis: [7002]}
-      services: {address: 10.0.0.7, buffer: 50051, aggregator: 50052, evaluator: 1}
-      gpu-box:  {address: 10.0.0.8, learner: 1}
+      services: {address: 10.0.0.7, buffer: 50051, aggregator: {port: 50052}, evaluator: 1}
+      gpu-box:  {address: 10.0.0.8, learner: {count: 1}}    # a port above, a count here
       sim-1:    {address: 10.0.0.9, sampler: {count: 8, cpus: [0, 1, 2, 3, 4, 5, 6, 7]}}
 
 Every host runs the same command with its own name; it starts and supervises (the watchdog:
@@ -36,6 +37,8 @@ from typing import Any
 import yaml
 
 from fleet.local_cluster import LocalRedisCluster, cluster_ok, form_cluster, nodes_answer
+from fleet.spec_checks import check_fleet
+from fleet.spec_schema import check_schema, key_lines, where
 from fleet.watchdog import RoleSpec, Watchdog, role_spec
 from foundation.config import ConfigError, RunConfig, with_overrides
 from foundation.process import free_port, heartbeat_file
@@ -45,7 +48,6 @@ log = logging.getLogger("fleetrl.fleet")
 
 SERVICES = ("buffer", "aggregator")
 WORKERS = ("sampler", "learner", "evaluator")
-KEYS = {"address", "redis", *SERVICES, *WORKERS}
 CLUSTER_WAIT_SEC = 300.0  # how long a host waits for the other hosts' Redis nodes
 
 
@@ -70,42 +72,35 @@ class FleetSpec:
     run_dir: str
     overrides: tuple[str, ...]
     hosts: tuple[HostSpec, ...]
+    redis_replicas: int = 0  # replicas per Redis primary; the primaries are the first nodes in spec order
 
     @staticmethod
     def load(path: str | pathlib.Path) -> FleetSpec:
         try:
-            raw = yaml.safe_load(pathlib.Path(path).read_text())
+            text = pathlib.Path(path).read_text()
+            raw = yaml.safe_load(text)
         except (OSError, yaml.YAMLError) as err:
             raise ConfigError(f"fleet spec {path}: {err}") from err
-        return FleetSpec.parse(raw, str(path))
+        return FleetSpec.parse(raw, str(path), key_lines(text))
 
     @staticmethod
-    def parse(raw: Any, source: str = "fleet spec") -> FleetSpec:
-        if not isinstance(raw, dict) or not isinstance(raw.get("hosts"), dict) or not raw["hosts"]:
-            raise ConfigError(f"{source}: expected a mapping with a non-empty 'hosts' mapping")
-        unknown = set(raw) - {"run_id", "run_dir", "config", "hosts"}
-        if unknown:
-            raise ConfigError(f"{source}: unknown keys {sorted(unknown)}; known: run_id, run_dir, config, hosts")
+    def parse(raw: Any, source: str = "fleet spec", lines: dict[tuple[Any, ...], int] | None = None) -> FleetSpec:
+        """The spec from its YAML's data; ConfigError naming the file, line and key of the first
+        problem (`lines`: key path -> line, from spec_schema.key_lines)."""
+        check_schema(raw, source, lines)
         run_id = str(raw.get("run_id", "fleet"))
         config = raw.get("config") or {}
-        if not isinstance(config, dict):
-            raise ConfigError(f"{source}: config must map section.field to a value")
         overrides = tuple(f"{k}={json.dumps(v)}" for k, v in config.items())
-        hosts = tuple(_host(name, body, source) for name, body in raw["hosts"].items())
-        spec = FleetSpec(run_id, str(raw.get("run_dir", f"runs/{run_id}")), overrides, hosts)
-        spec._check(source)
+        for key, item in zip(config, overrides, strict=True):
+            try:
+                with_overrides(RunConfig(), [item])
+            except ConfigError as err:
+                raise ConfigError(f"{where(source, ('config', key), lines)}: {err}", field=key) from err
+        hosts = tuple(_host(name, body) for name, body in raw["hosts"].items())
+        replicas = int(raw.get("redis_replicas", 0))
+        spec = FleetSpec(run_id, str(raw.get("run_dir", f"runs/{run_id}")), overrides, hosts, replicas)
+        check_fleet(spec, source, lines)
         return spec
-
-    def _check(self, source: str) -> None:
-        for role in SERVICES:
-            owners = [h.name for h in self.hosts if role in h.services]
-            if len(owners) != 1:
-                raise ConfigError(f"{source}: exactly one host must run the {role} (found {owners or 'none'})")
-        if len(self.redis_nodes) < 3:
-            found = self.redis_nodes
-            raise ConfigError(f"{source}: Redis Cluster needs at least 3 nodes over the hosts (found {found})")
-        if not any("sampler" in h.workers for h in self.hosts) or not any("learner" in h.workers for h in self.hosts):
-            raise ConfigError(f"{source}: the fleet needs at least one sampler and one learner")
 
     def host(self, name: str) -> HostSpec:
         for h in self.hosts:
@@ -119,6 +114,7 @@ class FleetSpec:
 
     @property
     def redis_nodes(self) -> list[tuple[str, int]]:
+        """Every Redis node (address, port) in spec order: the primaries first, then the replicas."""
         return [(h.address, port) for h in self.hosts for port in h.redis]
 
     @property
@@ -135,42 +131,39 @@ class FleetSpec:
 
     def config(self, base: RunConfig | None = None) -> RunConfig:
         """The run's config: `base` (default: built-in plus the spec's `config`), the run id,
-        and the fleet's worker counts."""
-        counts = [f"sampler.num_samplers={self.count('sampler')}", f"learner.num_learners={self.count('learner')}"]
+        the fleet's worker counts, and with Redis replicas an ack once a replica holds a batch
+        (unless the spec's config sets buffer.replicas_to_ack)."""
+        derived = [f"sampler.num_samplers={self.count('sampler')}", f"learner.num_learners={self.count('learner')}"]
+        if self.redis_replicas and not any(o.startswith("buffer.replicas_to_ack=") for o in self.overrides):
+            derived.append("buffer.replicas_to_ack=1")
         if base is None:
             base = with_overrides(RunConfig(), list(self.overrides))
-        return with_overrides(base, [f"run_id={json.dumps(self.run_id)}", *counts]).validate()
+        config = with_overrides(base, [f"run_id={json.dumps(self.run_id)}", *derived]).validate()
+        agg = config.aggregator
+        if agg.grads_per_step > config.learner.num_learners and agg.step_deadline_ms == 0:
+            raise ConfigError(
+                f"aggregator.grads_per_step ({agg.grads_per_step}) must be <= the spec's learners "
+                f"({config.learner.num_learners}) when aggregator.step_deadline_ms is 0: no step would ever close",
+                field="aggregator.grads_per_step",
+            )
+        return config
 
 
-def _host(name: str, body: Any, source: str) -> HostSpec:
-    where = f"{source}: hosts.{name}"
-    if not isinstance(body, dict) or "address" not in body:
-        raise ConfigError(f"{where}: expected a mapping with an 'address'")
-    unknown = set(body) - KEYS
-    if unknown:
-        raise ConfigError(f"{where}: unknown keys {sorted(unknown)}; known: {sorted(KEYS)}")
-    redis = body.get("redis") or []
-    if not isinstance(redis, list) or not all(isinstance(p, int) and 0 < p < 55536 for p in redis):
-        raise ConfigError(f"{where}.redis: a list of ports below 55536 (the cluster bus takes port + 10000)")
+def _host(name: str, body: dict[str, Any]) -> HostSpec:
+    """A host from its (schema-checked) mapping: `buffer: 50051` or `{port: 50051}` is a port,
+    `learner: 1` or `{count: 1, cpus: [..]}` a count of processes."""
     services = {}
     for role in SERVICES:
         if role in body:
-            port = body[role]
-            if not isinstance(port, int) or not 0 < port < 65536:
-                raise ConfigError(f"{where}.{role}: a port in 1..65535 (got {port!r})")
-            services[role] = port
+            value = body[role]
+            services[role] = value["port"] if isinstance(value, dict) else value
     workers = {}
     for role in WORKERS:
         if role in body:
             value = body[role]
             value = {"count": value} if isinstance(value, int) else value
-            if not isinstance(value, dict) or not isinstance(value.get("count"), int) or value["count"] < 1:
-                raise ConfigError(f"{where}.{role}: a count >= 1, or {{count: N, cpus: [..]}} (got {body[role]!r})")
-            cpus = value.get("cpus") or []
-            if not isinstance(cpus, list) or not all(isinstance(c, int) and c >= 0 for c in cpus):
-                raise ConfigError(f"{where}.{role}.cpus: a list of CPU numbers (got {cpus!r})")
-            workers[role] = Workers(value["count"], tuple(cpus))
-    return HostSpec(name, str(body["address"]), tuple(redis), services, workers)
+            workers[role] = Workers(value["count"], tuple(value.get("cpus") or ()))
+    return HostSpec(name, str(body["address"]), tuple(body.get("redis") or ()), services, workers)
 
 
 class FleetHost:
@@ -226,7 +219,7 @@ class FleetHost:
             if self._first_redis_host():
                 everyone = self.spec.redis_nodes
                 self._wait_for(lambda: nodes_answer(everyone, self.security), "every Redis node of the fleet to answer")
-                form_cluster(everyone, self.security)
+                form_cluster(everyone, self.security, replicas=self.spec.redis_replicas)
                 log.info("%s: formed the Redis Cluster of %d nodes", self.host.name, len(self.spec.redis_nodes))
             if "buffer" in self.host.services or "learner" in self.host.workers:
                 self._wait_for(lambda: cluster_ok(self.spec.redis_nodes, self.security), "the Redis Cluster")

@@ -208,3 +208,36 @@ def test_a_supervised_primary_that_hangs_is_replaced_by_its_replica_and_rejoins_
         promoted = [n for n in cluster.nodes[3:] if _role(redis.Redis(host=n[0], port=n[1])) == "master"]
         assert len(promoted) == 1, promoted  # the old primary's replica
         conn.close()
+
+
+def test_nodes_of_several_hosts_form_one_cluster_with_replicas():
+    """What `fleet up` does with `redis_replicas: 1`: each host starts its nodes unformed, the
+    first Redis host forms them: the first half primaries, the second half their replicas."""
+    with LocalRedisCluster(3, form=False) as host_a, LocalRedisCluster(3, form=False) as host_b:
+        nodes = host_a.nodes + host_b.nodes
+        local_cluster.form_cluster(nodes, host_a.auth, replicas=1)
+        assert local_cluster.cluster_ok(nodes, host_a.auth)
+        conns = [redis.Redis(host=h, port=p) for h, p in nodes]
+        roles = [_role(conn) for conn in conns]
+        for conn in conns:
+            conn.close()
+        assert roles == ["master"] * 3 + ["slave"] * 3
+        client = connect(host_a.addresses)
+        client.set("{f}:k", b"v")
+        node = client.get_node_from_key("{f}:k")
+        assert client.execute_command("WAIT", 1, 2000, target_nodes=node) == 1  # a replica holds it
+        client.close()
+
+
+def test_join_forms_running_nodes_by_name_with_the_password_from_the_environment(monkeypatch, capsys):
+    """`fleetrl redis-cluster --join`: what the Kubernetes Job runs against the Redis pods."""
+    from fleet.cli import main
+    from foundation.transport import REDIS_PASSWORD_ENV, Security
+
+    auth = Security(redis_user="fleetrl", redis_password="pw")
+    with LocalRedisCluster(3, form=False, auth=auth) as nodes:
+        monkeypatch.setenv(REDIS_PASSWORD_ENV, "pw")
+        by_name = ",".join(f"localhost:{port}" for _, port in nodes.nodes)  # names, resolved to IPs
+        assert main(["redis-cluster", "--join", by_name]) == 0
+        assert "cluster of 3 nodes ok" in capsys.readouterr().out
+        assert local_cluster.cluster_ok(nodes.nodes, auth)

@@ -1,0 +1,95 @@
+"""`fleetrl fleet up|check|render` and `fleetrl redis-cluster --join`: the multi-host commands.
+
+    fleetrl fleet check fleet.yaml                  # the plan: roles, ports to open, derived settings
+    fleetrl fleet render --k8s fleet.yaml --out k8s # Kubernetes manifests (fleet/k8s.py)
+    fleetrl fleet up fleet.yaml --host services     # this host's share, until Ctrl-C
+
+The spec's format: docs/fleet-spec.md. fleet/cli.py parses everything else and hands these here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from foundation.config import RunConfig
+
+
+def add_fleet_parser(sub: Any, common: Callable[[argparse.ArgumentParser], None]) -> None:
+    """The `fleet` command and its subcommands; `common` adds --config/--set/--task."""
+    fleet = sub.add_parser("fleet", help="a fleet over several hosts from one spec (docs/fleet-spec.md)")
+    fleet_sub = fleet.add_subparsers(dest="fleet_command", required=True)
+    spec_help = "fleet spec YAML: hosts, their addresses and roles (format: docs/fleet-spec.md)"
+    up = fleet_sub.add_parser("up", help="start and supervise this host's roles from a fleet spec until Ctrl-C")
+    up.add_argument("spec", help=spec_help)
+    up.add_argument("--host", required=True, help="which host of the spec this is")
+    common(up)
+    check = fleet_sub.add_parser(
+        "check", help="check a fleet spec; print each host's roles, the ports to open and the derived settings"
+    )
+    check.add_argument("spec", help=spec_help)
+    common(check)
+    render = fleet_sub.add_parser("render", help="write a fleet spec as Kubernetes manifests (untested on a cluster)")
+    render.add_argument("spec", help=spec_help)
+    render.add_argument("--k8s", action="store_true", required=True, help="Kubernetes manifests (the one format)")
+    render.add_argument("--out", default="k8s", help="folder for the manifests (default: k8s)")
+    render.add_argument("--image", default="fleetrl:latest", help="container image built from the repo's Dockerfile")
+    render.add_argument("--namespace", default="default", help="namespace of every object")
+    common(render)
+
+
+def redis_join(args: argparse.Namespace) -> int:
+    """Form running nodes into one cluster once every one answers (CLUSTER MEET takes IPs)."""
+    import os
+    import socket
+
+    from fleet.local_cluster import form_cluster, nodes_answer
+    from foundation.transport import REDIS_PASSWORD_ENV, Security, parse_addresses
+
+    auth = Security(redis_user=args.redis_user, redis_password=os.environ.get(REDIS_PASSWORD_ENV, ""))
+    deadline = time.monotonic() + 300.0
+    while True:
+        try:
+            nodes = [(socket.gethostbyname(host), port) for host, port in parse_addresses(args.join)]
+            if nodes_answer(nodes, auth):
+                break
+        except OSError:  # a pod's name is published once it runs
+            pass
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"--join: not every node of {args.join} answered within 300 s")
+        time.sleep(1.0)
+    form_cluster(nodes, auth, replicas=args.replicas)
+    print(f"cluster of {len(nodes)} nodes ok ({args.replicas} replicas per primary)", flush=True)
+    return 0
+
+
+def run_fleet(args: argparse.Namespace, resolve: Callable[[argparse.Namespace], RunConfig]) -> int:
+    """`fleet up`, `fleet check`, `fleet render`: the spec, its config resolved as the CLI does
+    (`resolve`: the spec's task preset under its config and this host's --set)."""
+    from fleet.spec import FleetHost, FleetSpec
+    from foundation.process import setup_logging, stop_event
+
+    spec = FleetSpec.load(args.spec)
+    args.set = [*spec.overrides, *args.set]  # the spec's config, then this host's own --set
+    config = spec.config(resolve(args))  # the preset of the spec's task underneath
+    if args.fleet_command == "check":
+        from fleet.spec_plan import plan_lines
+
+        print(f"{args.spec}: ok")
+        print("\n".join(plan_lines(spec, config)))
+        return 0
+    if args.fleet_command == "render":
+        from fleet.k8s import write_manifests
+
+        for path in write_manifests(spec, config, args.out, image=args.image, namespace=args.namespace):
+            print(path)
+        return 0
+    setup_logging(f"fleet-{args.host}")
+    if not config.security.enabled:
+        logging.getLogger("fleetrl").warning("security.enabled is false: whoever reaches these ports is in the fleet")
+    FleetHost(spec, args.host, config, stop_event()).run()
+    return 0

@@ -1,0 +1,115 @@
+"""`fleetrl fleet check` and `fleet render` as a user runs them: the plan of a good spec, the
+precise error of a bad one."""
+
+from __future__ import annotations
+
+import pathlib
+
+import pytest
+import yaml
+
+from fleet.cli import main
+from fleet.spec import FleetSpec
+from fleet.spec_schema import HOST_SCHEMA, SCHEMA
+from tests.test_fleet_spec import README_SPEC
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+PLAN = """\
+run big: 4 hosts, run_dir runs/big on every host
+hosts:
+  redis-a   10.0.0.5         redis 7000, 7001
+  redis-b   10.0.0.6         redis 7002
+  services  10.0.0.7         buffer :50051; aggregator :50052; evaluator x1 (id 0)
+  sim-1     10.0.0.8         sampler x8 (ids 0-7, cpus 0,1,2,3,4,5,6,7); learner x1 (id 0)
+ports to open (TCP, from every other host of the fleet):
+  10.0.0.5         7000 Redis node, 17000 Redis cluster bus of 7000, 7001 Redis node, 17001 Redis cluster bus of 7001
+  10.0.0.6         7002 Redis node, 17002 Redis cluster bus of 7002
+  10.0.0.7         50051 buffer, 50052 aggregator
+"""
+
+DERIVED = """\
+derived settings:
+  sampler.num_samplers = 8 (summed over the hosts)
+  learner.num_learners = 1 (summed over the hosts)
+  aggregator.grads_per_step = 0 -> 1 gradients per step (every learner of the spec)
+  buffer.replicas_to_ack = 0
+"""
+
+
+def _check(tmp_path, capsys, text: str, *extra: str) -> tuple[int, str, str]:
+    path = tmp_path / "fleet.yaml"
+    path.write_text(text)
+    status = main(["fleet", "check", str(path), *extra])
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+def test_check_prints_hosts_ports_and_derived_settings(tmp_path, capsys):
+    status, out, err = _check(tmp_path, capsys, README_SPEC)
+    assert (status, err) == (0, "")
+    assert out.startswith(f"{tmp_path / 'fleet.yaml'}: ok\n{PLAN}")
+    assert DERIVED in out
+    assert "redis cluster: 3 nodes, 3 primaries, redis_replicas 0 (formed by redis-a" in out
+    assert "results: checkpoints, evals.jsonl and tb/ in runs/big/ on services" in out
+
+
+def test_check_shows_replicas_and_a_replica_beside_its_primary(tmp_path, capsys):
+    text = README_SPEC.replace("run_id: big", "run_id: big\nredis_replicas: 1").replace(
+        "redis: [7002]", "redis: [7002, 7003, 7004, 7005]"
+    )
+    status, out, _ = _check(tmp_path, capsys, text)
+    assert status == 0
+    assert "redis cluster: 6 nodes, 3 primaries, redis_replicas 1" in out
+    assert "replica 10.0.0.6:7003 follows 10.0.0.5:7000\n" in out
+    assert "replica 10.0.0.6:7005 follows 10.0.0.6:7002  <- same address as its primary" in out
+    assert "buffer.replicas_to_ack = 1" in out
+
+
+def test_check_warns_when_grads_per_step_exceeds_the_learners(tmp_path, capsys):
+    status, out, _ = _check(tmp_path, capsys, README_SPEC, "--set", "aggregator.grads_per_step=3")
+    assert status == 0
+    assert "aggregator.grads_per_step = 3 -> 3 gradients per step (set in the config)" in out
+    assert "warning: grads_per_step 3 > 1 learners: every step closes by aggregator.step_deadline_ms" in out
+
+
+@pytest.mark.parametrize(
+    "old,new,message",
+    [
+        ("learner: 1", "learner: 0", ":7: hosts.sim-1.learner (0) must be >= 1"),
+        ("buffer: 50051", "buffer: 50052", ":6: hosts.services.aggregator: port 50052 on 10.0.0.7 is wanted for"),
+        ("evaluator: 1", "evaluater: 1", ":6: hosts.services.evaluater: unknown key; did you mean 'evaluator'?"),
+        ("hosts:", "hosts: []\nx:", ":3: hosts ([]) must be a non-empty mapping of host name -> host"),
+        ("config: {sim.task: FetchPush-v4}", "config: {sim.task: FetchPsh-v4}", "sim.task ('FetchPsh-v4') must be"),
+    ],
+)
+def test_check_refuses_a_bad_spec_with_the_precise_error(tmp_path, capsys, old, new, message):
+    status, out, err = _check(tmp_path, capsys, README_SPEC.replace(old, new, 1))
+    assert (status, out) == (2, "")
+    assert err.startswith("fleetrl: config error: ") and message in err, err
+
+
+def test_render_writes_the_manifests_and_lists_them(tmp_path, capsys):
+    path = tmp_path / "fleet.yaml"
+    path.write_text(README_SPEC)
+    assert main(["fleet", "render", "--k8s", str(path), "--out", str(tmp_path / "k8s")]) == 0
+    listed = capsys.readouterr().out.split()
+    assert listed == sorted(str(p) for p in (tmp_path / "k8s").iterdir()) and len(listed) == 9
+
+
+def test_fleet_up_help_points_at_the_spec_doc_which_names_every_key(capsys):
+    with pytest.raises(SystemExit):
+        main(["fleet", "up", "--help"])
+    assert "docs/fleet-spec.md" in capsys.readouterr().out
+    doc = (REPO / "docs" / "fleet-spec.md").read_text()
+    keys = [*SCHEMA["properties"], *HOST_SCHEMA["properties"], "port", "count", "cpus"]
+    assert [key for key in keys if f"`{key}`" not in doc] == []
+
+
+def test_the_readmes_spec_is_the_one_checked_here_and_its_by_hand_lines_agree(tmp_path, capsys):
+    readme = (REPO / "README.md").read_text()
+    block = readme.split("```yaml\n# fleet.yaml\n", 1)[1].split("```", 1)[0]
+    assert yaml.safe_load(block) == yaml.safe_load(README_SPEC)  # the plan below is the README's
+    by_hand = readme.split("Each role can also be started by hand", 1)[1].split("```bash\n", 1)[1].split("```")[0]
+    services = FleetSpec.parse(yaml.safe_load(block)).service("buffer").split(":")[0]
+    assert f"--buffer {services}:50051" in by_hand and f"--advertise {services}:50052" in by_hand
