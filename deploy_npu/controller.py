@@ -32,6 +32,7 @@ from deploy_npu.routing import calibration_states, freeze_routing
 from foundation.checkpoint import load_policy_checkpoint
 from foundation.config import RunConfig
 from sim.rate import NATIVE_HZ
+from sim.registry import control_rate_problem, get_task
 
 
 @dataclass(frozen=True)
@@ -70,14 +71,19 @@ class ControllerReport:
         return "\n".join(lines)
 
 
-def controller_checks(run_dir: str | pathlib.Path, **options: Any) -> list[ControllerReport]:
-    """controller_check(run_dir, **options) of every task of the run: one for a one-task run;
-    a multi-task run's graphs are per task, each on its task's own input (deploy/<task>.onnx)."""
+def controller_checks(run_dir: str | pathlib.Path, **options: Any) -> tuple[list[ControllerReport], dict[str, str]]:
+    """controller_check(run_dir, **options) of every task of the run that can run at the rate,
+    and {task: why} for those that cannot (Meta-World runs at its own rate: sim/rate.py re-times
+    Fetch only). One report for a one-task run; a multi-task run's graphs are per task, each on
+    its task's own input (deploy/<task>.onnx)."""
     ckpt = load_policy_checkpoint(pathlib.Path(run_dir) / "checkpoints")
     if len(ckpt.task_names) < 2:
-        return [controller_check(run_dir, **options)]
+        return [controller_check(run_dir, **options)], {}
     options.pop("onnx_path", None)  # one file per task: deploy/<task>.onnx
-    return [controller_check(run_dir, **options, task=name) for name in ckpt.task_names]
+    hz = options.get("hz", 120.0)
+    skipped = {name: why for name in ckpt.task_names if (why := control_rate_problem(get_task(name), hz))}
+    reports = [controller_check(run_dir, **options, task=name) for name in ckpt.task_names if name not in skipped]
+    return reports, skipped
 
 
 def controller_check(

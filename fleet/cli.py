@@ -396,16 +396,21 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "deploy-check":
             from deploy_npu.controller import controller_checks
 
-            reports = controller_checks(
+            reports, skipped = controller_checks(
                 args.run_dir, hz=args.hz, delay_ms=args.delay_ms, episodes=args.episodes, seed=args.seed,
                 onnx_path=args.onnx,
             )  # fmt: skip
-            print("\n\n".join(report.summary() for report in reports))
+            print(
+                "\n\n".join(
+                    [report.summary() for report in reports] + [f"skipped    {t}: {w}" for t, w in skipped.items()]
+                )
+            )
             if args.json:
                 settings = {"run_dir": args.run_dir, "hz": args.hz, "delay_ms": args.delay_ms, "seed": args.seed}
                 rows = [dataclasses.asdict(r) | {"passed": r.passed} for r in reports]
-                pathlib.Path(args.json).write_text(json.dumps(settings | {"tasks": rows}, indent=1) + "\n")
-            return 0 if all(report.passed for report in reports) else 1
+                out = settings | {"tasks": rows, "skipped": skipped}
+                pathlib.Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
+            return 0 if reports and all(report.passed for report in reports) else 1
         if args.command == "evaluate":
             return _evaluate(args)
         if args.command == "fleet":

@@ -143,10 +143,9 @@ def make_env(
         >>> env = make_env(0, RandomizationConfig(obs_noise_std=0.0))  # randomized dynamics
     """
     spec = task if isinstance(task, TaskSpec) else get_task(task)
-    if control_hz and control_hz != NATIVE_HZ and not spec.gym_id.startswith("Fetch"):
-        raise ValueError(
-            f"sim.control_hz ({control_hz:g}) re-times Fetch tasks only (sim/rate.py); {spec.name} runs at its own rate"
-        )
+    problem = control_rate_problem(spec, control_hz)
+    if problem is not None:
+        raise ValueError(problem)
     if control_hz and control_hz != NATIVE_HZ:  # sim/rate.py: the same seconds at another rate
         env = gym.make(spec.gym_id, max_episode_steps=episode_steps(spec.max_episode_steps, control_hz))
         env = ControlRate(env, control_hz)
@@ -155,6 +154,15 @@ def make_env(
     if randomization is not None and randomization.enabled:
         env = DomainRandomization(env, randomization)
     return env
+
+
+def control_rate_problem(spec: TaskSpec, control_hz: float) -> str | None:
+    """Why `spec` cannot run at `control_hz` (0: its own rate), or None when it can."""
+    if control_hz and control_hz != NATIVE_HZ and not spec.gym_id.startswith("Fetch"):
+        return (
+            f"sim.control_hz ({control_hz:g}) re-times Fetch tasks only (sim/rate.py); {spec.name} runs at its own rate"
+        )
+    return None
 
 
 def _goal_arrays(env: gym.Env, achieved: np.ndarray, desired: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
