@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from learner.models import MoELinear
+from learner.moe import MoELinear
 
 
 def mean_head(head: nn.Linear) -> nn.Linear:

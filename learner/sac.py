@@ -29,7 +29,8 @@ import numpy as np
 import torch
 
 from foundation.config import RunConfig
-from learner.models import MoELinear, SACModel, norm_stats
+from learner.models import SACModel, norm_stats
+from learner.moe import MoELinear
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from foundation.policy import ModelSpec, NumpyActor, top_k_gates
-from learner.models import MoELinear, SACModel, norm_stats
+from learner.models import SACModel, norm_stats
+from learner.moe import MoELinear
 from learner.sac import Batch, SACHyperparams, compute_gradients
 
 MOE = ModelSpec(obs_dim=5, goal_dim=3, act_dim=2, hidden_sizes=(16, 16), kind="moe", experts=4, top_k=2, tasks=3)
