@@ -1,6 +1,6 @@
 """gRPC adapter over AggregatorCore: gradients in, versioned weights out.
 
-    with AggregatorServer(core, run_dir=..., config=...) as server:   # binds, restores checkpoint
+    with AggregatorServer(core, run_dir=..., config=...) as server:   # restores checkpoint; with: binds
         print(server.address)                                         # learners push here
 
 The server runs the servicer (servicer.py: decodes, validates, locks and notifies) on an
@@ -45,8 +45,9 @@ log = logging.getLogger("fleetrl.aggregator")
 
 
 class AggregatorServer:
-    """The aggregator gRPC server (asyncio, on a thread of its own) as a context manager;
-    restores the newest checkpoint."""
+    """The aggregator gRPC server (asyncio, on a thread of its own) as a context manager.
+    Made, it has restored the newest checkpoint; `start()` (or `with`) binds and serves, as
+    the ingest service's IngestServer does."""
 
     def __init__(
         self,
@@ -62,18 +63,38 @@ class AggregatorServer:
         self.refused = RefusalCounter()  # calls without the fleet token, ReportEval included
         restored = restore(core, self.run_dir / "checkpoints", config) if self.run_dir is not None else None
         self.servicer = AggregatorServicer(core, config, self.run_dir, restored)
+        self.host, self._requested_port, self._security, self._rpc_threads = host, port, security, rpc_threads
+        self._port: int | None = None
+        self._server: grpc.aio.Server | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def port(self) -> int:
+        if self._port is None:
+            raise RuntimeError("AggregatorServer is not started: call start() or use `with`")
+        return self._port
+
+    @property
+    def address(self) -> str:
+        """ "host:port" for AggregatorClient."""
+        return f"{self.host}:{self.port}"
+
+    def start(self) -> AggregatorServer:
+        """Bind and serve; on a failure (a taken port) nothing is left running."""
+        if self._thread is not None:
+            raise RuntimeError("AggregatorServer.start() called twice")
         self._loop = asyncio.new_event_loop()
         _quiet_poller_errors()
         self._thread = threading.Thread(target=self._loop.run_forever, name="aggregator-grpc", daemon=True)
         self._thread.start()
-        self._pool = futures.ThreadPoolExecutor(max_workers=rpc_threads, thread_name_prefix="aggregator-rpc")
-        self._server: grpc.aio.Server | None = None
+        self._pool = futures.ThreadPoolExecutor(max_workers=self._rpc_threads, thread_name_prefix="aggregator-rpc")
         try:
-            self.port = self._run(self._start(f"{host}:{port}", security))
+            self._port = self._run(self._start(f"{self.host}:{self._requested_port}", self._security))
         except BaseException:
+            self._pool.shutdown(wait=True)
             self._stop_loop()
             raise
-        self.address = f"{host}:{self.port}"
+        return self
 
     def _run(self, coroutine, timeout: float | None = 30.0):
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout)
@@ -97,7 +118,7 @@ class AggregatorServer:
         return port
 
     def __enter__(self) -> AggregatorServer:
-        return self
+        return self.start()
 
     def __exit__(self, *exc: object) -> None:
         self.close()
@@ -106,8 +127,9 @@ class AggregatorServer:
         if self._server is not None:
             self._run(self._server.stop(grace), timeout=grace + 10)  # no step can land after the final checkpoint
             self._server = None
-        self._pool.shutdown(wait=True)
-        self._stop_loop()
+        if self._thread is not None:
+            self._pool.shutdown(wait=True)
+            self._stop_loop()
         self.servicer.checkpoint_now(clean_shutdown=True)
         self.servicer.close()
 
@@ -116,8 +138,9 @@ class AggregatorServer:
         if self._server is not None:
             self._run(self._server.stop(0))
             self._server = None
-        self._pool.shutdown(wait=True)
-        self._stop_loop()
+        if self._thread is not None:
+            self._pool.shutdown(wait=True)
+            self._stop_loop()
         self.servicer.close()
 
     def _stop_loop(self) -> None:
@@ -127,7 +150,9 @@ class AggregatorServer:
         # Stopped, never closed: grpc's asyncio poller keeps a reader on the loop for the life
         # of the process, and a closed loop turns its next wake-up into a logged EBADF.
         self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(timeout=10)
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+            self._thread = None
 
 
 async def _cancelled(task: asyncio.Task) -> None:

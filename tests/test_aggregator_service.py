@@ -708,7 +708,7 @@ def _crash(server: AggregatorServer) -> None:
 
 def test_after_a_crash_no_version_number_is_reused(tmp_path):
     config = AggregatorConfig(lr=1e-2, checkpoint_every_versions=4, keep_checkpoints=2)
-    first = AggregatorServer(AggregatorCore(SPEC, config, 1, 1), config, run_dir=tmp_path)
+    first = AggregatorServer(AggregatorCore(SPEC, config, 1, 1), config, run_dir=tmp_path).start()
     core = first.servicer.core
     with AggregatorClient(first.address, timeout_sec=5.0) as agg:
         for v in range(6):  # versions 1..6 published; checkpoint at 4
@@ -828,3 +828,19 @@ def test_closing_finishes_the_deadline_task_instead_of_leaving_it_pending(tmp_pa
         task = srv.servicer.deadline_task
         assert task is not None and not task.done()
     assert task.done() and task.cancelled()
+
+
+def test_the_server_binds_on_start_as_the_ingest_server_does(tmp_path):
+    import threading
+
+    before = {t.name for t in threading.enumerate()}
+    server = AggregatorServer(make_core(), CONFIG, run_dir=tmp_path)  # restored, not serving
+    assert "aggregator-grpc" not in {t.name for t in threading.enumerate()} - before
+    with pytest.raises(RuntimeError, match="not started"):
+        _ = server.address
+    with server:  # start() by `with`
+        with AggregatorClient(server.address, timeout_sec=5.0) as agg:
+            assert agg.stats().version == server.servicer.core.version
+        with pytest.raises(RuntimeError, match="called twice"):
+            server.start()
+    assert "aggregator-grpc" not in {t.name for t in threading.enumerate()}

@@ -96,7 +96,7 @@ def test_early_stop_never_cuts_a_version_that_reaches_the_target_exactly():
 def test_after_a_crash_the_restored_version_jumps_past_every_version_that_may_have_been_broadcast(tmp_path):
     from tests.helpers import CONFIG, make_core
 
-    server = AggregatorServer(make_core(), CONFIG, run_dir=tmp_path)
+    server = AggregatorServer(make_core(), CONFIG, run_dir=tmp_path).start()
     with AggregatorClient(server.address, timeout_sec=5.0) as agg:
         for _ in range(3):
             agg.push_gradients(push(server.servicer.core, server.servicer.core.version))
@@ -116,7 +116,7 @@ def test_a_watcher_reconnects_when_the_aggregator_restarts_gracefully(tmp_path):
     """Watchers outlive an aggregator restart on the same address: they reconnect and resume."""
     from tests.helpers import CONFIG, make_core
 
-    first = AggregatorServer(make_core(), CONFIG, run_dir=tmp_path)
+    first = AggregatorServer(make_core(), CONFIG, run_dir=tmp_path).start()
     port = first.port
     with AggregatorClient(first.address, timeout_sec=10.0) as agg, agg.watch("sampler-0") as watcher:
         assert watcher.wait_newer_than(-1, timeout=10) is not None
