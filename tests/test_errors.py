@@ -64,11 +64,11 @@ def test_wire_and_gradient_errors_name_their_field():
 
 
 def test_the_cli_catches_the_root_and_exits_with_its_status(monkeypatch, capsys):
-    from fleet import cli
+    from fleet import cli, cli_fleet
 
-    def fail(args):
+    def fail(args, config):
         raise RoleFailed("learner-0 kept dying")
 
-    monkeypatch.setattr(cli, "_fleet", fail)
+    monkeypatch.setattr(cli_fleet, "run_fleet", fail)
     assert cli.main(["fleet", "up", "spec.yaml", "--host", "a"]) == 1
     assert "fleetrl: learner-0 kept dying" in capsys.readouterr().err
