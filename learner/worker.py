@@ -28,10 +28,10 @@ from foundation.ledger import AckLedger
 from foundation.policy import LEARNER_GROUPS
 from foundation.process import Heartbeat
 from foundation.proto import fleetrl_pb2 as pb
+from foundation.task_schedule import TaskSchedule
 from foundation.transport import Security, connect
 from learner.models import GROUPS, SACModel
 from learner.sac import Batch, SACHyperparams, compute_gradients
-from learner.task_schedule import TaskSchedule
 from sim.tasks import TaskSet
 
 log = logging.getLogger("fleetrl.learner")
@@ -186,7 +186,9 @@ def run_learner(
             try:  # an error anywhere here still stops the prefetch thread and closes the ledger
                 loop = _GradientLoop(config, learner_id, tasks.act_dim, agg, weights, batches, replay, heartbeat)
                 if tasks.multi and config.learner.task_sampling == "success":
-                    loop.schedule = TaskSchedule(tasks.names, replay, agg, config.learner.task_min_share)
+                    loop.schedule = TaskSchedule(
+                        tasks.names, agg, config.learner.task_min_share, replay.set_task_shares
+                    )
                 if endpoints.ack_log_dir:
                     ledger = AckLedger(endpoints.ack_log_dir, f"learner-{learner_id}", agg.incarnation)
                     loop.ledger = ledger

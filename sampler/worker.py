@@ -32,6 +32,7 @@ from foundation.config import RunConfig
 from foundation.ledger import AckLedger
 from foundation.policy import ACTOR_GROUPS
 from foundation.process import Heartbeat
+from foundation.task_schedule import TaskPicker, TaskSchedule
 from foundation.transport import Security
 from sampler.hardening import harden
 from sampler.her import relabel_future
@@ -165,7 +166,7 @@ def run_sampler(
     steps acked. The envs, the pusher and the ledger are closed on the way out, on an error too."""
     cfg = config.sampler
     tasks = TaskSet.for_run(config)
-    mine = tasks.assigned(sampler_id, cfg.num_samplers)  # task places, episodes taken in turn
+    mine = tasks.assigned(sampler_id, cfg.num_samplers)  # task places, env steps shared by TaskPicker
     envs: list = []
     try:
         envs.extend(tasks.make_env(i, config.sim.randomization, config.sim.control_hz) for i in mine)
@@ -192,7 +193,7 @@ def run_sampler(
                 # most: an episode collected while it waits is at most two episodes old when stored.
                 pusher = Pusher(ingest, tasks.tasks[mine[0]], max_pending=2, ledger=ledger, halt=stop)
                 try:
-                    steps = _collect(config, sampler_id, envs, mine, watcher, ingest, pusher, heartbeat, stop)
+                    steps = _collect(config, sampler_id, envs, mine, agg, watcher, ingest, pusher, heartbeat, stop)
                 finally:
                     pusher.close(timeout=3.0)  # bounded, whatever the buffer does
                 heartbeat.close(acked_env_steps=pusher.acked_env_steps)
@@ -212,11 +213,16 @@ def run_sampler(
     return pusher.acked_env_steps
 
 
+def _my_shares(picker: TaskPicker, mine: list[int], shares: np.ndarray) -> None:
+    picker.set_shares(shares[mine])
+
+
 def _collect(
     config: RunConfig,
     sampler_id: int,
     envs: list,
     mine: list[int],
+    agg: AggregatorClient,
     watcher: WeightsWatcher,
     ingest: IngestClient,
     pusher: Pusher,
@@ -231,10 +237,16 @@ def _collect(
     streams = np.random.SeedSequence([cfg.seed, sampler_id, ingest.incarnation]).spawn(3)
     rng, seeds = np.random.default_rng(streams[0]), np.random.default_rng(streams[1])
     policy = Policy.exploring(config, seed=int(streams[2].generate_state(1)[0]))
+    picker, schedule = TaskPicker(len(mine)), None
+    if len(mine) > 1 and config.learner.task_sampling == "success":  # env steps follow the learner's shares
+        apply = functools.partial(_my_shares, picker, mine)
+        schedule = TaskSchedule(tasks.names, agg, config.learner.task_min_share, apply)
     while not stop.is_set():
         policy.refresh(watcher.latest())
+        if schedule is not None:
+            schedule.refresh()
         acting = policy if (steps >= cfg.random_steps and policy.actor is not None) else None
-        turn = episodes % len(mine)
+        turn = picker.pick()
         env, place = envs[turn], mine[turn]
         with heartbeat.phase("rollout"):
             seed = int(seeds.integers(TRAIN_SEEDS_FROM, 2**31))  # clear of the evaluator's held-out seeds
@@ -246,6 +258,7 @@ def _collect(
             version = max(policy.version, 0)
             task_id = tasks.tasks[place].task_id
             pusher.put(transitions, version, env_steps=len(episode), successes=int(success), task_id=task_id)
+        picker.record(turn, len(episode))
         steps += len(episode)
         episodes += 1
         successes += success

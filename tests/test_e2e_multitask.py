@@ -51,10 +51,12 @@ def test_a_multi_task_moe_run_scores_and_reports_every_task(tmp_path: pathlib.Pa
     assert "Traceback" not in out, out[-4000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["tasks"] == list(TASKS), summary
-    # Every task's env steps were acked and stored; one sampler takes the tasks in turn.
+    # Every task's env steps were acked and stored. One sampler takes every task, by the same
+    # success shares as the batches: Push, never solved in a minute, never gets fewer env steps
+    # than Reach (two 50-step episodes in flight aside), and more once Reach scores.
     steps = summary["task_env_steps"]
     assert set(steps) == set(TASKS) and min(steps.values()) >= 100, steps
-    assert abs(steps[TASKS[0]] - steps[TASKS[1]]) <= 2 * 50 * 2, steps  # episodes alternate (2 in flight)
+    assert steps[TASKS[1]] >= steps[TASKS[0]] - 2 * 50 * 2, steps
     assert summary["final_version"] > 50, summary
     # Per-task scores: each evaluator report carries every task's rate, the mean beside them.
     evals = [json.loads(line) for line in (run_dir / "evals.jsonl").read_text().splitlines()]

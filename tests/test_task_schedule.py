@@ -1,5 +1,6 @@
-"""learner.task_sampling 'success' (issue 18, item 3): a solved task keeps its floor, the
-unsolved ones get the rest of every batch; the schedule follows the evaluator's newest curve."""
+"""learner.task_sampling (issue 18, item 3): a solved task keeps its floor, the unsolved ones get
+the rest of every batch and of the samplers' env steps; the schedule follows the evaluator's
+newest curve; samplers divide env steps, not episodes."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 
 from foundation.config import ConfigError, RunConfig, with_overrides
 from foundation.proto import fleetrl_pb2 as pb
-from learner.task_schedule import TaskSchedule, success_shares
+from foundation.task_schedule import TaskPicker, TaskSchedule, success_shares
 
 NAMES = ["FetchReach-v4", "FetchPush-v4", "MetaWorld-push-v3"]
 
@@ -77,7 +78,7 @@ def test_the_schedule_follows_each_new_curve_score_and_keeps_its_shares_otherwis
     agg = FakeAggregator(
         [pb.EvalReport(), None, _curve(10, 1.0, 0.0, 0.0), _curve(10, 0.0, 0.0, 0.0), _curve(20, 1.0, 1.0, 0.0)]
     )
-    schedule = TaskSchedule(NAMES, replay, agg, min_share=0.1, refresh_sec=0.0)
+    schedule = TaskSchedule(NAMES, agg, min_share=0.1, apply=replay.set_task_shares, refresh_sec=0.0)
     schedule.refresh()  # no score yet: nothing set
     schedule.refresh()  # aggregator away: nothing set, no error
     assert replay.calls == [] and schedule.scored_version == -1
@@ -92,7 +93,44 @@ def test_the_schedule_follows_each_new_curve_score_and_keeps_its_shares_otherwis
 
 def test_the_schedule_asks_at_most_every_refresh_sec():
     agg = FakeAggregator([_curve(1, 0.0, 0.0, 0.0)])
-    schedule = TaskSchedule(NAMES, FakeReplay(), agg, min_share=0.1, refresh_sec=3600.0)
+    schedule = TaskSchedule(NAMES, agg, min_share=0.1, apply=FakeReplay().set_task_shares, refresh_sec=3600.0)
     for _ in range(5):
         schedule.refresh()
     assert agg.calls == 1
+
+
+def _take(picker: TaskPicker, lengths: list[int], episodes: int) -> list[int]:
+    picks = []
+    for _ in range(episodes):
+        turn = picker.pick()
+        picker.record(turn, lengths[turn])
+        picks.append(turn)
+    return picks
+
+
+def test_a_sampler_divides_env_steps_not_episodes():
+    # Fetch episodes are 50 steps, Meta-World's 150: three Fetch episodes per Meta-World one.
+    picker = TaskPicker(2)
+    picks = _take(picker, [50, 150], 400)
+    assert picks[:2] == [0, 1]  # ties in order: the first episodes still take every task
+    assert abs(int(picker.steps[0]) - int(picker.steps[1])) <= 150, picker.steps
+    assert picks.count(0) == pytest.approx(3 * picks.count(1), rel=0.05)
+
+
+def test_a_sampler_follows_new_shares_and_never_takes_a_zero_share():
+    picker = TaskPicker(3)
+    _take(picker, [50, 50, 50], 30)  # even so far: 500 steps each
+    picker.set_shares(np.array([0.1, 0.45, 0.45]) * 2)  # renormalized
+    np.testing.assert_allclose(picker.shares, [0.1, 0.45, 0.45])
+    _take(picker, [50, 50, 50], 600)
+    share = picker.steps / picker.steps.sum()
+    np.testing.assert_allclose(share, [0.1, 0.45, 0.45], atol=0.01)  # the early even steps count too
+    picker.set_shares(np.array([0.0, 0.5, 0.5]))
+    assert 0 not in _take(picker, [50, 50, 50], 50)
+
+
+@pytest.mark.parametrize("shares", [[0.5, 0.5, 0.0], [0.0, 0.0], [-0.1, 1.1]])
+def test_shares_that_do_not_fit_the_samplers_tasks_are_refused(shares):
+    picker = TaskPicker(2)
+    with pytest.raises(ValueError, match="do not fit 2 tasks"):
+        picker.set_shares(np.array(shares))

@@ -1,0 +1,119 @@
+"""Which share of a multi-task run's batches and env steps each task gets (learner.task_sampling).
+
+    schedule = TaskSchedule(tasks.names, agg, min_share=0.1, apply=replay.set_task_shares)
+    while learning:
+        schedule.refresh()          # at most every refresh_sec: the evaluator's newest curve score
+        batch = replay.sample(...)  # quotas by the shares it set
+
+    picker = TaskPicker(len(mine))              # a sampler: which of its tasks acts next
+    schedule = TaskSchedule(names, agg, 0.1, apply=lambda s: picker.set_shares(s[mine]))
+    turn = picker.pick(); ...; picker.record(turn, len(episode))
+
+'even' (the default) gives every task batch_size / n rows and the same number of env steps.
+'success' gives each task `min_share` and the rest in proportion to 1 - its success on the
+evaluator's newest curve score of the live policy (AggregatorStats.last_curve.task_success),
+so a task the policy already solves keeps enough rows and new episodes not to be forgotten,
+while an unsolved one gets the learner and the samplers. Before any score, and while every
+task scores 1, the shares stay even.
+
+Samplers divide env steps, not episodes: Meta-World's episodes are 150-500 steps where
+Fetch's are 50, so taking episodes in turn gave FetchPush 15,600 of a 4-task run's 109k env
+steps (benchmarks/results/multitask_moe-4task-moe-seed0-45min.json). A TaskPicker takes the
+task furthest behind its share of the env steps taken so far (deficit round-robin).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+import grpc
+import numpy as np
+
+from foundation.proto import fleetrl_pb2 as pb
+
+log = logging.getLogger(__name__)
+
+
+def success_shares(success: Sequence[float], min_share: float) -> np.ndarray:
+    """min_share each, the rest in proportion to 1 - success; even when every task is solved."""
+    n = len(success)
+    if not 0.0 <= min_share * n <= 1.0:
+        raise ValueError(f"min_share ({min_share}) must be in [0, 1/{n}]: {n} tasks must fit in one batch")
+    need = np.clip(1.0 - np.asarray(success, np.float64), 0.0, 1.0)
+    if need.sum() <= 0:
+        return np.full(n, 1.0 / n)
+    return min_share + (1.0 - n * min_share) * need / need.sum()
+
+
+class _Stats(Protocol):
+    def stats(self, timeout_sec: float = 5.0) -> pb.AggregatorStats: ...
+
+
+class TaskSchedule:
+    """Polls the aggregator's newest curve score and hands each new set of shares to `apply`
+    (a replay client's set_task_shares, a sampler's TaskPicker)."""
+
+    def __init__(
+        self,
+        names: Sequence[str],
+        agg: _Stats,
+        min_share: float,
+        apply: Callable[[np.ndarray], None],
+        refresh_sec: float = 5.0,
+    ) -> None:
+        self.names, self.agg, self.apply = list(names), agg, apply
+        self.min_share, self.refresh_sec = min_share, refresh_sec
+        self.scored_version = -1  # the curve score the shares come from (-1: none yet)
+        self.shares = np.full(len(self.names), 1.0 / len(self.names))
+        self._next = 0.0
+
+    def refresh(self) -> None:
+        if time.monotonic() < self._next:
+            return
+        self._next = time.monotonic() + self.refresh_sec
+        try:
+            curve = self.agg.stats(timeout_sec=2.0).last_curve
+        except grpc.RpcError as err:  # the aggregator away: keep the shares, try again later
+            log.debug("task schedule: no stats (%s)", err.code())
+            return
+        scores = dict(curve.task_success)
+        if curve.version <= self.scored_version or not all(name in scores for name in self.names):
+            return
+        self.scored_version = curve.version
+        self.shares = success_shares([scores[name] for name in self.names], self.min_share)
+        self.apply(self.shares)
+        log.info(
+            "task shares from the v%d curve score: %s",
+            curve.version,
+            dict(zip(self.names, self.shares.round(3), strict=True)),
+        )
+
+
+class TaskPicker:
+    """Which of a sampler's tasks acts next: the one furthest behind its share of the env
+    steps this sampler has taken (even shares until set_shares)."""
+
+    def __init__(self, n: int) -> None:
+        if n < 1:
+            raise ValueError(f"a sampler needs at least one task, got {n}")
+        self.steps = np.zeros(n, np.int64)
+        self.shares = np.full(n, 1.0 / n)
+
+    def set_shares(self, shares: np.ndarray) -> None:
+        """This sampler's tasks' shares of the run (renormalized over them)."""
+        shares = np.asarray(shares, np.float64)
+        if shares.shape != self.steps.shape or np.any(shares < 0) or shares.sum() <= 0:
+            raise ValueError(f"shares {shares.tolist()} do not fit {len(self.steps)} tasks")
+        self.shares = shares / shares.sum()
+
+    def pick(self) -> int:
+        deficit = self.shares * (self.steps.sum() + 1) - self.steps
+        # a share of 0 is never picked; ties go to the lowest index, so the first picks are in order
+        deficit[self.shares <= 0] = -np.inf
+        return int(np.argmax(deficit))
+
+    def record(self, turn: int, env_steps: int) -> None:
+        self.steps[turn] += env_steps
