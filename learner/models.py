@@ -79,19 +79,17 @@ class Body(nn.Module):
         return self.out(x)
 
     def _task_routed(self, x: torch.Tensor, task: torch.Tensor | None) -> torch.Tensor:
-        """Rows laid out per task once for all layers, [tasks, rows, width] (a task with fewer
-        rows than the most padded with zeros that nothing reads; learners draw balanced batches,
-        so none); each layer is then one batched matmul through every task's mixed Linear."""
+        """The batch's rows sorted by task once for all layers; each layer mixes every task's k
+        experts into one Linear and runs each task's rows through its own, unpadded: a batch
+        drawn by success shares (0.45 of its rows one task's, 0.1 another's) costs what an
+        even one does (padding every task to the largest cost 1.1-1.2x a 1024-row update here)."""
         layout = TaskLayout.of(task if task is not None else torch.zeros(len(x), dtype=torch.long))
-        h = (
-            x.new_zeros(layout.slots, x.shape[1])
-            .index_copy(0, layout.slot, x)
-            .view(len(layout.present), -1, x.shape[1])
-        )
+        chunks = list(x[layout.order].split(layout.counts))
         embeds = self.task_embed[layout.present]
         for layer in self.moe_layers():
-            h = torch.relu(layer.task_forward(h, embeds, layout.place))
-        return self.out(h.reshape(-1, h.shape[-1])[layout.slot])
+            chunks = [torch.relu(h) for h in layer.task_forward(chunks, embeds, layout.place)]
+        out = self.out(torch.cat(chunks))
+        return out.new_empty(out.shape).index_copy(0, layout.order, out)
 
     def gate_input(self, state: torch.Tensor, task: torch.Tensor | None = None) -> torch.Tensor:
         """What every gate sees: the normalized state ++ the task's embedding (None: task 0); with

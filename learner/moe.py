@@ -2,8 +2,8 @@
 
     layer = MoELinear(fan_in, fan_out, experts=32, top_k=2, gate_dim=8)
     y = layer(x, gate_in)                              # state router: rows grouped by expert
-    layout = TaskLayout.of(task)                       # task router: rows laid out per task once
-    h = layer.task_forward(h, embeds, layout.place)    # ... each task's k experts mixed into one Linear
+    layout = TaskLayout.of(task)                       # task router: rows sorted by task once
+    hs = layer.task_forward(hs, embeds, layout.place)  # ... each task's k experts mixed into one Linear
     y = layer.masked_forward(x, gate_in)               # every expert, masked: what export traces
 
 learner/models.py builds actors and critics from these (Body).
@@ -122,10 +122,10 @@ class MoELinear(nn.Module):
         g = g.unsqueeze(1)  # [n, 1, k] @ [n, k, ...]: one batched matmul, no permuted copies
         return torch.bmm(g, weight).view(n, fan_out, fan_in), torch.bmm(g, bias).view(n, fan_out)
 
-    def task_forward(self, h: torch.Tensor, embeds: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-        """The task router's form on rows laid out per task, h [tasks, rows, in]: task i's rows
-        (embedding `embeds[i]`) through its mixed Linear, one batched matmul for all tasks.
-        `rows` [batch] maps the batch's rows to their task's place (for the metrics only)."""
+    def task_forward(self, chunks: list[torch.Tensor], embeds: torch.Tensor, rows: torch.Tensor) -> list[torch.Tensor]:
+        """The task router's form: chunks[i], the rows of task i (embedding `embeds[i]`), through
+        that task's mixed Linear. `rows` [batch] maps the batch's rows to their task's place
+        (for the metrics only)."""
         logits = self.gate(embeds)
         top, idx = logits.topk(self.top_k, dim=-1)  # ties at the k-th logit (measure zero): k kept
         g = torch.softmax(top, dim=-1)  # = the masked softmax over all experts, at the top k
@@ -133,17 +133,17 @@ class MoELinear(nn.Module):
             gates = torch.zeros_like(logits).scatter(-1, idx, g)
             self.last_gates, self.last_logits = gates[rows], logits[rows]
         weight, bias = self.task_weights(g, idx)
-        return torch.baddbmm(bias.unsqueeze(1), h, weight.transpose(1, 2))
+        return [torch.addmm(b, h, w.t()) for h, w, b in zip(chunks, weight.unbind(0), bias.unbind(0), strict=True)]
 
 
 class TaskLayout(NamedTuple):
-    """Where a batch's rows go when laid out per task: the tasks present (sorted), each row's
-    place among them, and its slot in the [tasks x most rows] layout."""
+    """A batch's rows by task: the tasks present (sorted), each row's place among them, the
+    rows in task order (stable) and how many each task has."""
 
     present: torch.Tensor
     place: torch.Tensor
-    slot: torch.Tensor
-    slots: int
+    order: torch.Tensor
+    counts: list[int]
 
     @staticmethod
     def of(task: torch.Tensor) -> TaskLayout:
@@ -152,11 +152,7 @@ class TaskLayout(NamedTuple):
         if _newest_layout is not None and _newest_layout[0] is task and _newest_layout[1] == task._version:
             return _newest_layout[2]
         present, place, counts = torch.unique(task, return_inverse=True, return_counts=True)
-        order = torch.argsort(place, stable=True)
-        rank = torch.empty_like(order)
-        rank[order] = torch.arange(len(task)) - (counts.cumsum(0) - counts)[place[order]]
-        most = int(counts.max())
-        layout = TaskLayout(present, place, place * most + rank, len(present) * most)
+        layout = TaskLayout(present, place, torch.argsort(place, stable=True), counts.tolist())
         _newest_layout = (task, task._version, layout)  # the version: a tensor changed in place misses
         return layout
 
