@@ -9,6 +9,7 @@ Only a complete "full" score of eval.episodes can reach the target.
 
 from __future__ import annotations
 
+import collections
 import json
 import pathlib
 import time
@@ -24,6 +25,9 @@ from foundation.proto import fleetrl_pb2 as pb
 from foundation.tb import ScalarWriter
 
 LOG_EVERY_SEC = 5.0  # when not on a terminal; also the progress.jsonl interval
+# Rates are over the last RATE_WINDOW_SEC: the ingest service counts env steps per acked push and
+# flow control holds pushes back for seconds at a time, so a 1 s window read "0/s" mid-run.
+RATE_WINDOW_SEC = 30.0
 
 
 @dataclass(frozen=True)
@@ -101,7 +105,7 @@ class Progress:
         self.best_task_success: dict[str, float] = {}  # a multi-task run: the same, per task
         self.last_task_success: dict[str, float] = {}  # a multi-task run: the newest curve score
         self.rates = Rates()
-        self._prev: Snapshot | None = None
+        self._window: collections.deque[Snapshot] = collections.deque()  # the last RATE_WINDOW_SEC of snapshots
         self._last_log = -LOG_EVERY_SEC
         self._seen: dict[str, EvalPoint | None] = {"curve": None, "full": None}
         self._rejected: dict[str, int] = {}  # learner -> rejections last reported
@@ -114,21 +118,27 @@ class Progress:
     def reached_target(self) -> bool:
         return self.target is not None
 
+    def _rates(self, snap: Snapshot) -> Rates:
+        """Each count's rise over the window's oldest snapshot (at least 1 s old) per second."""
+        window = self._window
+        window.append(snap)
+        while len(window) > 2 and snap.wall_sec - window[1].wall_sec >= RATE_WINDOW_SEC:
+            window.popleft()
+        oldest = window[0]
+        dt = snap.wall_sec - oldest.wall_sec
+        if dt < 1.0:
+            return self.rates
+        return Rates(
+            (snap.env_steps - oldest.env_steps) / dt,
+            (snap.transitions - oldest.transitions) / dt,
+            (snap.version - oldest.version) / dt,
+        )
+
     def note(self, text: str) -> None:
         self.console.log(text)
 
     def update(self, snap: Snapshot) -> None:
-        prev = self._prev
-        if prev is None:
-            self._prev = snap
-        elif snap.wall_sec - prev.wall_sec >= 1.0:
-            dt = snap.wall_sec - prev.wall_sec
-            self.rates = Rates(
-                (snap.env_steps - prev.env_steps) / dt,
-                (snap.transitions - prev.transitions) / dt,
-                (snap.version - prev.version) / dt,
-            )
-            self._prev = snap
+        self.rates = self._rates(snap)
         self.last = snap
         if self.first is None:
             self.first = snap

@@ -70,3 +70,15 @@ def test_the_progress_line_shows_the_target_the_cap_and_the_roles_running(tmp_pa
     err = capsys.readouterr().err
     assert "roles 8/9" in err
     assert "target 0.90 over 50 episodes, cap 600 s or 4000 env steps" in err
+
+
+def test_rates_span_the_last_half_minute_so_a_paused_sampler_does_not_read_zero(tmp_path):
+    progress = _progress(tmp_path)
+    bursty = [(float(t), 100 * (t // 10) * 10) for t in range(0, 61)]  # 1,000 env steps every 10 s
+    for wall, steps in bursty:
+        progress.update(dataclasses.replace(_snap(wall), env_steps=steps))
+        if wall >= 10:
+            assert progress.rates.env_steps_per_sec > 0, wall  # a 1 s window read 0 here
+    assert 80 <= progress.rates.env_steps_per_sec <= 110  # about 100/s over the last 30 s
+    assert progress.rates.updates_per_sec == 10.0  # steady counts: exact
+    progress.close()
