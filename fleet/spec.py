@@ -19,7 +19,9 @@ and learner of the spec. Secrets never go in the spec: every host exports the sa
 FLEETRL_TOKEN and FLEETRL_REDIS_PASSWORD (or sets security.token_file and
 security.redis_password_file). Each host keeps its logs, heartbeats and events under
 `<run_dir>/<host>/`; the aggregator's host also keeps the checkpoints and evaluations in
-`<run_dir>/`.
+`<run_dir>/`. The aggregator's host decides when the fleet stops (the run's stop rule), every
+host winds down, and summary.json lands in its `<run_dir>/` (fleet/winddown.py). Under Slurm
+`fleetrl fleet slurm` runs every host as a task of one job (fleet/slurm.py).
 """
 
 from __future__ import annotations

@@ -163,9 +163,11 @@ class Judge:
         self.read(dog)
         return stop_reason(self.config, self.progress, self.snap, self.wall_sec())
 
-    def read(self, dog: Watchdog) -> None:
-        """One snapshot of both services (kept when they answer) and of this host's CPU."""
+    def read(self, dog: Watchdog, services: bool = True) -> None:
+        """One snapshot of this host's CPU and (`services`) of both services, kept when they answer."""
         self.cpu.sample({**dog.pids(), "launcher": os.getpid()})
+        if not services:
+            return
         snap = Snapshot.take(self.ingest, self.agg, self.wall_sec(), dog.restarts, (dog.running(), len(dog.roles)))
         self.snap = snap
         if snap is not None:
@@ -214,11 +216,15 @@ def wind_down(host: FleetHost, dog: Watchdog, board: StopBoard, judge: Judge | N
     except the aggregator's host, which first asks the others to stop and still writes the
     summary. Every wait is bounded."""
     name, signalled = host.host.name, reason is None
-    if judge is not None and signalled:
-        board.request(f"SIGTERM or Ctrl-C on {name}, the aggregator's host")
     log.info("%s: winding down: %s", name, reason or "signalled")
     if judge is not None:
-        judge.read(dog)  # this host's roles' last CPU readings before they stop
+        judge.read(dog, services=False)  # this host's roles' last CPU readings before they stop
+    if judge is not None and signalled:
+        board.request(f"SIGTERM or Ctrl-C on {name}, the aggregator's host")
+        # Under scancel every process got this SIGTERM, and Slurm's KillWait (30 s) bounds what
+        # is left: a summary from the last read now, completed below if there is time.
+        judge.summarize(INTERRUPTED, dog.restarts, host.host_dir, score=False)
+        log.info("%s: summary.json in %s, from the last read; completing it", name, host.run_dir)
     dog.stop([n for n, r in dog.roles.items() if r.spec.stage == 0])  # samplers, learners, evaluator
     board.workers_stopped(name)
     if judge is not None:
