@@ -133,9 +133,13 @@ def _slurm(args: argparse.Namespace, spec: FleetSpec, config: RunConfig, overrid
     from fleet.slurm import SbatchOptions, sbatch_script, submit
     from foundation.transport import REDIS_PASSWORD_ENV, TOKEN_ENV
 
-    options = SbatchOptions(
-        args.cpus_per_task, args.time, args.partition, tuple(args.sbatch_arg), overrides=tuple(overrides)
-    )
+    host_args = [arg for item in overrides for arg in ("--set", item)]  # every host resolves the config as here
+    config_path = str(pathlib.Path(args.config).resolve()) if args.config else None
+    shorthands = {"--config": config_path, "--task": args.task, "--tasks": args.tasks, "--run-id": args.run_id}
+    for flag, value in shorthands.items():
+        if value:
+            host_args += [flag, value]
+    options = SbatchOptions(args.cpus_per_task, args.time, args.partition, tuple(args.sbatch_arg), tuple(host_args))
     script = sbatch_script(spec, pathlib.Path(args.spec), config.max_wall_sec, options)
     out = pathlib.Path(args.out or pathlib.Path(spec.run_dir) / "fleet.sbatch")
     out.parent.mkdir(parents=True, exist_ok=True)

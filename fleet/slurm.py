@@ -149,7 +149,7 @@ class SbatchOptions:
     time_min: int = 0  # sbatch --time in minutes; 0: max_wall_sec plus 10 minutes
     partition: str = ""  # sbatch --partition; "": the cluster's default
     extra: tuple[str, ...] = ()  # more #SBATCH lines, e.g. "--account=lab"
-    overrides: tuple[str, ...] = ()  # --set section.field=value for every host
+    host_args: tuple[str, ...] = ()  # more `fleet up` arguments for every host: --set, --task, --config
 
 
 def cpus_needed(host: HostSpec) -> int:
@@ -187,8 +187,7 @@ def sbatch_script(spec: FleetSpec, spec_path: pathlib.Path, max_wall_sec: float,
         f"mkdir -p {shlex.quote(str(run_dir))}",
     ]
     fleet_up = [sys.executable, "-m", "fleet.cli", "fleet", "up", str(spec_path.resolve()), "--host", "auto"]
-    for item in options.overrides:
-        fleet_up += ["--set", item]
+    fleet_up += options.host_args
     srun = ["srun", f"--ntasks={nodes}", "--ntasks-per-node=1", f"--cpus-per-task={cpus}", "--kill-on-bad-exit=1"]
     lines.append(shlex.join([*srun, "--label", *fleet_up]))
     return "\n".join(lines) + "\n"

@@ -70,7 +70,7 @@ def test_node_addresses_come_from_scontrol_show_node() -> None:
 
 def test_the_batch_script_runs_one_task_per_host_on_as_many_nodes(tmp_path: pathlib.Path) -> None:
     spec = FleetSpec.parse({**SPEC, "run_dir": str(tmp_path / "run")})
-    options = SbatchOptions(partition="debug", extra=("--account=lab",), overrides=("sim.seed=3",))
+    options = SbatchOptions(partition="debug", extra=("--account=lab",), host_args=("--set", "sampler.seed=3"))
     script = sbatch_script(spec, tmp_path / "fleet.yaml", max_wall_sec=600.0, options=options)
     lines = script.splitlines()
     assert lines[0] == "#!/bin/bash"
@@ -79,7 +79,7 @@ def test_the_batch_script_runs_one_task_per_host_on_as_many_nodes(tmp_path: path
         assert f"#SBATCH {line}" in lines, line
     srun = shlex.split(lines[-1])
     assert srun[:5] == ["srun", "--ntasks=2", "--ntasks-per-node=1", "--cpus-per-task=4", "--kill-on-bad-exit=1"]
-    assert srun[-6:] == ["up", str(tmp_path / "fleet.yaml"), "--host", "auto", "--set", "sim.seed=3"]
+    assert srun[-6:] == ["up", str(tmp_path / "fleet.yaml"), "--host", "auto", "--set", "sampler.seed=3"]
     assert cpus_needed(spec.host("services")) == 2 and cpus_needed(spec.host("sim")) == 4
 
 
