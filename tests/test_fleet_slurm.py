@@ -9,7 +9,9 @@ import re
 import shlex
 
 import pytest
+import yaml
 
+from fleet.cli import main
 from fleet.slurm import SbatchOptions, SlurmTask, cpus_needed, parse_node_addresses, place, sbatch_script
 from fleet.spec import FleetSpec
 from fleet.winddown import StopBoard, wait_on_board
@@ -102,3 +104,13 @@ def test_the_stop_board_first_reason_wins_and_a_gone_cluster_ends_every_wait(cle
     gone = StopBoard("127.0.0.1:1", clean_redis_cluster.auth, "sl")  # nothing listens there
     assert gone.reason() is None
     assert wait_on_board(gone.finished, 30.0, lambda: False) == "board gone"
+
+
+def test_fleet_slurm_hands_every_host_the_same_config_flags(tmp_path: pathlib.Path) -> None:
+    spec_path = tmp_path / "fleet.yaml"
+    spec_path.write_text(yaml.safe_dump({**SPEC, "run_dir": str(tmp_path / "run")}))
+    argv = ["fleet", "slurm", str(spec_path), "--task", "FetchPush-v4", "--set", "sampler.seed=3", "--out", "job.sh"]
+    assert main([*argv[:-1], str(tmp_path / "job.sh")]) == 0
+    srun = shlex.split((tmp_path / "job.sh").read_text().splitlines()[-1])
+    assert srun[srun.index("auto") + 1 :] == ["--set", "sampler.seed=3", "--task", "FetchPush-v4"]
+    assert (tmp_path / "run").is_dir()  # sbatch opens its --output there before the job runs
