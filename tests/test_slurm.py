@@ -209,7 +209,8 @@ def test_a_slurm_job_learns_fetchreach_stops_at_the_target_and_pins_to_its_cpus(
         return next((p for p in _fleet_processes(tmp_path) if "sampler" in p.info["cmdline"]), None)
 
     pinned = wait_until(sampler, 60, lambda: "the sampler to start:\n" + _job_log(run_dir, job))
-    fleet_up = next(p for p in _fleet_processes(tmp_path) if p.info["cmdline"][:5] == [*FLEETRL, "fleet", "up"])
+    fleet_up = pinned.parent()  # the workers host's `fleet up --host auto`, which the task started as
+    assert fleet_up is not None and fleet_up.cmdline()[:5] == [*FLEETRL, "fleet", "up"], fleet_up
     task_cpus = sorted(fleet_up.cpu_affinity())  # what Slurm gave the task (task/affinity)
     assert pinned.cpu_affinity() == [task_cpus[1]], (task_cpus, pinned.info["cmdline"])  # cpus: [1] is a position
     state = _wait_job_gone(slurm, job, run_dir, 240)
