@@ -244,7 +244,7 @@ class FleetHost:
                     dog.start(spec)
                 log.info("%s: started %s", self.host.name, ", ".join(dog.roles))
                 try:
-                    reason = watch(self, dog, board, None if until_signal else judge)
+                    reason = watch(self, dog, board, judge, until_signal)
                     wind_down(self, dog, board, judge, reason)
                 finally:
                     if judge is not None:

@@ -188,16 +188,19 @@ class Judge:
         self.progress.close()
 
 
-def watch(host: FleetHost, dog: Watchdog, board: StopBoard, judge: Judge | None) -> str | None:
+def watch(
+    host: FleetHost, dog: Watchdog, board: StopBoard, judge: Judge | None, until_signal: bool = False
+) -> str | None:
     """Supervise until this host is signalled (None) or the fleet is to stop (the reason):
-    `judge` (the aggregator's host) decides and tells the board; other hosts read it."""
+    `judge` (the aggregator's host) decides and tells the board, unless `until_signal` (it then
+    keeps the learning curve only); other hosts read the board."""
     next_look = 0.0
     while not host.stop.is_set():
         for event in dog.poll():
             log.info("%s: %s", host.host.name, event)
         if judge is not None:
             reason = judge.check(dog)
-            if reason is not None:
+            if reason is not None and not until_signal:
                 board.request(reason)
                 return reason
         elif time.monotonic() >= next_look:

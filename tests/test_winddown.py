@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 
 from fleet.spec import FleetSpec
-from fleet.winddown import wind_down
+from fleet.winddown import watch, wind_down
 
 SPEC = FleetSpec.parse(
     {
@@ -41,12 +41,18 @@ class FakeDog:
     def stop_in_order(self) -> None:
         self.calls.record("stop_in_order")
 
+    def poll(self) -> list[str]:
+        return []
+
 
 class FakeBoard:
     """Answers as a live board would once every host has done its part."""
 
-    def __init__(self, calls: Calls, finished: bool | None = True) -> None:
-        self.calls, self._finished = calls, finished
+    def __init__(self, calls: Calls, finished: bool | None = True, reason: str | None = None) -> None:
+        self.calls, self._finished, self._reason = calls, finished, reason
+
+    def reason(self) -> str | None:
+        return self._reason
 
     def request(self, reason: str) -> None:
         self.calls.record("request", reason)
@@ -129,3 +135,32 @@ def test_other_hosts_stop_their_workers_and_keep_buffer_and_redis_until_the_aggr
     workers = tuple(sorted(r for r in roles if STAGE[r] == 0))
     expected = [("stop", workers), ("workers_stopped", host), *([("finished?",)] if waits else []), ("stop_in_order",)]
     assert calls == expected
+
+
+class Deciding(FakeJudge):
+    """Says "target reached" at its third look; sets `stop` (a signal) at its sixth."""
+
+    def __init__(self, calls: Calls, stop: threading.Event) -> None:
+        super().__init__(calls)
+        self.looks, self.stop = 0, stop
+
+    def check(self, dog: FakeDog) -> str | None:
+        self.looks += 1
+        if self.looks >= 6:
+            self.stop.set()
+        return "target reached" if self.looks >= 3 else None
+
+
+@pytest.mark.parametrize(("until_signal", "ends"), [(False, "target reached"), (True, None)])
+def test_the_aggregator_s_host_decides_unless_told_to_run_until_signalled(until_signal: bool, ends: str | None) -> None:
+    calls, host = Calls(), _host("services")
+    judge = Deciding(calls, host.stop)
+    assert watch(host, FakeDog(calls, SERVICES), FakeBoard(calls), judge, until_signal) == ends
+    assert calls == ([] if until_signal else [("request", "target reached")])
+    assert judge.looks == (6 if until_signal else 3)
+
+
+def test_other_hosts_stop_when_the_board_says_so() -> None:
+    calls, host = Calls(), _host("sim")
+    board = FakeBoard(calls, reason="max_wall_sec 600 reached")
+    assert watch(host, FakeDog(calls, WORKERS), board, None) == "max_wall_sec 600 reached"
