@@ -152,10 +152,10 @@ def _slurm(args: argparse.Namespace, spec: FleetSpec, config: RunConfig, overrid
         return 0
     env = dict(os.environ)
     sec = config.security
-    given = env.get(TOKEN_ENV) or sec.token_file or env.get(REDIS_PASSWORD_ENV) or sec.redis_password_file
-    if sec.enabled and not given:
-        env[TOKEN_ENV], env[REDIS_PASSWORD_ENV] = secrets.token_urlsafe(32), secrets.token_urlsafe(32)
-        print(f"# {TOKEN_ENV} and {REDIS_PASSWORD_ENV} were not set: fresh ones go to this job's environment only")
+    for var, file in ((TOKEN_ENV, sec.token_file), (REDIS_PASSWORD_ENV, sec.redis_password_file)):
+        if sec.enabled and not (env.get(var) or file):  # every task inherits sbatch's environment
+            env[var] = secrets.token_urlsafe(32)
+            print(f"# {var} was not set: a fresh one goes to this job's environment only")
     job = submit(out, env)
     print(f"submitted job {job}: output in {pathlib.Path(spec.run_dir).resolve()}/slurm-{job}.out", flush=True)
     return 0
