@@ -14,7 +14,8 @@ serve the buffer or Redis nodes keep them until the aggregator's host says it is
 read of the buffer needs them). Every wait is bounded (WORKERS_WAIT_SEC, DONE_WAIT_SEC), and a
 board that cannot be reached (its Redis nodes are gone) ends a wait at once: under `scancel`
 every process of the job gets SIGTERM at the same moment, and the last checkpoint and the
-summary must still be written before Slurm's KillWait (30 s by default) runs out.
+summary must still be written before Slurm's KillWait (30 s by default) runs out; so a signalled
+aggregator's host writes summary.json from its last read first, and completes it after.
 """
 
 from __future__ import annotations
