@@ -18,7 +18,6 @@ Topology (one comment per edge):
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import os
 import pathlib
@@ -26,27 +25,18 @@ import secrets
 import threading
 import time
 from contextlib import closing
-from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING
-
-import numpy as np
 
 from aggregator.client import AggregatorClient
 from buffer.client import IngestClient
 from fleet.local_cluster import LocalRedisCluster, free_port_pair
 from fleet.progress import Progress, Snapshot
 from fleet.spec import FleetHost, FleetSpec, HostSpec, Workers
+from fleet.summary import INTERRUPTED, Ending, Summary, final_score, stop_reason, write_summary
 from fleet.watchdog import Watchdog
-from foundation.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint
 from foundation.config import RunConfig
 from foundation.cpu import CpuMeter
-from foundation.policy import ModelSpec
 from foundation.process import free_port, stop_event
-from foundation.routing_stats import expert_routing
 from foundation.transport import Security, serving
-
-if TYPE_CHECKING:
-    from sampler.evaluator import EvalResult
 
 log = logging.getLogger("fleetrl.launch")
 READY_TIMEOUT_SEC = 120.0
@@ -64,44 +54,6 @@ def local_security(config: RunConfig) -> Security:
         redis_user=config.security.redis_user,
         redis_password=given.redis_password or secrets.token_urlsafe(32),
     )
-
-
-@dataclass
-class Summary:
-    run_dir: str
-    task: str
-    reached_target: bool
-    target_success: float
-    stop_reason: str
-    wall_sec: float
-    wall_sec_to_target: float | None = None
-    env_steps_to_target: int | None = None
-    version_to_target: int | None = None
-    final_version: int = 0
-    final_env_steps: int = 0
-    transitions_stored: int = 0
-    best_success: float = 0.0
-    final_success: float | None = None  # the last checkpoint over eval.final_episodes (a run short of its target)
-    final_success_episodes: int = 0
-    final_success_version: int | None = None
-    train_success: float | None = None  # last 100 training episodes at the end
-    updates_per_sec: float = 0.0  # final_version / wall_sec
-    restarts: int = 0
-    started_unix: float = 0.0  # epoch seconds at the command's start (report plots count from here)
-    cpu: dict = field(default_factory=dict)  # foundation.cpu.CpuMeter.report(): per role and group
-    fleet_overhead_share: float | None = None  # aggregator+buffer+evaluator+redis+launcher CPU / machine
-    counters: dict = field(default_factory=dict)  # each role's last heartbeat counters (heartbeats/*.json)
-    checkpoints: list[str] = field(default_factory=list)
-    mode: str = "async"  # or "sync": fleetrl train --mode sync (fleet/sync.py)
-    expert_load: dict = field(default_factory=dict)  # a MoE run: routers' newest metrics (expert_load.json)
-    # A task-routed MoE run: per network, layer and task the experts chosen, overlaps, load
-    # (foundation/routing_stats.py), read from the newest checkpoint.
-    expert_routing: dict = field(default_factory=dict)
-    tasks: list[str] = field(default_factory=list)  # a multi-task run's tasks (success figures are their means)
-    # A multi-task run, per task: best (curve or complete full score), last (newest curve) and
-    # final (the final score) success.
-    task_success: dict = field(default_factory=dict)
-    task_env_steps: dict = field(default_factory=dict)  # a multi-task run: env steps acked per task
 
 
 class LocalFleet:
@@ -208,10 +160,12 @@ class LocalFleet:
                 self._stop_workers(dog, progress, buffer, aggregator)
                 self.stop_roles(dog)
                 restarts = dog.restarts
-            final = self._final_score(progress)
+            final = None if self._stop.is_set() else final_score(self.config, self.run_dir, progress)
         finally:
             progress.close()
-        return self._summarize(progress, reason, restarts, final)
+        wall_sec = time.monotonic() - self.started_at
+        cpu = self.cpu.report(wall_sec, len(os.sched_getaffinity(0)))
+        return write_summary(self.config, self.run_dir, progress, Ending(reason, wall_sec, restarts, cpu, final))
 
     def _stop_workers(self, dog: Watchdog, progress: Progress, buffer: str, aggregator: str) -> None:
         """Stop the samplers, learners and evaluator, then read the services once more: the
@@ -226,27 +180,6 @@ class LocalFleet:
             snap = Snapshot.take(ingest, agg, time.monotonic() - self.started_at, dog.restarts, _roles(dog))
         if snap is not None:
             progress.update(snap)
-
-    def _final_score(self, progress: Progress) -> tuple[int, EvalResult] | None:
-        """(version, result) of the last checkpoint over eval.final_episodes, after the fleet
-        stopped (outside the run's wall-clock): what the run reached when the target was not."""
-        from sampler.evaluator import score_checkpoint  # the simulator loads only for this
-
-        episodes = self.config.eval.final_episodes
-        if progress.reached_target or episodes == 0 or self._stop.is_set():
-            return None
-        progress.note(f"final score: the last checkpoint over {episodes} episodes")
-        try:
-            final = score_checkpoint(self.run_dir / "checkpoints", self.config, episodes)
-        except (CheckpointError, OSError) as err:  # no checkpoint yet (a very short run)
-            progress.note(f"no final score: {err}")
-            return None
-        except Exception:  # the score is extra: whatever fails, the run's summary is still written
-            log.exception("final score failed; summary.json is written without it")
-            progress.note("no final score: it failed (see the traceback above)")
-            return None
-        progress.note(f"final score: version {final[0]}, success {final[1].success_rate:.2f} over {episodes} episodes")
-        return final
 
     def _sample_cpu(self, dog: Watchdog, force: bool = False) -> None:
         """Every role's CPU time, the Redis nodes (roles `redis-<port>`) and the launcher included
@@ -266,108 +199,17 @@ class LocalFleet:
                 for event in dog.poll():
                     progress.note(event)
                 self._sample_cpu(dog)
-                snap = Snapshot.take(ingest, agg, time.monotonic() - self.started_at, dog.restarts, _roles(dog))
+                wall_sec = time.monotonic() - self.started_at
+                snap = Snapshot.take(ingest, agg, wall_sec, dog.restarts, _roles(dog))
                 if snap is not None:
                     progress.update(snap)
-                    if progress.target is not None and progress.target.full is not None:
-                        full = progress.target.full
-                        return (
-                            f"evaluation success {full.success:.2f} over {full.episodes} episodes "
-                            f">= target {c.target_success}"
-                        )
-                    if c.max_env_steps and snap.env_steps >= c.max_env_steps:
-                        return f"max_env_steps {c.max_env_steps} reached"
-                if time.monotonic() - self.started_at >= c.max_wall_sec:
-                    return f"max_wall_sec {c.max_wall_sec} reached"
+                reason = stop_reason(c, progress, snap, wall_sec)
+                if reason is not None:
+                    return reason
                 self._stop.wait(0.25)
-        return "interrupted (Ctrl-C or SIGTERM)"
-
-    def _summarize(
-        self, progress: Progress, reason: str, restarts: int, final: tuple[int, EvalResult] | None = None
-    ) -> Summary:
-        last = progress.last
-        wall_sec = time.monotonic() - self.started_at
-        cores = len(os.sched_getaffinity(0))
-        cpu = self.cpu.report(wall_sec, cores)
-        summary = Summary(
-            run_dir=str(self.run_dir),
-            task=self.config.sim.task,
-            reached_target=progress.reached_target,
-            target_success=self.config.target_success,
-            stop_reason=reason,
-            wall_sec=wall_sec,
-            restarts=restarts,
-            started_unix=time.time() - wall_sec,
-            cpu=cpu,
-            fleet_overhead_share=cpu["overhead_share"],
-            counters=_last_counters(self.run_dir / "heartbeats"),
-            checkpoints=sorted(str(p) for p in (self.run_dir / "checkpoints").glob("ckpt_*.pt")),
-        )
-        load = self.run_dir / "expert_load.json"
-        if load.exists():  # a MoE run: beta, balancing loss and each layer's expert shares
-            summary.expert_load = json.loads(load.read_text())
-        summary.expert_routing = _expert_routing(self.run_dir / "checkpoints")
-        if final is not None:
-            summary.final_success_version, result = final
-            summary.final_success, summary.final_success_episodes = result.success_rate, result.episodes
-            for task, rate in result.task_success.items():
-                summary.task_success.setdefault(task, {})["final"] = rate
-        if self.config.sim.tasks:
-            summary.tasks = list(self.config.sim.tasks)
-            for task, rate in progress.best_task_success.items():
-                summary.task_success.setdefault(task, {})["best"] = rate
-            for task, rate in progress.last_task_success.items():
-                summary.task_success.setdefault(task, {})["last"] = rate
-            if last is not None:
-                from sim.registry import get_task  # a multi-task run only: the launcher needs no sim otherwise
-
-                summary.task_env_steps = {get_task(t).name: n for t, n in last.env_steps_by_task}
-        target = progress.target
-        if target is not None and target.full is not None:
-            summary.wall_sec_to_target = target.wall_sec
-            summary.env_steps_to_target = target.full.env_steps
-            summary.version_to_target = target.full.version
-        if last is not None:
-            summary.final_version = last.version
-            summary.final_env_steps = last.env_steps
-            summary.transitions_stored = last.transitions
-            summary.best_success = progress.best_success
-            summary.train_success = last.train_success if last.train_episodes else None
-            first = progress.first.version if progress.first is not None else 0  # a resumed run starts late
-            summary.updates_per_sec = round((last.version - first) / max(wall_sec, 1e-9), 2)
-        (self.run_dir / "summary.json").write_text(json.dumps(asdict(summary), indent=2))
-        return summary
+        return INTERRUPTED
 
 
 def _roles(dog: Watchdog) -> tuple[int, int]:
     """(running now, started): the progress line's roles."""
     return dog.running(), len(dog.roles)
-
-
-def _last_counters(heartbeats: pathlib.Path) -> dict:
-    """{role: its last heartbeat's counters}: what each role did over the run (e.g. the
-    aggregator's weights_shared against its version). A torn or missing file is left out."""
-    counters = {}
-    for path in sorted(heartbeats.glob("*.json")):
-        try:
-            counters[path.stem] = json.loads(path.read_text())["counters"]
-        except (OSError, ValueError, KeyError):
-            continue
-    return counters
-
-
-def _expert_routing(checkpoints: pathlib.Path) -> dict:
-    """The newest checkpoint's task routing (routing_stats.expert_routing); {} for a dense or
-    state-routed model, or no checkpoint."""
-    newest = latest_checkpoint(checkpoints) if checkpoints.is_dir() else None
-    if newest is None:
-        return {}
-    ckpt = load_checkpoint(newest)
-    spec = ModelSpec.from_json(ckpt["spec"])
-    if spec.kind != "moe" or spec.router != "task":
-        return {}
-    from sim.tasks import TaskSet  # a MoE run only: the launcher needs no sim otherwise
-
-    names = list(TaskSet.parse(ckpt["task"]).names)
-    groups = {g: np.asarray(ckpt["weights"][g], np.float32) for g in ("actor", "critic")}
-    return expert_routing(spec, groups, names) | {"version": int(ckpt["version"])}

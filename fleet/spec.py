@@ -19,7 +19,9 @@ and learner of the spec. Secrets never go in the spec: every host exports the sa
 FLEETRL_TOKEN and FLEETRL_REDIS_PASSWORD (or sets security.token_file and
 security.redis_password_file). Each host keeps its logs, heartbeats and events under
 `<run_dir>/<host>/`; the aggregator's host also keeps the checkpoints and evaluations in
-`<run_dir>/`.
+`<run_dir>/`. The aggregator's host decides when the fleet stops (the run's stop rule), every
+host winds down, and summary.json lands in its `<run_dir>/` (fleet/winddown.py). Under Slurm
+`fleetrl fleet slurm` runs every host as a task of one job (fleet/slurm.py).
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from fleet.local_cluster import LocalRedisCluster, cluster_ok, form_cluster, nod
 from fleet.spec_checks import check_fleet
 from fleet.spec_schema import check_schema, key_lines, where
 from fleet.watchdog import RoleSpec, Watchdog, role_spec
+from fleet.winddown import Judge, StopBoard, watch, wind_down
 from foundation.config import ConfigError, RunConfig, with_overrides
 from foundation.process import free_port, heartbeat_file
 from foundation.transport import REDIS_PASSWORD_ENV, TOKEN_ENV, Security
@@ -205,10 +208,15 @@ class FleetHost:
             **{var: os.environ.get(var, "1") for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")},
         }
 
-    def run(self) -> None:
+    def run(self, until_signal: bool = False) -> None:
+        """Start this host's share and supervise it until the fleet stops or this host is
+        signalled; then wind down (fleet/winddown.py). On the aggregator's host the stop rule
+        decides (target, max_wall_sec, max_env_steps) unless `until_signal`."""
+        started_at = time.monotonic()
         self.host_dir.mkdir(parents=True, exist_ok=True)
         config_path = self.host_dir / "config.json"
         config_path.write_text(self.config.to_json())
+        board = StopBoard(self.spec.redis, self.security, self.spec.run_id)
         nodes = None
         if self.host.redis:
             ports = list(self.host.redis)
@@ -220,23 +228,29 @@ class FleetHost:
                 everyone = self.spec.redis_nodes
                 self._wait_for(lambda: nodes_answer(everyone, self.security), "every Redis node of the fleet to answer")
                 form_cluster(everyone, self.security, replicas=self.spec.redis_replicas)
+                board.reset()  # a stop left by an earlier fleet of this run id (persisted nodes)
                 log.info("%s: formed the Redis Cluster of %d nodes", self.host.name, len(self.spec.redis_nodes))
             if "buffer" in self.host.services or "learner" in self.host.workers:
                 self._wait_for(lambda: cluster_ok(self.spec.redis_nodes, self.security), "the Redis Cluster")
             if self.stop.is_set():
                 return
+            judge = None
+            if "aggregator" in self.host.services:
+                judge = Judge(self.config, self.spec, self.security, started_at)
             with Watchdog(self.host_dir / "logs", events_path=self.host_dir / "events.jsonl") as dog:
                 if nodes is not None:
                     nodes.supervise(dog, self.config.watchdog)  # restarted nodes rejoin the cluster
                 for spec in self.roles(str(config_path)):
                     dog.start(spec)
                 log.info("%s: started %s", self.host.name, ", ".join(dog.roles))
-                while not self.stop.is_set():
-                    for event in dog.poll():
-                        log.info("%s: %s", self.host.name, event)
-                    self.stop.wait(0.25)
-                dog.stop_in_order()
+                try:
+                    reason = watch(self, dog, board, judge, until_signal)
+                    wind_down(self, dog, board, judge, reason)
+                finally:
+                    if judge is not None:
+                        judge.close()
         finally:
+            board.close()
             if nodes is not None:
                 nodes.close()
 

@@ -74,10 +74,11 @@ def _derived(spec: FleetSpec, config: RunConfig) -> list[str]:
         )
     aggregator_host = next(h.name for h in spec.hosts if "aggregator" in h.services)
     lines += [
-        f"stop: fleet up runs until each host's own fleet up gets Ctrl-C or SIGTERM; target_success "
-        f"{config.target_success:g}, max_wall_sec {config.max_wall_sec:g} and max_env_steps "
-        f"{config.max_env_steps} are not acted on by fleet up (see docs/fleet-spec.md)",
-        f"results: checkpoints, evals.jsonl and tb/ in {spec.run_dir}/ on {aggregator_host}; "
-        f"each host's logs in {spec.run_dir}/<host>/; no summary.json",
+        f"stop: {aggregator_host} (the aggregator's host) stops the whole fleet at target_success "
+        f"{config.target_success:g}, max_wall_sec {config.max_wall_sec:g} or max_env_steps "
+        f"{config.max_env_steps or 'none'}, or on its own Ctrl-C or SIGTERM; every host winds down "
+        "(docs/fleet-spec.md)",
+        f"results: summary.json, checkpoints, evals.jsonl and tb/ in {spec.run_dir}/ on {aggregator_host}; "
+        f"each host's logs in {spec.run_dir}/<host>/",
     ]
     return lines

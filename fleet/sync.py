@@ -26,7 +26,7 @@ import torch
 
 from aggregator.core import AggregatorCore
 from buffer.ratelimit import rate_limit
-from fleet.launch import Summary
+from fleet.summary import Summary
 from foundation.acting import Policy, WeightsSnapshot, rollout
 from foundation.checkpoint import save_checkpoint
 from foundation.config import ConfigError, RunConfig

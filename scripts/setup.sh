@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Sets up fleetrl on a fresh Debian/Ubuntu machine; sourced by train.sh and test.sh.
 #   - redis-server (Debian package) for the local Redis Cluster, python3-venv if missing
+#   - with FLEETRL_SETUP_SLURM=1 (scripts/test.sh sets it): Slurm and munge (Debian packages, a few
+#     MB) for tests/test_slurm.py, which starts its own daemons; train.sh leaves them out
 #   - .venv with every Python dependency resolved in ONE pip command: torch 2.13.0 (CPU),
 #     mujoco 3.3.0 and gymnasium-robotics must be resolved together or mujoco ends up broken.
 # Idempotent: a second run installs nothing new.
@@ -16,6 +18,19 @@ if [ ${#apt_needed[@]} -gt 0 ]; then
   echo "fleetrl setup: installing ${apt_needed[*]} with apt-get" >&2
   $sudo_cmd apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq "${apt_needed[@]}" >/dev/null
+fi
+slurm_needed=()
+if [ "${FLEETRL_SETUP_SLURM:-0}" = 1 ]; then
+  for tool in slurmctld slurmd sbatch munged; do
+    command -v "$tool" >/dev/null 2>&1 || slurm_needed=(slurmctld slurmd slurm-client munge)
+  done
+fi
+if [ ${#slurm_needed[@]} -gt 0 ]; then
+  sudo_cmd=""
+  [ "$(id -u)" -ne 0 ] && sudo_cmd="sudo"
+  echo "fleetrl setup: installing ${slurm_needed[*]} with apt-get (for tests/test_slurm.py)" >&2
+  $sudo_cmd apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends "${slurm_needed[@]}" >/dev/null
 fi
 
 if [ ! -x .venv/bin/python ]; then

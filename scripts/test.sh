@@ -3,6 +3,7 @@
 # end-to-end tests start their own Redis Cluster, gRPC servers and role processes).
 # Extra arguments go to pytest, e.g. ./scripts/test.sh -m "not e2e"
 set -euo pipefail
+export FLEETRL_SETUP_SLURM=1  # setup.sh also installs Slurm and munge: tests/test_slurm.py runs a real job
 source "$(dirname "${BASH_SOURCE[0]}")/setup.sh"
 ruff check .
 ruff format --check .

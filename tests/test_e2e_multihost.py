@@ -165,7 +165,7 @@ def test_one_spec_runs_a_fleet_over_five_namespaces_and_rides_out_a_link_failure
                 with open(tmp_path / f"fleet-{host}.log", "wb") as log:
                     procs[host] = subprocess.Popen(
                         ["ip", "netns", "exec", net.namespaces[host], sys.executable, "-m", "fleet.cli", "fleet",
-                         "up", str(spec_path), "--host", host],
+                         "up", str(spec_path), "--host", host, "--until-signal"],  # on past the target: the link test
                         stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
                     )  # fmt: skip
             _wait(lambda: any(s["success_rate"] >= 0.9 for s in _full_scores(run_dir)), 400, "90% on FetchReach",

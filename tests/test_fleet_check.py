@@ -51,7 +51,8 @@ def test_check_prints_hosts_ports_and_derived_settings(tmp_path, capsys):
     assert out.startswith(f"{tmp_path / 'fleet.yaml'}: ok\n{PLAN}")
     assert DERIVED in out
     assert "redis cluster: 3 nodes, 3 primaries, redis_replicas 0 (formed by redis-a" in out
-    assert "results: checkpoints, evals.jsonl and tb/ in runs/big/ on services" in out
+    assert "results: summary.json, checkpoints, evals.jsonl and tb/ in runs/big/ on services" in out
+    assert "stop: services (the aggregator's host) stops the whole fleet at target_success 0.9, max_wall_sec" in out
 
 
 def test_check_shows_replicas_and_a_replica_beside_its_primary(tmp_path, capsys):

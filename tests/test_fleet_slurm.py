@@ -1,0 +1,116 @@
+"""`fleetrl fleet slurm` and `fleet up --host auto` without Slurm: the batch script, the mapping
+of tasks onto hosts and of `cpus` onto the task's CPUs, and the stop board on a real Redis Cluster.
+The same run under a real slurmctld and slurmd: tests/test_slurm.py."""
+
+from __future__ import annotations
+
+import pathlib
+import re
+import shlex
+
+import pytest
+import yaml
+
+from fleet.cli import main
+from fleet.slurm import SbatchOptions, SlurmTask, cpus_needed, parse_node_addresses, place, sbatch_script
+from fleet.spec import FleetSpec
+from fleet.winddown import StopBoard, wait_on_board
+from foundation.config import ConfigError
+
+SPEC = {
+    "run_id": "sl",
+    "run_dir": "runs/sl",
+    "hosts": {
+        "services": {"address": "ignored", "redis": [7000, 7001, 7002], "buffer": 50051, "aggregator": 50052},
+        "sim": {"address": "ignored", "sampler": {"count": 2, "cpus": [0, 2]}, "learner": 1, "evaluator": 1},
+    },
+}
+
+
+def _task(proc_id: int, node_id: int | None = None, ntasks: int = 2) -> SlurmTask:
+    return SlurmTask("42", proc_id, proc_id if node_id is None else node_id, ntasks, "n[1-2]")
+
+
+def test_task_i_is_the_spec_s_host_i_at_its_node_s_address_with_the_cpus_slurm_gave_it() -> None:
+    spec = FleetSpec.parse(SPEC)
+    placed = place(spec, _task(1), ["10.0.0.1", "10.0.0.2"], {4, 5, 6, 7})
+    assert placed.host == "sim"
+    assert [h.address for h in placed.spec.hosts] == ["10.0.0.1", "10.0.0.2"]
+    assert placed.spec.service("buffer") == "10.0.0.1:50051"
+    sim = placed.spec.host("sim")
+    assert sim.workers["sampler"].cpus == (4, 6)  # positions 0 and 2 of the task's CPUs
+    assert sim.workers["learner"].cpus == ()  # no pins: the whole allocation, inherited
+
+
+@pytest.mark.parametrize(
+    ("task", "addresses", "cpus", "message"),
+    [
+        (_task(0, ntasks=3), ["a", "b", "c"], {0, 1, 2}, "3 tasks on 3 nodes (n[1-2]) but the spec 2 hosts"),
+        (_task(1, node_id=0), ["a", "b"], {0, 1, 2}, "task 1 runs on node 0"),
+        (_task(1), ["a", "b"], {0, 1}, "hosts.sim.sampler.cpus: position 2 must be < 2"),
+    ],
+)
+def test_a_job_that_does_not_fit_the_spec_is_refused_with_the_reason(
+    task: SlurmTask, addresses: list[str], cpus: set[int], message: str
+) -> None:
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        place(FleetSpec.parse(SPEC), task, addresses, cpus)
+
+
+def test_host_auto_outside_a_job_step_says_what_is_missing() -> None:
+    with pytest.raises(ConfigError, match="SLURM_JOB_ID, SLURM_PROCID.*not set: it works inside a Slurm job step"):
+        SlurmTask.from_env({})
+
+
+def test_node_addresses_come_from_scontrol_show_node() -> None:
+    text = (
+        "NodeName=n1 Arch=x86_64 CoresPerSocket=1 NodeAddr=10.232.7.1 NodeHostName=n1 Version=22.05.8\n"
+        "NodeName=n2 Arch=x86_64 CoresPerSocket=1 NodeAddr=10.232.7.2 NodeHostName=n2 Version=22.05.8\n"
+    )
+    assert parse_node_addresses(text) == {"n1": "10.232.7.1", "n2": "10.232.7.2"}
+
+
+def test_the_batch_script_runs_one_task_per_host_on_as_many_nodes(tmp_path: pathlib.Path) -> None:
+    spec = FleetSpec.parse({**SPEC, "run_dir": str(tmp_path / "run")})
+    options = SbatchOptions(partition="debug", extra=("--account=lab",), host_args=("--set", "sampler.seed=3"))
+    script = sbatch_script(spec, tmp_path / "fleet.yaml", max_wall_sec=600.0, options=options)
+    lines = script.splitlines()
+    assert lines[0] == "#!/bin/bash"
+    for line in ("--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--cpus-per-task=4", "--time=20",
+                 "--partition=debug", "--account=lab", f"--output={tmp_path / 'run'}/slurm-%j.out"):  # fmt: skip
+        assert f"#SBATCH {line}" in lines, line
+    srun = shlex.split(lines[-1])
+    assert srun[:5] == ["srun", "--ntasks=2", "--ntasks-per-node=1", "--cpus-per-task=4", "--kill-on-bad-exit=1"]
+    assert srun[-6:] == ["up", str(tmp_path / "fleet.yaml"), "--host", "auto", "--set", "sampler.seed=3"]
+    assert cpus_needed(spec.host("services")) == 2 and cpus_needed(spec.host("sim")) == 4
+
+
+def test_the_stop_board_first_reason_wins_and_a_gone_cluster_ends_every_wait(clean_redis_cluster) -> None:
+    board = StopBoard(clean_redis_cluster.addresses, clean_redis_cluster.auth, "sl")
+    try:
+        assert board.reason() is None and board.finished() is False
+        board.request("max_wall_sec 60 reached")
+        board.request("SIGTERM on services")
+        assert board.reason() == "max_wall_sec 60 reached"
+        board.workers_stopped("sim")
+        assert board.hosts_with_workers_stopped() == {"sim"}
+        board.finish()
+        assert wait_on_board(board.finished, 5.0, lambda: False) == "done"
+        board.reset()
+        assert board.reason() is None and board.hosts_with_workers_stopped() == set()
+        assert wait_on_board(board.finished, 0.3, lambda: False) == "timed out"
+    finally:
+        board.close()
+    gone = StopBoard("127.0.0.1:1", clean_redis_cluster.auth, "sl")  # nothing listens there
+    assert gone.reason() is None
+    assert wait_on_board(gone.finished, 30.0, lambda: False) == "board gone"
+
+
+def test_fleet_slurm_hands_every_host_the_same_config_flags(tmp_path: pathlib.Path) -> None:
+    spec_path = tmp_path / "fleet.yaml"
+    spec_path.write_text(yaml.safe_dump({**SPEC, "run_dir": str(tmp_path / "run")}))
+    argv = ["fleet", "slurm", str(spec_path), "--task", "FetchPush-v4", "--set", "sampler.seed=3", "--out", "job.sh"]
+    assert main([*argv[:-1], str(tmp_path / "job.sh")]) == 0
+    srun = shlex.split((tmp_path / "job.sh").read_text().splitlines()[-1])
+    assert srun[srun.index("auto") + 1 :] == ["--set", "sampler.seed=3", "--task", "FetchPush-v4"]
+    assert (tmp_path / "run").is_dir()  # sbatch opens its --output there before the job runs
