@@ -102,6 +102,8 @@ MODEL_ARMS: dict[str, list[str]] = {
     "moe-e32-w256": ['model.kind="moe"', "model.experts=32", "model.expert_width=256"],  # 2x the active width
     "moe-e8-state": ['model.kind="moe"', "model.experts=8", 'model.router="state"'],
     "moe-e32-state": ['model.kind="moe"', "model.experts=32", 'model.router="state"'],
+    "dense-bf16": ['model.kind="dense"', 'learner.autocast="bf16"'],  # issue 19: the CPU's BF16 instructions
+    "moe-e32-bf16": ['model.kind="moe"', "model.experts=32", 'learner.autocast="bf16"'],
 }
 MODEL_TASKS = ["FetchReach-v4", "FetchPush-v4", "MetaWorld-reach-v3", "MetaWorld-push-v3"]
 

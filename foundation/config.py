@@ -186,6 +186,7 @@ class SamplerConfig:
 
 
 REPLAY_SAMPLING = ("uniform", "recency", "version")
+AUTOCAST = ("off", "bf16")  # learner.autocast
 TASK_SAMPLING = ("even", "success")  # learner.task_sampling: learner/task_schedule.py
 SWA_MODES = ("off", "plain", "layered")  # aggregator.swa: aggregator/swa.py
 DEVICES = ("auto", "cpu", "cuda")  # learner.device
@@ -211,6 +212,11 @@ class LearnerConfig:
         1, "torch intra-op threads in the learner (2 made 0.75x the updates/s of 1 in a 2-core Push fleet: fleet_arms)"
     )
     device: str = config_field("auto", "where the learner computes: 'cpu', 'cuda', or 'auto' (cuda when available)")
+    autocast: str = config_field(
+        "off",
+        "'off', or 'bf16': losses and their backward under torch.autocast bfloat16 (on CPUs with BF16 "
+        "instructions); weights, gradients and Adam stay float32. An option until a learning comparison",
+    )
     prefetch: bool = config_field(
         False,
         "sample the next batch in a background thread while the current gradient is computed (off: on "
@@ -264,6 +270,7 @@ class LearnerConfig:
             ),
             (self.recency_half_life >= 1, "recency_half_life", ">= 1"),
             (self.task_sampling in TASK_SAMPLING, "task_sampling", f"one of {_one_of(TASK_SAMPLING)}"),
+            (self.autocast in AUTOCAST, "autocast", f"one of {_one_of(AUTOCAST)}"),
             (0.0 <= self.task_min_share <= 1.0, "task_min_share", "in [0, 1]"),
             (self.max_policy_lag >= 0, "max_policy_lag", ">= 0"),
             (0.0 < self.gamma < 1.0, "gamma", "in (0, 1)"),

@@ -68,7 +68,11 @@ class Body(nn.Module):
 
     def forward(self, x: torch.Tensor, state: torch.Tensor, task: torch.Tensor | None = None) -> torch.Tensor:
         """`x` the layer input, `state` the normalized obs ++ goal the gates see, `task` [batch]
-        task ids (None: task 0)."""
+        task ids (None: task 0). Float32 out, under bf16 autocast too: what follows (the tanh
+        squash's log-probability, the TD target) needs float32's range and precision."""
+        return self._forward(x, state, task).float()
+
+    def _forward(self, x: torch.Tensor, state: torch.Tensor, task: torch.Tensor | None) -> torch.Tensor:
         if not self.moe:
             return self.net(x)
         if self.task_routed and not exporting():

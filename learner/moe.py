@@ -111,7 +111,7 @@ class MoELinear(nn.Module):
         chunks = x[rows].split(counts.tolist())
         out = torch.cat([F.linear(c, w, b) for c, w, b in zip(chunks, weights, biases, strict=True)])
         out = out * gates[rows, experts].unsqueeze(-1)
-        return x.new_zeros(len(x), self.weight.shape[1]).index_add(0, rows, out)
+        return out.new_zeros(len(x), self.weight.shape[1]).index_add(0, rows, out)  # out: bf16 under autocast
 
     def task_weights(self, g: torch.Tensor, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Per routing (a row of `idx` [n, k] experts with gates `g` [n, k]): its experts mixed

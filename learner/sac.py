@@ -72,6 +72,7 @@ class SACHyperparams:
     router_decay: float = 1.0  # MoE: lambda of beta_t = exp(-lambda * ||grad J||)
     algo: str = "sac"  # or "ddpg"
     action_l2: float = 1.0  # ddpg: weight of the actor's action penalty (the HER paper's)
+    autocast: str = "off"  # or "bf16": losses under torch.autocast (learner.autocast)
 
     @classmethod
     def for_run(cls, config: RunConfig, act_dim: int) -> SACHyperparams:
@@ -83,6 +84,7 @@ class SACHyperparams:
             router_decay=config.model.router_decay,
             algo=config.learner.algo,
             action_l2=config.learner.action_l2,
+            autocast=config.learner.autocast,
         )
 
 
@@ -163,7 +165,15 @@ def grad_norm(grads: tuple[torch.Tensor, ...]) -> torch.Tensor:
 
 def compute_gradients(model: SACModel, batch: Batch, hp: SACHyperparams) -> GradientResult:
     """All SAC gradients against the model's current weights, without touching the weights.
-    MoE networks add their routers' load-balancing gradient, scaled by router decay."""
+    MoE networks add their routers' load-balancing gradient, scaled by router decay. With
+    hp.autocast "bf16" the matmuls run in bfloat16; parameters and gradients stay float32."""
+    if hp.autocast == "bf16":
+        with torch.autocast(batch.obs_goal.device.type, dtype=torch.bfloat16):
+            return _gradients(model, batch, hp)
+    return _gradients(model, batch, hp)
+
+
+def _gradients(model: SACModel, batch: Batch, hp: SACHyperparams) -> GradientResult:
     critic_params = model.group_parameters("critic")
     actor_params = model.group_parameters("actor")
     metrics: dict[str, float] = {}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -227,3 +229,25 @@ def test_a_few_hundred_ddpg_steps_learn_to_move_toward_the_goal(one_thread):
         action = model.actor.deterministic(Batch.from_numpy(obs, goal, obs, obs[:, 0], obs, obs[:, 0]).obs_goal)
     toward = np.sign(action.numpy()[:, 0]) == np.sign((goal - obs)[:, 0])
     assert toward[far].mean() > 0.9, toward[far].mean()
+
+
+@pytest.mark.parametrize("kind", ["dense", "moe-task", "moe-state"])
+def test_bf16_autocast_gradients_are_float32_and_point_where_float32_ones_do(kind):
+    spec = SPEC
+    if kind != "dense":
+        spec = dataclasses.replace(SPEC, kind="moe", experts=4, top_k=2, tasks=3, router=kind.split("-")[1])
+    batch = _batch(256, spec=spec)
+    if kind != "dense":
+        batch = dataclasses.replace(batch, task=torch.arange(256) % 3)
+    torch.manual_seed(0)
+    model = SACModel(spec, init_log_alpha=-1.0)
+    results = {}
+    for autocast in ("off", "bf16"):
+        torch.manual_seed(1)  # the same actor samples in both
+        results[autocast] = compute_gradients(model, batch, dataclasses.replace(HP, autocast=autocast))
+    for group in ("actor", "critic"):
+        full, half = results["off"].grads[group], results["bf16"].grads[group]
+        assert half.dtype == np.float32 and np.all(np.isfinite(half))
+        cosine = float(full @ half / (np.linalg.norm(full) * np.linalg.norm(half)))
+        assert cosine > 0.95, (group, cosine)
+        assert not np.array_equal(full, half)  # bf16 really ran: rounding shows
