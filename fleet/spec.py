@@ -248,7 +248,7 @@ class FleetHost:
             "buffer": ("--redis", redis),
             "aggregator": ("--run-dir", str(self.run_dir)),
             "sampler": ("--buffer", buffer, "--aggregator", aggregator, "--ack-log", str(self.host_dir / "acks")),
-            "learner": ("--redis", redis, "--aggregator", aggregator),
+            "learner": ("--redis", redis, "--aggregator", aggregator, "--ack-log", str(self.host_dir / "acks")),
             "evaluator": ("--buffer", buffer, "--aggregator", aggregator),
         }
         base = (sys.executable, "-m", "fleet.cli")
