@@ -25,9 +25,10 @@ import pathlib
 import secrets
 import threading
 import time
+from collections.abc import Callable
 from contextlib import closing
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
@@ -104,12 +105,48 @@ class Summary:
     task_env_steps: dict = field(default_factory=dict)  # a multi-task run: env steps acked per task
 
 
+class FleetObserver(Protocol):
+    """Watches a running local fleet from the launcher's loop (benchmarks/chaos_soak.py injects
+    faults this way). Both calls run on the launcher's thread and must return quickly: the
+    watchdog is not polled meanwhile.
+
+        fleet.run(observer)   # observer.tick(dog, cluster) every loop (0.25 s); once the stop
+                              # rule fired: observer.stopping(...), and once the workers
+                              # stopped: observer.workers_stopped(...)
+    """
+
+    def tick(self, dog: Watchdog, cluster: LocalRedisCluster) -> None: ...
+
+    def stopping(self, dog: Watchdog, cluster: LocalRedisCluster) -> None:
+        """The stop rule fired; the fleet stops next (a fault injector resumes what it paused)."""
+
+    def workers_stopped(self, dog: Watchdog, cluster: LocalRedisCluster) -> None:
+        """The samplers, learners and evaluator have stopped (their ledgers are complete); the
+        services and Redis still run: the last moment to read what Redis holds."""
+
+
+class _Unobserved:
+    def tick(self, dog: Watchdog, cluster: LocalRedisCluster) -> None:
+        pass
+
+    def stopping(self, dog: Watchdog, cluster: LocalRedisCluster) -> None:
+        pass
+
+    def workers_stopped(self, dog: Watchdog, cluster: LocalRedisCluster) -> None:
+        pass
+
+
 class LocalFleet:
-    def __init__(self, config: RunConfig, started_at: float, num_redis_primaries: int = 3) -> None:
+    def __init__(
+        self, config: RunConfig, started_at: float, num_redis_primaries: int = 3, redis_replicas: int = 0
+    ) -> None:
+        """`redis_replicas`: replicas per Redis primary (one takes over when its primary dies; set
+        buffer.replicas_to_ack=1 too, so that an ack waits for a replica)."""
         self.config = config.validate()
         self.started_at = started_at
         self.run_dir = pathlib.Path(config.run_dir)
         self.num_redis_primaries = num_redis_primaries
+        self.redis_replicas = redis_replicas
         self._stop = threading.Event()
         self.cpu = CpuMeter()
         self._cpu_sampled = -CPU_SAMPLE_SEC
@@ -119,8 +156,10 @@ class LocalFleet:
     def make_cluster(self) -> LocalRedisCluster:
         """The run's local Redis Cluster on ports chosen now (the roles' spec names them before
         it starts); its nodes require the run's ACL user and password."""
-        ports = [free_port_pair() for _ in range(self.num_redis_primaries)]
-        return LocalRedisCluster(self.num_redis_primaries, auth=self.security, ports=ports)
+        ports = [free_port_pair() for _ in range(self.num_redis_primaries * (1 + self.redis_replicas))]
+        return LocalRedisCluster(
+            self.num_redis_primaries, auth=self.security, ports=ports, replicas=self.redis_replicas
+        )
 
     def spec(self, cluster: LocalRedisCluster) -> FleetSpec:
         """This run as a fleet of one host on loopback: what `fleetrl fleet up` would start."""
@@ -133,7 +172,7 @@ class LocalFleet:
             services={"aggregator": free_port(), "buffer": free_port()},
             workers={role: Workers(count) for role, count in workers.items()},
         )
-        return FleetSpec(c.run_id, str(self.run_dir), (), (host,))
+        return FleetSpec(c.run_id, str(self.run_dir), (), (host,), self.redis_replicas)
 
     def _wait_ready(self, dog: Watchdog, role: str, address: str) -> None:
         """Until the service answers the standard health check with SERVING (the buffer: once
@@ -188,7 +227,7 @@ class LocalFleet:
     def stop_roles(dog: Watchdog) -> None:
         dog.stop_in_order()
 
-    def run(self) -> Summary:
+    def run(self, observer: FleetObserver | None = None) -> Summary:
         # Ctrl-C (SIGINT to the whole foreground group) or SIGTERM: roles stop themselves, the
         # launcher stops watching, shuts down in order and still writes the summary.
         self._stop = stop_event()
@@ -203,9 +242,12 @@ class LocalFleet:
                     f"fleet up: {len(dog.roles)} roles started (redis {cluster.addresses}, buffer {buffer}, "
                     f"aggregator {aggregator}); {progress.goal()}"
                 )
-                reason = self._monitor(dog, progress, buffer, aggregator)
+                watch = observer or _Unobserved()
+                reason = self._monitor(dog, progress, buffer, aggregator, lambda: watch.tick(dog, cluster))
+                watch.stopping(dog, cluster)
                 self._sample_cpu(dog, force=True)  # the roles' last readings before they stop
                 self._stop_workers(dog, progress, buffer, aggregator)
+                watch.workers_stopped(dog, cluster)
                 self.stop_roles(dog)
                 restarts = dog.restarts
             final = self._final_score(progress)
@@ -256,7 +298,9 @@ class LocalFleet:
         self._cpu_sampled = time.monotonic()
         self.cpu.sample({**dog.pids(), "launcher": os.getpid()})
 
-    def _monitor(self, dog: Watchdog, progress: Progress, buffer: str, aggregator: str) -> str:
+    def _monitor(
+        self, dog: Watchdog, progress: Progress, buffer: str, aggregator: str, tick: Callable[[], object]
+    ) -> str:
         c = self.config
         with (
             IngestClient(buffer, sampler_id=0, run_id=c.run_id, security=self.security) as ingest,
@@ -265,6 +309,7 @@ class LocalFleet:
             while not self._stop.is_set():
                 for event in dog.poll():
                     progress.note(event)
+                tick()
                 self._sample_cpu(dog)
                 snap = Snapshot.take(ingest, agg, time.monotonic() - self.started_at, dog.restarts, _roles(dog))
                 if snap is not None:
