@@ -26,7 +26,10 @@ from dataclasses import asdict, dataclass
 
 # One learner push in flight when its process dies: applied or not, its ack is never written.
 PUSHES_IN_FLIGHT_PER_LEARNER = 1
-_RESUMED = re.compile(r"restored checkpoint version (\d+); resuming at version (\d+)")
+# aggregator/persistence.py's lines: a checkpoint restored, or none yet (the initial weights, version 0).
+_RESUMED = re.compile(
+    r"(?:restored checkpoint version (\d+)|no checkpoint \(.*?\): the initial weights); resuming at version (\d+)"
+)
 
 
 def read_acks(directory: str | os.PathLike, name_prefix: str) -> list[dict]:
@@ -105,7 +108,7 @@ class Life:
 
 def aggregator_lives(log_text: str) -> list[Life]:
     """Every resume the aggregator logged, in order (aggregator/persistence.py's line)."""
-    return [Life(int(a), int(b)) for a, b in _RESUMED.findall(log_text)]
+    return [Life(int(a or 0), int(b)) for a, b in _RESUMED.findall(log_text)]
 
 
 def lineage(lives: list[Life], final_version: int, first_version: int = 0) -> list[tuple[int, int]]:

@@ -70,8 +70,10 @@ def test_aggregator_lives_come_from_its_resume_lines():
     log = (
         "12:00:01 aggregator-0 INFO restored checkpoint version 500; resuming at version 1001\n"
         "12:00:09 aggregator-0 INFO restored checkpoint version 1500; resuming at version 1500\n"
+        "12:00:15 aggregator-0 INFO no checkpoint (a crash before the first): the initial weights; resuming at "
+        "version 2001\n"
     )
-    assert aggregator_lives(log) == [Life(500, 1001), Life(1500, 1500)]
+    assert aggregator_lives(log) == [Life(500, 1001), Life(1500, 1500), Life(0, 2001)]
 
 
 @pytest.mark.parametrize(
