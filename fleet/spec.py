@@ -227,7 +227,7 @@ class FleetHost:
                 return
             with Watchdog(self.host_dir / "logs", events_path=self.host_dir / "events.jsonl") as dog:
                 if nodes is not None:
-                    nodes.supervise(dog, self.config.watchdog)  # restarted nodes rejoin the cluster
+                    nodes.supervise(dog, self.config.watchdog, self.spec.redis_nodes)  # restarted nodes rejoin
                 for spec in self.roles(str(config_path)):
                     dog.start(spec)
                 log.info("%s: started %s", self.host.name, ", ".join(dog.roles))
