@@ -2,7 +2,8 @@
 
     python3 benchmarks/chaos_soak.py [--task FetchPush-v4] [--seed 0] [--every 60] [--stop-sec 5]
                                      [--max-wall-sec 1800] [--target-success 0.9] [--no-faults]
-                                     [--set section.field=value ...] [--run-dir DIR] [--out R.json]
+                                     [--plan 'SIGKILL aggregator,...'] [--set section.field=value ...]
+                                     [--run-dir DIR] [--out R.json]
 
 Starts `fleetrl train`'s local fleet (fleet/soak.py: a Redis replica per primary,
 buffer.replicas_to_ack=1, two samplers, one learner, ack ledgers on both) and, every `--every`
@@ -26,7 +27,7 @@ import sys
 
 from common import result_record, write_result  # benchmarks/common.py (this script's folder)
 
-from fleet.chaos import NOT_AVAILABLE
+from fleet.chaos import NOT_AVAILABLE, Fault
 from fleet.presets import preset_config
 from fleet.soak import SoakResult, run_soak, soak_config
 from foundation.config import RunConfig
@@ -96,19 +97,25 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-wall-sec", type=float, default=1800.0)
     p.add_argument("--target-success", type=float, default=0.9)
     p.add_argument("--no-faults", action="store_true", help="the same fleet without faults (the baseline arm)")
+    p.add_argument(
+        "--plan",
+        help="these faults in this order instead of random ones, e.g. 'SIGKILL aggregator,SIGSTOP sampler-1,"
+        "SIGKILL redis-primary'",
+    )
     p.add_argument("--set", action="append", default=[], help="section.field=value (JSON), after the soak's own")
     p.add_argument("--run-dir")
     p.add_argument("--out", help="write the raw result (JSON) here")
     args = p.parse_args(argv)
     config = config_from(args)
-    result = run_soak(
-        config, 0.0 if args.no_faults else args.every, args.seed, stop_sec=args.stop_sec, first_sec=args.first
-    )
+    plan = [Fault(*item.split()) for item in args.plan.split(",")] if args.plan else None
+    every = 0.0 if args.no_faults else args.every
+    result = run_soak(config, every, args.seed, stop_sec=args.stop_sec, first_sec=args.first, plan=plan)
     figures = {
         "task": args.task,
         "seed": args.seed,
         "every_sec": None if args.no_faults else args.every,
         "stop_sec": args.stop_sec,
+        "plan": args.plan,
         "not_available": NOT_AVAILABLE,
         **result.as_dict(),
         "problems": problems(result),

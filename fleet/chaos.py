@@ -1,6 +1,6 @@
 """Faults injected into a running local fleet, one every `every_sec`, and when each recovered.
 
-    injector = Injector(run_dir, every_sec=60, seed=0)
+    injector = Injector(run_dir, every_sec=60, seed=0, started_at=time.monotonic())
     fleet.run(injector)            # LocalFleet calls injector.tick(dog, cluster) every 0.25 s
     injector.records               # one FaultRecord per fault: what, when, whom, recovery, cost
 
@@ -128,27 +128,47 @@ class Injector:
         stop_sec: float = 5.0,
         first_sec: float | None = None,
         redis_replicas: int = 1,
+        plan: list[Fault] | None = None,
+        started_at: float | None = None,
         kill: Callable[[int, int], None] = os.kill,
     ) -> None:
+        """The first fault comes `first_sec` (default `every_sec`) after the first tick (the fleet
+        is up then); times in the records count from `started_at` (monotonic; default: now), the
+        clock of the run's summary. `plan`: these faults in this order instead of random picks;
+        the run then ends once the last has recovered."""
         self.heartbeats = pathlib.Path(run_dir) / "heartbeats"
         self.every_sec, self.stop_sec, self.redis_replicas = every_sec, stop_sec, redis_replicas
         self.rng = random.Random(seed)
+        self.plan = None if plan is None else list(plan)
         self.kill = kill
-        self.started = time.monotonic()
-        self.next_at = self.started + (every_sec if first_sec is None else first_sec)
+        self.started = time.monotonic() if started_at is None else started_at
+        self.first_sec = every_sec if first_sec is None else first_sec
+        self.next_at: float | None = None  # set at the first tick
         self.records: list[FaultRecord] = []
         self.paused = False  # once the run's stop rule fired: no new faults
         self._open: list[tuple[FaultRecord, list[Watch], int]] = []  # record, watches, restarts before
         self._cont: list[tuple[float, int, FaultRecord]] = []  # (when, pid, record) SIGCONTs due
 
     # FleetObserver
-    def tick(self, dog: Watchdog, cluster: LocalRedisCluster) -> None:
+    def tick(self, dog: Watchdog, cluster: LocalRedisCluster) -> str | None:
         now = time.monotonic()
+        if self.next_at is None:
+            self.next_at = now + self.first_sec
         self._send_conts(now, force=False)
         if not self.paused and now >= self.next_at:
             self.next_at += self.every_sec
-            self.inject(dog, cluster, self.rng.choice(fault_menu(list(dog.roles), self.redis_replicas)))
+            fault = self._next_fault(dog)
+            if fault is not None:
+                self.inject(dog, cluster, fault)
         self._check(dog, cluster, now)
+        if self.plan == [] and not self._open and not self._cont:
+            return f"fault plan done: {len(self.records)} faults, every one recovered"
+        return None
+
+    def _next_fault(self, dog: Watchdog) -> Fault | None:
+        if self.plan is None:
+            return self.rng.choice(fault_menu(list(dog.roles), self.redis_replicas))
+        return self.plan.pop(0) if self.plan else None
 
     def stopping(self, dog: Watchdog, cluster: LocalRedisCluster) -> None:
         self.paused = True

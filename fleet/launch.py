@@ -115,7 +115,8 @@ class FleetObserver(Protocol):
                               # stopped: observer.workers_stopped(...)
     """
 
-    def tick(self, dog: Watchdog, cluster: LocalRedisCluster) -> None: ...
+    def tick(self, dog: Watchdog, cluster: LocalRedisCluster) -> str | None:
+        """Called every loop; a reason (a string) ends the run as the stop rule would."""
 
     def stopping(self, dog: Watchdog, cluster: LocalRedisCluster) -> None:
         """The stop rule fired; the fleet stops next (a fault injector resumes what it paused)."""
@@ -126,8 +127,8 @@ class FleetObserver(Protocol):
 
 
 class _Unobserved:
-    def tick(self, dog: Watchdog, cluster: LocalRedisCluster) -> None:
-        pass
+    def tick(self, dog: Watchdog, cluster: LocalRedisCluster) -> str | None:
+        return None
 
     def stopping(self, dog: Watchdog, cluster: LocalRedisCluster) -> None:
         pass
@@ -299,7 +300,7 @@ class LocalFleet:
         self.cpu.sample({**dog.pids(), "launcher": os.getpid()})
 
     def _monitor(
-        self, dog: Watchdog, progress: Progress, buffer: str, aggregator: str, tick: Callable[[], object]
+        self, dog: Watchdog, progress: Progress, buffer: str, aggregator: str, tick: Callable[[], str | None]
     ) -> str:
         c = self.config
         with (
@@ -309,7 +310,9 @@ class LocalFleet:
             while not self._stop.is_set():
                 for event in dog.poll():
                     progress.note(event)
-                tick()
+                ended = tick()
+                if ended:
+                    return ended
                 self._sample_cpu(dog)
                 snap = Snapshot.take(ingest, agg, time.monotonic() - self.started_at, dog.restarts, _roles(dog))
                 if snap is not None:

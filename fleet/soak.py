@@ -28,7 +28,7 @@ from fleet.audit import (
     read_acks,
     restart_times,
 )
-from fleet.chaos import Injector
+from fleet.chaos import Fault, Injector
 from fleet.launch import LocalFleet, Summary
 from fleet.local_cluster import LocalRedisCluster
 from fleet.watchdog import Watchdog
@@ -73,8 +73,8 @@ class _Soak:
         self.evicted = 0
         self.errors: list[str] = []
 
-    def tick(self, dog: Watchdog, cluster: LocalRedisCluster) -> None:
-        self.injector.tick(dog, cluster)
+    def tick(self, dog: Watchdog, cluster: LocalRedisCluster) -> str | None:
+        return self.injector.tick(dog, cluster)
 
     def stopping(self, dog: Watchdog, cluster: LocalRedisCluster) -> None:
         self.injector.stopping(dog, cluster)
@@ -101,13 +101,25 @@ class _Soak:
 
 
 def run_soak(
-    config: RunConfig, every_sec: float, seed: int, *, stop_sec: float = 5.0, first_sec: float | None = None
+    config: RunConfig,
+    every_sec: float,
+    seed: int,
+    *,
+    stop_sec: float = 5.0,
+    first_sec: float | None = None,
+    plan: list[Fault] | None = None,
 ) -> SoakResult:
     """Run the fleet of `config` (soak_config) with a Redis replica per primary and a fault every
-    `every_sec` (`every_sec` 0: none, the baseline arm) until its target or cap."""
-    injector = Injector(config.run_dir, every_sec or float("inf"), seed, stop_sec=stop_sec, first_sec=first_sec)
+    `every_sec` (`every_sec` 0: none, the baseline arm) until its target or cap; `plan`: these
+    faults in order instead of random ones (tests)."""
+    started = time.monotonic()
+    every = every_sec or float("inf")
+    first_sec = first_sec if every_sec else float("inf")  # the baseline arm: no fault, ever
+    injector = Injector(
+        config.run_dir, every, seed, stop_sec=stop_sec, first_sec=first_sec, plan=plan, started_at=started
+    )
     soak = _Soak(injector, config)
-    summary = LocalFleet(config, started_at=time.monotonic(), redis_replicas=1).run(soak)
+    summary = LocalFleet(config, started_at=started, redis_replicas=1).run(soak)
     run_dir = summary.run_dir
     restarts = restart_times(f"{run_dir}/events.jsonl", "aggregator")
     lives = aggregator_lives(_read(f"{run_dir}/logs/aggregator.log"))
