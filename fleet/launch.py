@@ -28,13 +28,14 @@ import time
 from collections.abc import Callable
 from contextlib import closing
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from aggregator.client import AggregatorClient
 from buffer.client import IngestClient
 from fleet.local_cluster import LocalRedisCluster, free_port_pair
+from fleet.observer import FleetObserver, Unobserved
 from fleet.progress import Progress, Snapshot
 from fleet.spec import FleetHost, FleetSpec, HostSpec, Workers
 from fleet.watchdog import Watchdog
@@ -103,38 +104,6 @@ class Summary:
     # final (the final score) success.
     task_success: dict = field(default_factory=dict)
     task_env_steps: dict = field(default_factory=dict)  # a multi-task run: env steps acked per task
-
-
-class FleetObserver(Protocol):
-    """Watches a running local fleet from the launcher's loop (benchmarks/chaos_soak.py injects
-    faults this way). Both calls run on the launcher's thread and must return quickly: the
-    watchdog is not polled meanwhile.
-
-        fleet.run(observer)   # observer.tick(dog, cluster) every loop (0.25 s); once the stop
-                              # rule fired: observer.stopping(...), and once the workers
-                              # stopped: observer.workers_stopped(...)
-    """
-
-    def tick(self, dog: Watchdog, cluster: LocalRedisCluster) -> str | None:
-        """Called every loop; a reason (a string) ends the run as the stop rule would."""
-
-    def stopping(self, dog: Watchdog, cluster: LocalRedisCluster) -> None:
-        """The stop rule fired; the fleet stops next (a fault injector resumes what it paused)."""
-
-    def workers_stopped(self, dog: Watchdog, cluster: LocalRedisCluster) -> None:
-        """The samplers, learners and evaluator have stopped (their ledgers are complete); the
-        services and Redis still run: the last moment to read what Redis holds."""
-
-
-class _Unobserved:
-    def tick(self, dog: Watchdog, cluster: LocalRedisCluster) -> str | None:
-        return None
-
-    def stopping(self, dog: Watchdog, cluster: LocalRedisCluster) -> None:
-        pass
-
-    def workers_stopped(self, dog: Watchdog, cluster: LocalRedisCluster) -> None:
-        pass
 
 
 class LocalFleet:
@@ -243,7 +212,7 @@ class LocalFleet:
                     f"fleet up: {len(dog.roles)} roles started (redis {cluster.addresses}, buffer {buffer}, "
                     f"aggregator {aggregator}); {progress.goal()}"
                 )
-                watch = observer or _Unobserved()
+                watch = observer or Unobserved()
                 reason = self._monitor(dog, progress, buffer, aggregator, lambda: watch.tick(dog, cluster))
                 watch.stopping(dog, cluster)
                 self._sample_cpu(dog, force=True)  # the roles' last readings before they stop
