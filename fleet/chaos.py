@@ -10,8 +10,8 @@ over, the watchdog restarts it and it rejoins as a replica). Network faults are 
 NOT_AVAILABLE with the reason. A fault has recovered once what it hit works again, as seen from
 outside, in the heartbeat files the roles write every 1-2 s (so times are good to ~2 s): the
 role's progress counter (PROGRESS) moved after the fault (after SIGCONT for a stop), from its
-replacement if the watchdog replaced it; for a Redis primary, every sampler's acked env steps
-and every learner's pushes moved after the kill.
+replacement if the watchdog replaced it; for a Redis primary, once its replica has taken its
+slots over (`failover_sec`), every sampler's acked env steps and every learner's pushes moved.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, field
 
 import redis
 
-from fleet.local_cluster import LocalRedisCluster
+from fleet.local_cluster import LocalRedisCluster, may_restart
 from fleet.watchdog import Watchdog
 from foundation.transport import Security
 
@@ -184,6 +184,8 @@ class Injector:
         record.version_at_fault = self._beat("aggregator").get("counters", {}).get("version")
         self.kill(pid, signal.SIGKILL if fault.signal == "SIGKILL" else signal.SIGSTOP)
         self.records.append(record)
+        if fault.target == REDIS_PRIMARY:
+            record.detail["node"] = next(f"{h}:{p}" for h, p in cluster.nodes if f"redis-{p}" == target)
         if fault.signal == "SIGSTOP":
             self._cont.append((time.monotonic() + self.stop_sec, pid, record))
         watched = [target] if fault.target != REDIS_PRIMARY else self._data_path_roles(dog)
@@ -230,34 +232,23 @@ class Injector:
     def _check(self, dog: Watchdog, cluster: LocalRedisCluster, now: float) -> None:
         still = []
         for record, watches, restarts in self._open:
-            for watch in watches:
-                watch.see(self._beat(watch.role))
             record.restarts = dog.roles[record.target].restarts - restarts
-            if record.target.startswith("redis-") and "slots_served_sec" not in record.detail:
-                if not _slots_served(cluster):
+            if record.target.startswith("redis-") and "failover_sec" not in record.detail:
+                # Until a replica holds the dead primary's slots, acks on the other primaries
+                # say nothing of its slots: the data path is watched from the failover on.
+                host, port = record.detail["node"].rsplit(":", 1)
+                if not may_restart(host, int(port), cluster.nodes, cluster.auth):
                     still.append((record, watches, restarts))
                     continue
-                record.detail["slots_served_sec"] = round(now - self.started - record.at_sec, 2)
+                record.detail["failover_sec"] = round(now - self.started - record.at_sec, 2)
+                watches = [self._watch(w.role, time.time(), None) for w in watches]
+            for watch in watches:
+                watch.see(self._beat(watch.role))
             if all(w.moved for w in watches):
                 record.recovered_sec = round(now - self.started - record.at_sec, 2)
             else:
                 still.append((record, watches, restarts))
         self._open = still
-
-
-def _slots_served(cluster: LocalRedisCluster) -> bool:
-    """True when a node that answers says the cluster is ok: every slot has a live primary."""
-    for host, port in cluster.nodes:
-        conn = _conn(host, port, cluster.auth)
-        try:
-            info = conn.execute_command("CLUSTER", "INFO")
-        except redis.RedisError:
-            continue
-        finally:
-            conn.close()
-        text = info.decode() if isinstance(info, bytes) else str(info)
-        return "cluster_state:ok" in text
-    return False
 
 
 def _conn(host: str, port: int, auth: Security) -> redis.Redis:

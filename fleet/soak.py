@@ -123,6 +123,13 @@ def run_soak(
     run_dir = summary.run_dir
     restarts = restart_times(f"{run_dir}/events.jsonl", "aggregator")
     lives = aggregator_lives(_read(f"{run_dir}/logs/aggregator.log"))
+    kills = [r for r in injector.records if r.fault == "SIGKILL aggregator"]
+    if len(kills) == len(lives):  # each kill resumed once (a stop past the heartbeat timeout would add one)
+        for record, life in zip(kills, lives, strict=True):
+            # The cost of the kill: the versions made since the checkpoint it resumed from (the
+            # version at the fault is the aggregator's heartbeat's, up to a second old).
+            record.detail["resumed_from"], record.detail["resumed_at"] = life.restored, life.resumed
+            record.detail["versions_rolled_back"] = max(0, int(record.version_at_fault or 0) - life.restored)
     gradients, errors = None, list(soak.errors)
     try:
         final_version = int(load_checkpoint(f"{run_dir}/checkpoints")["version"])
