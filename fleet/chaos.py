@@ -145,6 +145,7 @@ class Injector:
         self.first_sec = every_sec if first_sec is None else first_sec
         self.next_at: float | None = None  # set at the first tick
         self.records: list[FaultRecord] = []
+        self.skipped: list[str] = []  # planned faults whose target was down at their time
         self.paused = False  # once the run's stop rule fired: no new faults
         self._open: list[tuple[FaultRecord, list[Watch], int]] = []  # record, watches, restarts before
         self._cont: list[tuple[float, int, FaultRecord]] = []  # (when, pid, record) SIGCONTs due
@@ -154,31 +155,37 @@ class Injector:
         now = time.monotonic()
         if self.next_at is None:
             self.next_at = now + self.first_sec
-        self._send_conts(now, force=False)
+        self._send_conts(dog, now, force=False)
         if not self.paused and now >= self.next_at:
             self.next_at += self.every_sec
             fault = self._next_fault(dog)
-            if fault is not None:
-                self.inject(dog, cluster, fault)
+            if fault is not None and self.inject(dog, cluster, fault) is None:
+                self.skipped.append(str(fault))
         self._check(dog, cluster, now)
         if self.plan == [] and not self._open and not self._cont:
             return f"fault plan done: {len(self.records)} faults, every one recovered"
         return None
 
     def _next_fault(self, dog: Watchdog) -> Fault | None:
+        """The next fault; never one whose target is down now (its process may be gone and its
+        pid reused by a process that is not ours)."""
         if self.plan is None:
-            return self.rng.choice(fault_menu(list(dog.roles), self.redis_replicas))
+            up = [r for r in dog.roles if _running(dog, r)]
+            return self.rng.choice(fault_menu(up, self.redis_replicas))
         return self.plan.pop(0) if self.plan else None
 
     def stopping(self, dog: Watchdog, cluster: LocalRedisCluster) -> None:
         self.paused = True
-        self._send_conts(time.monotonic(), force=True)  # a stopped role must stop cleanly too
+        self._send_conts(dog, time.monotonic(), force=True)  # a stopped role must stop cleanly too
 
     def workers_stopped(self, dog: Watchdog, cluster: LocalRedisCluster) -> None:
         pass
 
-    def inject(self, dog: Watchdog, cluster: LocalRedisCluster, fault: Fault) -> FaultRecord:
-        target = self._primary(cluster) if fault.target == REDIS_PRIMARY else fault.target
+    def inject(self, dog: Watchdog, cluster: LocalRedisCluster, fault: Fault) -> FaultRecord | None:
+        """Send the fault's signal to its target's process; None when the target is down now."""
+        target = self._primary(dog, cluster) if fault.target == REDIS_PRIMARY else fault.target
+        if target is None or not _running(dog, target):
+            return None
         pid = dog.pids()[target]
         record = FaultRecord(str(fault), round(time.monotonic() - self.started, 2), target, pid)
         record.version_at_fault = self._beat("aggregator").get("counters", {}).get("version")
@@ -187,7 +194,7 @@ class Injector:
         if fault.target == REDIS_PRIMARY:
             record.detail["node"] = next(f"{h}:{p}" for h, p in cluster.nodes if f"redis-{p}" == target)
         if fault.signal == "SIGSTOP":
-            self._cont.append((time.monotonic() + self.stop_sec, pid, record))
+            self._cont.append((time.monotonic() + self.stop_sec, pid, record))  # record.target: whom
         watched = [target] if fault.target != REDIS_PRIMARY else self._data_path_roles(dog)
         since = time.time() + (self.stop_sec if fault.signal == "SIGSTOP" else 0.0)
         killed = pid if fault.signal == "SIGKILL" else None
@@ -208,10 +215,14 @@ class Injector:
     def _data_path_roles(self, dog: Watchdog) -> list[str]:
         return sorted(r for r in dog.roles if r.startswith(("sampler-", "learner-")))
 
-    def _primary(self, cluster: LocalRedisCluster) -> str:
+    def _primary(self, dog: Watchdog, cluster: LocalRedisCluster) -> str | None:
         """A node that is a primary now, picked at random (a failover moves primaries around)."""
-        primaries = [port for host, port in cluster.nodes if _role_of(host, port, cluster.auth) == "master"]
-        return f"redis-{self.rng.choice(sorted(primaries))}"
+        primaries = [
+            port
+            for host, port in cluster.nodes
+            if _running(dog, f"redis-{port}") and _role_of(host, port, cluster.auth) == "master"
+        ]
+        return f"redis-{self.rng.choice(sorted(primaries))}" if primaries else None
 
     def _beat(self, role: str) -> dict:
         try:
@@ -219,13 +230,13 @@ class Injector:
         except (OSError, ValueError):
             return {}
 
-    def _send_conts(self, now: float, force: bool) -> None:
+    def _send_conts(self, dog: Watchdog, now: float, force: bool) -> None:
         due = [c for c in self._cont if force or now >= c[0]]
         self._cont = [c for c in self._cont if c not in due]
         for _, pid, record in due:
-            try:
+            if _running(dog, record.target) and dog.pids()[record.target] == pid:
                 self.kill(pid, signal.SIGCONT)
-            except ProcessLookupError:  # the watchdog replaced it meanwhile
+            else:  # the watchdog replaced it meanwhile (its pid may be another process's now)
                 record.detail["replaced_while_stopped"] = True
             record.cont_sec = round(now - self.started, 2)
 
@@ -249,6 +260,12 @@ class Injector:
             else:
                 still.append((record, watches, restarts))
         self._open = still
+
+
+def _running(dog: Watchdog, role: str) -> bool:
+    """The role has a live process of the watchdog's now (not exited, not awaiting a restart)."""
+    running = dog.roles.get(role)
+    return running is not None and running.restart_at is None and running.proc.poll() is None
 
 
 def _conn(host: str, port: int, auth: Security) -> redis.Redis:

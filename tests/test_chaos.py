@@ -53,8 +53,18 @@ def test_a_role_without_a_progress_counter_recovers_by_beating_again():
 
 
 @dataclass
+class FakeProc:
+    code: int | None = None  # None: running
+
+    def poll(self) -> int | None:
+        return self.code
+
+
+@dataclass
 class FakeRole:
     restarts: int = 0
+    restart_at: float | None = None  # awaiting a restart
+    proc: FakeProc = field(default_factory=FakeProc)
 
 
 @dataclass
@@ -91,3 +101,25 @@ def test_faults_are_picked_by_the_seed():
         return [injector.rng.choice(fault_menu(ROLES, 1)) for _ in range(8)]
 
     assert picks(3) == picks(3) != picks(4)
+
+
+def test_a_role_that_is_down_is_never_signalled(tmp_path):
+    """A dead role's pid may belong to another process by now: no fault, and no SIGCONT, goes to it."""
+    sent: list[tuple[int, int]] = []
+    fake = FakeDog()
+    dog = cast(Watchdog, fake)
+    injector = Injector(tmp_path, every_sec=3600, seed=0, stop_sec=0.0, kill=lambda pid, sig: sent.append((pid, sig)))
+    fake.roles["sampler-1"].restart_at = time.monotonic() + 5  # waiting out a backoff
+    fake.roles["buffer"].proc.code = -9  # exited, not yet seen by the watchdog
+    assert injector.inject(dog, None, Fault("SIGKILL", "sampler-1")) is None  # type: ignore[arg-type]
+    assert injector.inject(dog, None, Fault("SIGSTOP", "buffer")) is None  # type: ignore[arg-type]
+    record = injector.inject(dog, None, Fault("SIGSTOP", "aggregator"))  # type: ignore[arg-type]
+    assert record is not None and sent == [(100, signal.SIGSTOP)]
+    fake.roles["aggregator"].proc.code = -15  # the watchdog replaced it while it was stopped
+    injector.tick(dog, None)  # type: ignore[arg-type]
+    assert sent == [(100, signal.SIGSTOP)] and record.detail == {"replaced_while_stopped": True}
+    sent.clear()
+    picker = Injector(tmp_path, every_sec=1e-9, first_sec=0.0, seed=0, kill=lambda pid, sig: sent.append((pid, sig)))
+    for _ in range(50):  # a fault every tick, picked only among the roles that are up
+        picker.tick(dog, None)  # type: ignore[arg-type]
+    assert len(sent) >= 50 and {pid for pid, _ in sent} <= {102, 103, 104}  # evaluator-0, learner-0, sampler-0
