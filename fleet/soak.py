@@ -53,6 +53,7 @@ class SoakResult:
     faults: list[dict]
     batches: BatchAudit | None  # None: Redis could not be read (see batch_audit_error)
     gradients: GradientAudit | None
+    skipped_faults: list[str] = field(default_factory=list)  # their target was down at their time
     evicted_windows: int = 0  # > 0: the buffer dropped windows, and `lost` may count evicted batches
     aggregator_restarts: int = 0
     aggregator_fresh_starts: int = 0  # restarts that found no checkpoint to resume from
@@ -141,6 +142,7 @@ def run_soak(
         faults=[r.as_dict() for r in injector.records],
         batches=soak.batches,
         gradients=gradients,
+        skipped_faults=injector.skipped,
         evicted_windows=soak.evicted,
         aggregator_restarts=len(restarts),
         aggregator_fresh_starts=max(0, len(restarts) - len(lives)),
