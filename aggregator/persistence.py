@@ -24,14 +24,21 @@ def restore(core: AggregatorCore, directory: pathlib.Path, config: AggregatorCon
     """Load the newest sound checkpoint; after a crash, resume past every version that may
     have been broadcast (the lease), so no version number ever names two sets of weights.
     Returns the checkpoint's state (None when there is none) for the service's own records."""
+    lease = VersionLease(directory.parent / "version_lease", ahead=config.checkpoint_every_versions)
     try:
         state = load_checkpoint(directory)
     except FileNotFoundError:
+        if lease.granted > 0:
+            # A crash before the first checkpoint: the versions the lease granted may have been
+            # broadcast, so the initial weights come back under a number past them all.
+            core.version = lease.restart_version(0, clean_shutdown=False)
+            log.info(
+                "no checkpoint (a crash before the first): the initial weights; resuming at version %d", core.version
+            )
         return None
     except CheckpointError as err:
         raise CheckpointError(f"cannot resume from {directory}: {err}") from err
     core.load_state(state)
-    lease = VersionLease(directory.parent / "version_lease", ahead=config.checkpoint_every_versions)
     core.version = lease.restart_version(core.version, bool(state.get("clean_shutdown", False)))
     log.info("restored checkpoint version %d; resuming at version %d", int(state["version"]), core.version)
     return state

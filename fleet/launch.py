@@ -24,11 +24,13 @@ import pathlib
 import secrets
 import threading
 import time
+from collections.abc import Callable
 from contextlib import closing
 
 from aggregator.client import AggregatorClient
 from buffer.client import IngestClient
 from fleet.local_cluster import LocalRedisCluster, free_port_pair
+from fleet.observer import FleetObserver, Unobserved
 from fleet.progress import Progress, Snapshot
 from fleet.spec import FleetHost, FleetSpec, HostSpec, Workers
 from fleet.summary import INTERRUPTED, Ending, Summary, final_score, stop_reason, write_summary
@@ -57,11 +59,16 @@ def local_security(config: RunConfig) -> Security:
 
 
 class LocalFleet:
-    def __init__(self, config: RunConfig, started_at: float, num_redis_primaries: int = 3) -> None:
+    def __init__(
+        self, config: RunConfig, started_at: float, num_redis_primaries: int = 3, redis_replicas: int = 0
+    ) -> None:
+        """`redis_replicas`: replicas per Redis primary (one takes over when its primary dies; set
+        buffer.replicas_to_ack=1 too, so that an ack waits for a replica)."""
         self.config = config.validate()
         self.started_at = started_at
         self.run_dir = pathlib.Path(config.run_dir)
         self.num_redis_primaries = num_redis_primaries
+        self.redis_replicas = redis_replicas
         self._stop = threading.Event()
         self.cpu = CpuMeter()
         self._cpu_sampled = -CPU_SAMPLE_SEC
@@ -71,8 +78,10 @@ class LocalFleet:
     def make_cluster(self) -> LocalRedisCluster:
         """The run's local Redis Cluster on ports chosen now (the roles' spec names them before
         it starts); its nodes require the run's ACL user and password."""
-        ports = [free_port_pair() for _ in range(self.num_redis_primaries)]
-        return LocalRedisCluster(self.num_redis_primaries, auth=self.security, ports=ports)
+        ports = [free_port_pair() for _ in range(self.num_redis_primaries * (1 + self.redis_replicas))]
+        return LocalRedisCluster(
+            self.num_redis_primaries, auth=self.security, ports=ports, replicas=self.redis_replicas
+        )
 
     def spec(self, cluster: LocalRedisCluster) -> FleetSpec:
         """This run as a fleet of one host on loopback: what `fleetrl fleet up` would start."""
@@ -85,7 +94,7 @@ class LocalFleet:
             services={"aggregator": free_port(), "buffer": free_port()},
             workers={role: Workers(count) for role, count in workers.items()},
         )
-        return FleetSpec(c.run_id, str(self.run_dir), (), (host,))
+        return FleetSpec(c.run_id, str(self.run_dir), (), (host,), self.redis_replicas)
 
     def _wait_ready(self, dog: Watchdog, role: str, address: str) -> None:
         """Until the service answers the standard health check with SERVING (the buffer: once
@@ -140,7 +149,7 @@ class LocalFleet:
     def stop_roles(dog: Watchdog) -> None:
         dog.stop_in_order()
 
-    def run(self) -> Summary:
+    def run(self, observer: FleetObserver | None = None) -> Summary:
         # Ctrl-C (SIGINT to the whole foreground group) or SIGTERM: roles stop themselves, the
         # launcher stops watching, shuts down in order and still writes the summary.
         self._stop = stop_event()
@@ -155,9 +164,12 @@ class LocalFleet:
                     f"fleet up: {len(dog.roles)} roles started (redis {cluster.addresses}, buffer {buffer}, "
                     f"aggregator {aggregator}); {progress.goal()}"
                 )
-                reason = self._monitor(dog, progress, buffer, aggregator)
+                watch = observer or Unobserved()
+                reason = self._monitor(dog, progress, buffer, aggregator, lambda: watch.tick(dog, cluster))
+                watch.stopping(dog, cluster)
                 self._sample_cpu(dog, force=True)  # the roles' last readings before they stop
                 self._stop_workers(dog, progress, buffer, aggregator)
+                watch.workers_stopped(dog, cluster)
                 self.stop_roles(dog)
                 restarts = dog.restarts
             final = None if self._stop.is_set() else final_score(self.config, self.run_dir, progress)
@@ -189,7 +201,9 @@ class LocalFleet:
         self._cpu_sampled = time.monotonic()
         self.cpu.sample({**dog.pids(), "launcher": os.getpid()})
 
-    def _monitor(self, dog: Watchdog, progress: Progress, buffer: str, aggregator: str) -> str:
+    def _monitor(
+        self, dog: Watchdog, progress: Progress, buffer: str, aggregator: str, tick: Callable[[], str | None]
+    ) -> str:
         c = self.config
         with (
             IngestClient(buffer, sampler_id=0, run_id=c.run_id, security=self.security) as ingest,
@@ -198,6 +212,9 @@ class LocalFleet:
             while not self._stop.is_set():
                 for event in dog.poll():
                     progress.note(event)
+                ended = tick()
+                if ended:
+                    return ended
                 self._sample_cpu(dog)
                 wall_sec = time.monotonic() - self.started_at
                 snap = Snapshot.take(ingest, agg, wall_sec, dog.restarts, _roles(dog))

@@ -151,6 +151,36 @@ def cluster_ok(nodes: list[tuple[str, int]], auth: Security) -> bool:
     return True
 
 
+def may_restart(host: str, port: int, peers: list[tuple[str, int]], auth: Security) -> bool:
+    """Whether a node that died may start again now. A primary restarted before its replica took
+    over comes back empty (no persistence) as the primary of its slots, and the replica then
+    copies the empty data set: every write acked with WAIT is lost. So a primary that still holds
+    slots and has a replica waits; a replica, or a primary without one, may start at once. Asks the
+    first other node that answers; True when none does."""
+    for peer in peers:
+        if peer == (host, port):
+            continue
+        conn = _node_client(*peer, auth, timeout_sec=0.5)
+        try:
+            view = conn.execute_command("CLUSTER", "NODES")
+        except redis.RedisError:
+            continue
+        finally:
+            conn.close()
+        return restart_is_safe(view.decode() if isinstance(view, bytes) else str(view), host, port)
+    return True
+
+
+def restart_is_safe(cluster_nodes: str, host: str, port: int) -> bool:
+    """From one node's CLUSTER NODES text: False while `host:port` is a primary holding slots
+    that a replica follows (its replica has not taken over yet)."""
+    rows = [line.split() for line in cluster_nodes.splitlines() if line.strip()]
+    me = next((r for r in rows if r[1].split("@")[0] == f"{host}:{port}"), None)
+    if me is None or "master" not in me[2].split(",") or len(me) <= 8:  # unknown, a replica, or no slots
+        return True
+    return not any(r[3] == me[0] for r in rows)  # a replica follows it: wait for the failover
+
+
 def _assign_and_meet(conns: list[redis.Redis], nodes: list[tuple[str, int]]) -> None:
     """Split the slots evenly, give each node its own config epoch, then MEET them all."""
     bounds = [NUM_SLOTS * i // len(nodes) for i in range(len(nodes) + 1)]
@@ -326,13 +356,17 @@ class LocalRedisCluster:
         self._check_started()
         return [n.process.pid for n in self._nodes]
 
-    def supervise(self, dog: Watchdog, config: WatchdogConfig) -> None:
+    def supervise(self, dog: Watchdog, config: WatchdogConfig, peers: list[tuple[str, int]] | None = None) -> None:
         """Hand every node to `dog` as role `redis-<port>`: restarted like any role when it exits
-        or stops answering for `config.heartbeat_timeout_sec`; stopped after the buffer. Once
-        handed over, the watchdog owns the processes (`pids` may name ones since restarted)."""
+        or stops answering for `config.heartbeat_timeout_sec`, but a primary with a replica only
+        once the replica took over (may_restart); stopped after the buffer. `peers`: every node
+        of the cluster (default: this object's; over several hosts, the fleet's). Once handed
+        over, the watchdog owns the processes (`pids` may name ones since restarted)."""
         for node in self._nodes:
             probe = functools.partial(answers, node.host, node.port, self.auth)
-            dog.adopt(role_spec(f"redis-{node.port}", node.argv, config, probe=probe), node.process)
+            when = functools.partial(may_restart, node.host, node.port, peers or self.nodes, self.auth)
+            spec = role_spec(f"redis-{node.port}", node.argv, config, probe=probe, restart_when=when)
+            dog.adopt(spec, node.process)
 
     def client(self) -> RedisCluster:
         """A new RedisCluster client (logged in when the nodes require it); the caller closes it."""

@@ -239,7 +239,7 @@ class FleetHost:
                 judge = Judge(self.config, self.spec, self.security, started_at)
             with Watchdog(self.host_dir / "logs", events_path=self.host_dir / "events.jsonl") as dog:
                 if nodes is not None:
-                    nodes.supervise(dog, self.config.watchdog)  # restarted nodes rejoin the cluster
+                    nodes.supervise(dog, self.config.watchdog, self.spec.redis_nodes)  # restarted nodes rejoin
                 for spec in self.roles(str(config_path)):
                     dog.start(spec)
                 log.info("%s: started %s", self.host.name, ", ".join(dog.roles))
@@ -262,7 +262,7 @@ class FleetHost:
             "buffer": ("--redis", redis),
             "aggregator": ("--run-dir", str(self.run_dir)),
             "sampler": ("--buffer", buffer, "--aggregator", aggregator, "--ack-log", str(self.host_dir / "acks")),
-            "learner": ("--redis", redis, "--aggregator", aggregator),
+            "learner": ("--redis", redis, "--aggregator", aggregator, "--ack-log", str(self.host_dir / "acks")),
             "evaluator": ("--buffer", buffer, "--aggregator", aggregator),
         }
         base = (sys.executable, "-m", "fleet.cli")

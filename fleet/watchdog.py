@@ -51,6 +51,10 @@ class RoleSpec:
     env: dict[str, str] = field(default_factory=dict)
     probe: Callable[[], bool] | None = None  # without a heartbeat file: True while the process answers
     stage: int = 0  # stop_in_order stops lower stages first
+    # A role that died is restarted only once this says True (a Redis primary: once its replica
+    # took over), or `restart_wait_max_sec` after it died, whichever comes first.
+    restart_when: Callable[[], bool] | None = None
+    restart_wait_max_sec: float = 60.0
 
     def __post_init__(self) -> None:
         if self.heartbeat_path and self.probe:
@@ -65,6 +69,7 @@ def role_spec(
     env: dict[str, str] | None = None,
     max_restarts: int | None = None,
     probe: Callable[[], bool] | None = None,
+    restart_when: Callable[[], bool] | None = None,
 ) -> RoleSpec:
     """A RoleSpec with the run's watchdog settings (`max_restarts` overrides the config's); its
     stop stage follows its kind (the name up to the first '-')."""
@@ -80,6 +85,7 @@ def role_spec(
         env=env or {},
         probe=probe,
         stage=STAGES.get(name.split("-", 1)[0], 0),
+        restart_when=restart_when,
     )
 
 
@@ -95,6 +101,7 @@ class _Running:
     restart_at: float | None = None  # down, waiting out its backoff until then
     answered: float = 0.0  # a probed role: when it last answered (monotonic)
     probed: float = 0.0
+    died: float = 0.0  # when it was last found dead or hung (monotonic)
 
 
 class RoleFailed(RunFailed, RuntimeError):
@@ -169,7 +176,7 @@ class Watchdog:
         for name, running in self.roles.items():
             spec = running.spec
             if running.restart_at is not None:
-                if now >= running.restart_at:
+                if now >= running.restart_at and self._may_restart(running, now):
                     running.restart_at = None
                     self._restart(running, now)
                     events.append(self._record(running, f"{name} restarted after its backoff", "backoff over"))
@@ -193,18 +200,26 @@ class Watchdog:
                 )
             if hung:
                 self._terminate(running.proc)
+            running.died = now
             running.budget -= 1
             running.in_a_row += 1
             delay = 0.0 if running.in_a_row == 1 else spec.backoff_first_sec * 2 ** (running.in_a_row - 2)
             delay = min(delay, spec.backoff_max_sec)
             log.warning("%s %s; restart %d (in %.1fs)", name, why, running.restarts + 1, delay)
-            if delay == 0:
+            if delay == 0 and self._may_restart(running, now):
                 self._restart(running, now)
                 events.append(self._record(running, f"{name} {why}: restarted", why))
             else:
                 running.restart_at = now + delay
-                events.append(self._record(running, f"{name} {why}: restarting in {delay:.1f}s", why))
+                when = f"in {delay:.1f}s" if self._may_restart(running, now) else "once it may (restart_when)"
+                events.append(self._record(running, f"{name} {why}: restarting {when}", why))
         return events
+
+    @staticmethod
+    def _may_restart(running: _Running, now: float) -> bool:
+        spec = running.spec
+        waited = now - running.died >= spec.restart_wait_max_sec
+        return spec.restart_when is None or waited or spec.restart_when()
 
     def _restart(self, running: _Running, now: float) -> None:
         running.restarts += 1

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import time
 
 
 class AckLedger:
@@ -27,7 +28,10 @@ class AckLedger:
     def record(self, **fields: object) -> None:
         if self._file.closed:  # an ack that lands after shutdown began: the ledger is already closed
             return
-        self._file.write(json.dumps({"incarnation": self.incarnation, **fields}) + "\n")
+        # `time` (epoch seconds): an auditor orders acks against restarts (a version seen before
+        # an aggregator's restart must not be made again after it).
+        row = {"incarnation": self.incarnation, "time": round(time.time(), 3), **fields}
+        self._file.write(json.dumps(row) + "\n")
         self._file.flush()
 
     def close(self) -> None:

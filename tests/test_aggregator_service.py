@@ -721,6 +721,25 @@ def test_after_a_crash_no_version_number_is_reused(tmp_path):
             assert watcher.wait_newer_than(-1, timeout=10).version == second.servicer.core.version
 
 
+def test_after_a_crash_before_the_first_checkpoint_no_version_number_is_reused(tmp_path):
+    """Found by the chaos soak (benchmarks/chaos_soak.py): an aggregator SIGKILLed before its
+    first checkpoint came back at version 0, naming its fresh weights 1, 2, ... again, and its
+    learner's retried push ("base_version 190 is ahead of the aggregator (0)") killed the learner."""
+    config = AggregatorConfig(lr=1e-2, checkpoint_every_versions=500)
+    first = AggregatorServer(AggregatorCore(SPEC, config, 1, 1), config, run_dir=tmp_path).start()
+    core = first.servicer.core
+    with AggregatorClient(first.address, timeout_sec=5.0) as agg:
+        for v in range(3):  # versions 1..3 published; no checkpoint yet
+            agg.push_gradients(push(core, v, seed=v))
+    _crash(first)
+    assert not list((tmp_path / "checkpoints").glob("*.pt"))
+    with AggregatorServer(AggregatorCore(SPEC, config, 1, 1), config, run_dir=tmp_path) as second:
+        resumed = second.servicer.core.version
+        assert resumed > 3  # the initial weights again, under a version never used
+        with AggregatorClient(second.address, timeout_sec=5.0) as agg:
+            assert agg.push_gradients(push(second.servicer.core, resumed)).version == resumed + 1
+
+
 def test_a_corrupt_newest_checkpoint_is_skipped_for_the_one_before(tmp_path):
     config = AggregatorConfig(lr=1e-2, checkpoint_every_versions=2, keep_checkpoints=3)
     with AggregatorServer(AggregatorCore(SPEC, config, 1, 1), config, run_dir=tmp_path) as srv:

@@ -41,6 +41,9 @@ def test_a_spec_gives_every_host_its_roles_with_the_fleets_addresses(monkeypatch
     sim1 = {r.name: r.argv for r in FleetHost(spec, "sim-1", config, None).roles("c.json")}  # type: ignore[arg-type]
     assert sim1["sampler-0"][:3] == ("taskset", "-c", "0,1")
     assert sim1["learner-0"][sim1["learner-0"].index("--redis") + 1] == spec.redis
+    # Samplers and learners keep ack ledgers (one line per acked push) for audits (fleet/audit.py).
+    for role in ("sampler-0", "learner-0"):
+        assert sim1[role][sim1[role].index("--ack-log") + 1] == str(tmp_path / "sim-1" / "acks")
     services = {r.name: r.argv for r in FleetHost(spec, "services", config, None).roles("c.json")}  # type: ignore[arg-type]
     assert services["buffer"][services["buffer"].index("--listen") + 1] == "10.0.0.7:50051"
 

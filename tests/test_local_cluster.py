@@ -210,6 +210,62 @@ def test_a_supervised_primary_that_hangs_is_replaced_by_its_replica_and_rejoins_
         conn.close()
 
 
+def test_a_supervised_primary_killed_keeps_what_its_replica_acked_through_the_restart(tmp_path):
+    """Found by the chaos soak (benchmarks/chaos_soak.py: 23 of 72 acked batches lost). The
+    watchdog restarted a SIGKILLed primary within a poll, before its replica took over; the node
+    came back empty as the primary of its slots (no persistence), and its replica copied the
+    empty data set: writes acked after WAIT 1 were gone. The node must come back only once its
+    replica has taken over, and then as that replica's replica."""
+    with (
+        LocalRedisCluster(num_primaries=3, replicas=1) as cluster,  # the fleet's node timeout (5 s)
+        Watchdog(tmp_path / "logs", startup_grace_sec=0.0) as dog,
+    ):
+        cluster.supervise(dog, WatchdogConfig())
+        client = cluster.client()
+        node = client.get_node_from_key("{r}:k")
+        for i in range(100):
+            client.set(f"{{r}}:k{i}", i)
+        assert client.execute_command("WAIT", 1, 2000, target_nodes=node) == 1  # a replica holds them all
+        pid = dog.pids()[f"redis-{node.port}"]
+        os.kill(pid, signal.SIGKILL)
+        events = poll_until(dog, lambda _: local_cluster.cluster_ok(cluster.nodes, cluster.auth) and
+                            dog.pids()[f"redis-{node.port}"] != pid)  # fmt: skip
+        conn = redis.Redis(host=node.host, port=node.port)
+        poll_until(dog, lambda _: local_cluster.answers(node.host, node.port, cluster.auth) and _role(conn) == "slave")
+        conn.close()
+        assert [client.get(f"{{r}}:k{i}") for i in range(100)] == [str(i).encode() for i in range(100)], events
+        client.close()
+
+
+NODES_BEFORE_FAILOVER = """\
+d307 127.0.0.1:7001@17001 master - 0 1796149298000 2 connected 5461-10921
+14a2 127.0.0.1:7000@17000 myself,master - 0 1796149298000 1 connected 0-5460
+f07a 127.0.0.1:7004@17004 slave d307 0 1796149298000 2 connected
+3cf5 127.0.0.1:7003@17003 slave 14a2 0 1796149298000 1 connected
+"""
+NODES_AFTER_FAILOVER = """\
+f07a 127.0.0.1:7004@17004 master - 0 1796149298000 6 connected 5461-10921
+14a2 127.0.0.1:7000@17000 myself,master - 0 1796149298000 1 connected 0-5460
+3cf5 127.0.0.1:7003@17003 slave 14a2 0 1796149298000 1 connected
+d307 127.0.0.1:7001@17001 master,fail - 1796149290990 1796149289000 2 disconnected
+"""
+
+
+@pytest.mark.parametrize(
+    ("view", "port", "safe"),
+    [
+        (NODES_BEFORE_FAILOVER, 7001, False),  # a primary with slots and a replica: wait for the failover
+        (NODES_AFTER_FAILOVER, 7001, True),  # its replica took its slots
+        (NODES_BEFORE_FAILOVER, 7004, True),  # a replica: nothing of its own to wipe
+        (NODES_AFTER_FAILOVER, 7000, False),
+        (NODES_AFTER_FAILOVER.replace("slave 14a2", "slave f07a"), 7000, True),  # a primary with no replica
+        (NODES_AFTER_FAILOVER, 7999, True),  # a node the view does not know
+    ],
+)
+def test_a_dead_node_may_restart_unless_it_is_a_primary_whose_replica_has_not_taken_over(view, port, safe):
+    assert local_cluster.restart_is_safe(view, "127.0.0.1", port) is safe
+
+
 def test_nodes_of_several_hosts_form_one_cluster_with_replicas():
     """What `fleet up` does with `redis_replicas: 1`: each host starts its nodes unformed, the
     first Redis host forms them: the first half primaries, the second half their replicas."""

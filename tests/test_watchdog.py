@@ -178,3 +178,22 @@ def test_children_started_beside_busy_grpc_threads_run_no_fork_handlers(tmp_path
             thread.join(10)
         server.stop(None)
     assert "fork" not in capfd.readouterr().err
+
+
+def test_a_role_that_died_waits_for_restart_when_or_its_longest_wait(tmp_path):
+    allowed = []
+    quits = (sys.executable, "-c", "pass")
+    with Watchdog(tmp_path / "logs", stop_grace_sec=2) as dog:
+        dog.start(RoleSpec("waits", quits, restart_when=lambda: bool(allowed), restart_wait_max_sec=60))
+        dog.start(RoleSpec("capped", quits, restart_when=lambda: False, restart_wait_max_sec=0.5))
+        dog.roles["waits"].proc.wait()
+        dog.roles["capped"].proc.wait()
+        assert sorted(dog.poll()) == [
+            "capped exited with code 0: restarting once it may (restart_when)",
+            "waits exited with code 0: restarting once it may (restart_when)",
+        ]
+        time.sleep(0.6)
+        assert dog.poll() == ["capped restarted after its backoff"]  # its longest wait is over
+        allowed.append(True)
+        assert dog.poll() == ["waits restarted after its backoff"]
+        assert dog.restarts == 2
