@@ -50,6 +50,18 @@ def _push_key(row: dict) -> tuple[str, int, int]:
     return row["ledger"], int(row["incarnation"]), int(row["seq"])
 
 
+def _by_push(acked: Iterable[dict]) -> tuple[dict[tuple[str, int, int], dict], int]:
+    """Ledger rows by push (pusher, incarnation, seq), the last line of each, and how many
+    pushes had more than one line (acked twice)."""
+    rows: dict[tuple[str, int, int], dict] = {}
+    twice = 0
+    for row in acked:
+        key = _push_key(row)
+        twice += key in rows
+        rows[key] = row
+    return rows, twice
+
+
 @dataclass(frozen=True)
 class BatchAudit:
     """Sampler batches: acked (ledgers) against stored (Redis)."""
@@ -74,12 +86,7 @@ def audit_batches(acked: Iterable[dict], stored: Counter[str]) -> BatchAudit:
     occurs among the rows in Redis (HER's copies of a batch carry other goals, so a batch's
     first row is its own). Run it on a buffer that has evicted nothing: an evicted batch would
     count as lost."""
-    rows: dict[tuple[str, int, int], dict] = {}
-    twice = 0
-    for row in acked:
-        key = _push_key(row)
-        twice += key in rows
-        rows[key] = row
+    rows, twice = _by_push(acked)
     lost = [r for r in rows.values() if stored[r["fingerprint"]] == 0]
     acked_transitions = sum(int(r["transitions"]) for r in rows.values())
     stored_transitions = stored.total()
@@ -177,12 +184,7 @@ def audit_gradients(
     aggregator was restarted (epoch seconds; the watchdog's events). One gradient per version
     step, as with one learner or grads_per_step 1 (more per step make unaccounted_steps
     negative and applied_twice 0: a weaker check)."""
-    pushes: dict[tuple[str, int, int], dict] = {}
-    twice = 0
-    for row in acked:
-        key = _push_key(row)
-        twice += key in pushes
-        pushes[key] = row
+    pushes, twice = _by_push(acked)
     ranges = lineage(lives, final_version, first_version)
 
     def kept(version: int) -> bool:
