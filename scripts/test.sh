@@ -9,4 +9,4 @@ ruff check .
 ruff format --check .
 mypy  # files and settings: [tool.mypy] in pyproject.toml
 lint-imports  # the layers and the role-to-role edges: [tool.importlinter] in pyproject.toml
-exec python -m pytest -q -rs "$@"  # -rs: every skip with its reason
+exec python -m pytest -q -rs --durations=15 "$@"  # -rs: every skip with its reason; the 15 slowest tests last
