@@ -148,7 +148,8 @@ BAD_OVERRIDES: list[tuple[str, str]] = [
     ("learner.target_entropy=low", "LearnerConfig.target_entropy must be a number, got 'low'"),
     (
         "learner.batchsize=3",
-        "unknown config field 'learner.batchsize'; did you mean 'batch_size'? valid: action_l2, algo, autocast, batch_size,",
+        "unknown config field 'learner.batchsize'; did you mean 'batch_size'? "
+        "valid: action_l2, algo, autocast, batch_size,",
     ),
     ("lerner.batch_size=3", "unknown config section 'lerner.batch_size'; did you mean 'learner'?"),
 ]
