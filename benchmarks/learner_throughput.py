@@ -100,6 +100,10 @@ MODEL_ARMS: dict[str, list[str]] = {
     "moe-e8": ['model.kind="moe"', "model.experts=8"],  # top-2, expert width 128, task router
     "moe-e32": ['model.kind="moe"', "model.experts=32"],  # the default MoE: active width 2 x 128
     "moe-e32-w256": ['model.kind="moe"', "model.experts=32", "model.expert_width=256"],  # 2x the active width
+    # per task, k mixed experts are ONE Linear of expert_width (sum_j g_j W_j): 256 is the
+    # dense default's width per task; 8 or 16 experts keep the flat vector near moe-e32's
+    "moe-e8-w256": ['model.kind="moe"', "model.experts=8", "model.expert_width=256"],
+    "moe-e16-w256": ['model.kind="moe"', "model.experts=16", "model.expert_width=256"],
     "moe-e8-state": ['model.kind="moe"', "model.experts=8", 'model.router="state"'],
     "moe-e32-state": ['model.kind="moe"', "model.experts=32", 'model.router="state"'],
     "dense-bf16": ['model.kind="dense"', 'learner.autocast="bf16"'],  # issue 19: the CPU's BF16 instructions
