@@ -31,7 +31,8 @@ from buffer.api import SampledBatch
 from buffer.layout import RecordLayout
 from buffer.ratelimit import RATE_LIMITED, SampleToInsertRatio
 from buffer.storage import TemporalStorage
-from foundation.config import REPLAY_SAMPLING, BufferConfig
+from foundation.config import BufferConfig
+from foundation.config_learning import REPLAY_SAMPLING
 from foundation.errors import FleetrlError, RunFailed
 from foundation.proto import fleetrl_pb2 as pb
 from foundation.proto import fleetrl_pb2_grpc as pb_grpc
