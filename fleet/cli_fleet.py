@@ -69,7 +69,7 @@ def redis_join(args: argparse.Namespace) -> int:
     import os
     import socket
 
-    from fleet.local_cluster import form_cluster, nodes_answer
+    from fleet.cluster_admin import form_cluster, nodes_answer
     from foundation.transport import REDIS_PASSWORD_ENV, Security, parse_addresses
 
     auth = Security(redis_user=args.redis_user, redis_password=os.environ.get(REDIS_PASSWORD_ENV, ""))
