@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 import redis
 
-from buffer.client import IngestClient
+from buffer.ingest_client import IngestClient
 from buffer.layout import RecordLayout
 from buffer.storage import TemporalStorage
 from fleet.cluster_admin import answers, cluster_ok

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from aggregator.core import GradientError
-from buffer.client import EmptyBufferError, IngestUnavailable, PushRejected
+from buffer.client import EmptyBufferError
+from buffer.ingest_client import IngestUnavailable, PushRejected
 from deploy_npu.audit import OpAuditError
 from fleet.cluster_admin import LocalClusterError
 from fleet.report import ReportError
