@@ -5,7 +5,8 @@
     fleetrl fleet up fleet.yaml --host services     # this host's share, until the fleet stops
     fleetrl fleet slurm fleet.yaml --submit         # the whole fleet as one Slurm job (fleet/slurm.py)
 
-The spec's format: docs/fleet-spec.md. fleet/cli.py parses everything else and hands these here.
+The spec's format: docs/fleet-spec.md. fleet/cli_args.py defines every other subcommand's arguments
+(and calls add_fleet_parser); fleet/cli.py parses the command line and hands these here.
 """
 
 from __future__ import annotations
