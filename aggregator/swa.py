@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from foundation.config import SWA_MODES
+from foundation.config_learning import SWA_MODES
 from foundation.policy import ModelSpec
 
 

@@ -27,7 +27,7 @@ from common import result_record, write_result  # benchmarks/common.py (this scr
 from aggregator.client import AggregatorClient, GradientPush
 from aggregator.core import AggregatorCore
 from aggregator.service import AggregatorServer
-from buffer.client import IngestClient
+from buffer.ingest_client import IngestClient
 from buffer.service import IngestServer
 from buffer.storage import TemporalStorage
 from fleet.local_cluster import LocalRedisCluster

@@ -21,7 +21,7 @@ import time
 
 import numpy as np
 
-from buffer.client import IngestClient
+from buffer.ingest_client import IngestClient
 from buffer.service import IngestServer
 from buffer.storage import TemporalStorage
 from fleet.local_cluster import LocalRedisCluster

@@ -41,7 +41,7 @@ import numpy as np
 import psutil
 from common import result_record, write_result  # benchmarks/common.py (this script's folder)
 
-from buffer.client import IngestClient
+from buffer.ingest_client import IngestClient
 from fleet.launch import LocalFleet
 from fleet.local_cluster import LocalRedisCluster
 from fleet.watchdog import Watchdog

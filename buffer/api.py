@@ -3,7 +3,7 @@
 Writers put transitions in (the ingest service, on behalf of samplers); sources take random
 batches out (learners). Implementations: `buffer.storage.TemporalStorage` writes,
 `buffer.client.ReplaySampler` samples. Samplers reach a writer over gRPC through
-`buffer.client.IngestClient`.
+`buffer.ingest_client.IngestClient`.
 """
 
 from __future__ import annotations

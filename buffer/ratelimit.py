@@ -28,6 +28,11 @@ from foundation.config import RunConfig
 
 _ROUNDING = 1e-6  # sampled rows: a ratio like 25.6 is not exact in binary
 RATE_LIMITED = "rate limited"  # how a RESOURCE_EXHAUSTED answer of flow control begins
+# A push refused by flow control is offered again after 25 ms, then 50, ... up to 400 ms: the
+# learners' tolerance covers that much latency many times over, and the buffer parses fewer
+# re-sent batches (a rate-limited sampler re-sent one every 10 ms at first: 40 RPCs/s).
+RATE_LIMITED_POLL_SEC = 0.025
+RATE_LIMITED_MAX_SEC = 0.4
 
 
 @dataclass(frozen=True)

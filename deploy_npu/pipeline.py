@@ -40,7 +40,8 @@ from deploy_npu.parity import (
 from deploy_npu.quantize import Int8Report, audit_int8, quantize_int8
 from deploy_npu.routing import RoutingTable, calibration_states, freeze_routing
 from foundation.checkpoint import CheckpointSource, PolicyCheckpoint, load_policy_checkpoint
-from foundation.config import ConfigError, config_field
+from foundation.config import ConfigError
+from foundation.config_base import config_field
 from sim.registry import TaskSpec, get_task
 from sim.tasks import TaskSet
 

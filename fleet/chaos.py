@@ -27,7 +27,8 @@ from dataclasses import asdict, dataclass, field
 
 import redis
 
-from fleet.local_cluster import LocalRedisCluster, may_restart
+from fleet.cluster_admin import may_restart
+from fleet.local_cluster import LocalRedisCluster
 from fleet.watchdog import Watchdog
 from foundation.transport import Security
 

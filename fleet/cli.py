@@ -34,148 +34,12 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any
 
+from fleet.cli_args import build_parser
+
 if TYPE_CHECKING:
     from foundation.role import Role
 
 STARTED_AT = time.monotonic()  # wall-clock figures count from the command's start
-
-
-SERVICES = ("buffer", "aggregator")  # roles that serve gRPC: they take listen and advertise addresses
-
-
-def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", help="RunConfig JSON (as written to <run_dir>/config.json); default: built-in")
-    p.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="SECTION.FIELD=VALUE",
-        help="override one config field, value parsed as JSON (repeatable)",
-    )
-    p.add_argument("--task", help="shorthand for --set sim.task=TASK")
-    p.add_argument(
-        "--tasks",
-        metavar="TASK,TASK,...",
-        help="a multi-task run (sim.tasks; the first task names the run; the first with a preset picks it)",
-    )
-    p.add_argument("--run-id", help="shorthand for --set run_id=ID")
-
-
-def _parser(export_args: bool = True) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="fleetrl", description=__doc__.split("\n\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    train = sub.add_parser("train", help="train with a complete local fleet (Redis Cluster included)")
-    _common(train)
-    train.add_argument("--run-dir", help="default: runs/<task>-<timestamp>")
-    train.add_argument(
-        "--resume",
-        metavar="RUN_DIR",
-        help="continue a stopped or crashed run: its config, weights, optimizer and version (the local replay "
-        "buffer starts empty)",
-    )
-    train.add_argument("--samplers", type=int, help="shorthand for --set sampler.num_samplers=N")
-    train.add_argument("--learners", type=int, help="shorthand for --set learner.num_learners=N")
-    train.add_argument("--target-success", type=float, help="stop once evaluation success reaches this")
-    train.add_argument("--max-wall-sec", type=float, help="stop after this many seconds")
-    train.add_argument("--seed", type=int, help="seed of samplers and initial weights")
-    train.add_argument(
-        "--mode",
-        choices=("async", "sync"),
-        default="async",
-        help="async: the fleet (default); sync: the same code in one process that alternates collecting and "
-        "training, at the same updates per env step (the baseline of benchmarks/async_vs_sync.py)",
-    )
-    cfg = sub.add_parser("config", help="print every config field with its help line, or the config as JSON")
-    _common(cfg)
-    cfg.add_argument("--json", action="store_true", help="print the resolved RunConfig as JSON (for --config)")
-    cluster = sub.add_parser("redis-cluster", help="run a local Redis Cluster until Ctrl-C")
-    cluster.add_argument("--primaries", type=int, default=3)
-    cluster.add_argument(
-        "--host", default="127.0.0.1", help="address the nodes bind and announce (reachable by others)"
-    )
-    cluster.add_argument(
-        "--ports", help="comma-separated fixed ports, one per node, primaries then replicas (default: free ones)"
-    )
-    cluster.add_argument(
-        "--replicas",
-        type=int,
-        default=0,
-        help="replicas per primary: one takes over when its primary fails (with buffer.replicas_to_ack=1, "
-        "no acked transition is lost)",
-    )
-    cluster.add_argument("--appendonly", action="store_true", help="persist every write (AOF) to the nodes' folders")
-    cluster.add_argument(
-        "--no-password", action="store_true", help="nodes without a password (default: a fresh one, printed once)"
-    )
-    cluster.add_argument(
-        "--join",
-        metavar="HOST:PORT,...",
-        help="start nothing: form these running nodes (names or IPs, primaries first) into one cluster with "
-        "--replicas, logged in with FLEETRL_REDIS_PASSWORD, and exit (what a Kubernetes Job of "
-        "`fleet render --k8s` runs)",
-    )
-    cluster.add_argument("--redis-user", default="fleetrl", help="--join: the nodes' ACL user")
-    for role, needs in (
-        ("buffer", ("redis",)),
-        ("aggregator", ()),
-        ("learner", ("redis", "aggregator")),
-        ("sampler", ("buffer", "aggregator")),
-        ("evaluator", ("buffer", "aggregator")),
-    ):
-        p = sub.add_parser(role, help=f"run one {role} process")
-        _common(p)
-        for need in needs:
-            p.add_argument(f"--{need}", required=True, help=f"address(es) of the {need}, host:port[,host:port]")
-        p.add_argument("--id", type=int, default=0, help="index of this process within its role")
-        if role in SERVICES:  # each role's help lists only the flags it reads
-            p.add_argument("--port", type=int, default=0, help="port to serve on, on 127.0.0.1")
-            p.add_argument("--listen", help="HOST:PORT to serve on (0.0.0.0 for every interface)")
-            p.add_argument("--advertise", help="HOST:PORT other hosts reach this service at (default: --listen)")
-            p.add_argument("--ready-file", help="write the bound address here once serving")
-        if role == "aggregator":
-            p.add_argument("--run-dir", help="checkpoints and TensorBoard go here")
-        p.add_argument("--heartbeat", help="heartbeat JSON file the watchdog reads")
-        p.add_argument("--metrics", metavar="HOST:PORT", help="serve Prometheus metrics here (default: none)")
-        if role in ("sampler", "learner"):
-            p.add_argument("--ack-log", help="folder for the ack ledger: one JSON line per acked push")
-    certs = sub.add_parser("certs", help="make a self-signed TLS certificate set for a fleet")
-    certs.add_argument("--out", required=True, help="folder for ca.pem, ca.key, fleet.pem, fleet.key")
-    certs.add_argument("--hosts", default="", help="comma-separated host names and IPs the services listen on")
-    certs.add_argument("--days", type=int, default=365, help="validity in days")
-    from fleet.cli_fleet import add_fleet_parser
-
-    add_fleet_parser(sub, _common)
-    evaluate = sub.add_parser("evaluate", help="score a run's last checkpoint on held-out episodes")
-    evaluate.add_argument("run_dir", help="a run directory (its config.json and newest checkpoint)")
-    evaluate.add_argument("--checkpoint", help="a ckpt_<version>.pt file instead of the run's newest")
-    evaluate.add_argument("--episodes", type=int, default=50, help="deterministic episodes, never cut short")
-    evaluate.add_argument("--json", action="store_true", help="print the result as JSON")
-    evaluate.add_argument(
-        "--weights",
-        choices=("live", "swa", "swa_plain"),
-        default="live",
-        help="the live actor, or a weight average the checkpoint holds (aggregator.swa)",
-    )
-    report = sub.add_parser("report", help="one HTML page (PNG plots beside it) comparing run directories")
-    from fleet.report import add_arguments as add_report_arguments  # matplotlib loads only when writing
-
-    add_report_arguments(report)
-    check = sub.add_parser(
-        "deploy-check", help="run a run's exported policy as a fixed-rate controller in the randomized sim"
-    )
-    check.add_argument("run_dir", help="a run directory (its config.json and newest checkpoint)")
-    check.add_argument("--hz", type=float, default=120.0, help="controller ticks per simulated second")
-    check.add_argument("--delay-ms", type=float, default=10.0, help="actuation delay, rounded to whole ticks")
-    check.add_argument("--episodes", type=int, default=20, help="episodes for the ONNX and for the torch policy")
-    check.add_argument("--seed", type=int, default=0, help="first episode seed")
-    check.add_argument("--onnx", help="where to write the graph (default: RUN_DIR/deploy/policy.onnx)")
-    check.add_argument("--json", help="also write every task's figures here (JSON), for CI and benchmarks/results")
-    export = sub.add_parser("export", help="freeze a checkpoint into ONNX and check it for an NPU controller")
-    if export_args:  # deploy_npu pulls in onnxruntime and torch: only for `fleetrl export`
-        from deploy_npu.cli import add_arguments
-
-        add_arguments(export)
-    return parser
 
 
 def _config(args: argparse.Namespace):
@@ -366,9 +230,26 @@ def _listen(args: argparse.Namespace) -> tuple[str, str | None]:
     return listen, args.advertise
 
 
+def _deploy_check(args: argparse.Namespace) -> int:
+    from deploy_npu.controller import controller_checks
+
+    reports, skipped = controller_checks(
+        args.run_dir, hz=args.hz, delay_ms=args.delay_ms, episodes=args.episodes, seed=args.seed,
+        onnx_path=args.onnx,
+    )  # fmt: skip
+    print("\n\n".join([report.summary() for report in reports] + [f"skipped    {t}: {w}" for t, w in skipped.items()]))
+    if args.json:
+        settings = {"run_dir": args.run_dir, "hz": args.hz, "delay_ms": args.delay_ms, "seed": args.seed}
+        rows = [dataclasses.asdict(r) | {"passed": r.passed} for r in reports]
+        out = settings | {"tasks": rows, "skipped": skipped}
+        pathlib.Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
+    return 0 if reports and all(report.passed for report in reports) else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    args = _parser(export_args=bool(argv) and argv[0] == "export").parse_args(argv)
+    export_args = bool(argv) and argv[0] == "export"
+    args = build_parser(__doc__.split("\n\n")[0], export_args).parse_args(argv)
     from foundation.config import help_lines
     from foundation.errors import FleetrlError
 
@@ -394,23 +275,7 @@ def main(argv: list[str] | None = None) -> int:
 
             return run(args)
         if args.command == "deploy-check":
-            from deploy_npu.controller import controller_checks
-
-            reports, skipped = controller_checks(
-                args.run_dir, hz=args.hz, delay_ms=args.delay_ms, episodes=args.episodes, seed=args.seed,
-                onnx_path=args.onnx,
-            )  # fmt: skip
-            print(
-                "\n\n".join(
-                    [report.summary() for report in reports] + [f"skipped    {t}: {w}" for t, w in skipped.items()]
-                )
-            )
-            if args.json:
-                settings = {"run_dir": args.run_dir, "hz": args.hz, "delay_ms": args.delay_ms, "seed": args.seed}
-                rows = [dataclasses.asdict(r) | {"passed": r.passed} for r in reports]
-                out = settings | {"tasks": rows, "skipped": skipped}
-                pathlib.Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
-            return 0 if reports and all(report.passed for report in reports) else 1
+            return _deploy_check(args)
         if args.command == "evaluate":
             return _evaluate(args)
         if args.command == "fleet":

@@ -5,7 +5,8 @@
     fleetrl fleet up fleet.yaml --host services     # this host's share, until the fleet stops
     fleetrl fleet slurm fleet.yaml --submit         # the whole fleet as one Slurm job (fleet/slurm.py)
 
-The spec's format: docs/fleet-spec.md. fleet/cli.py parses everything else and hands these here.
+The spec's format: docs/fleet-spec.md. fleet/cli_args.py defines every other subcommand's arguments
+(and calls add_fleet_parser); fleet/cli.py parses the command line and hands these here.
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ def redis_join(args: argparse.Namespace) -> int:
     import os
     import socket
 
-    from fleet.local_cluster import form_cluster, nodes_answer
+    from fleet.cluster_admin import form_cluster, nodes_answer
     from foundation.transport import REDIS_PASSWORD_ENV, Security, parse_addresses
 
     auth = Security(redis_user=args.redis_user, redis_password=os.environ.get(REDIS_PASSWORD_ENV, ""))

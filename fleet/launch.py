@@ -28,7 +28,7 @@ from collections.abc import Callable
 from contextlib import closing
 
 from aggregator.client import AggregatorClient
-from buffer.client import IngestClient
+from buffer.ingest_client import IngestClient
 from fleet.local_cluster import LocalRedisCluster, free_port_pair
 from fleet.observer import FleetObserver, Unobserved
 from fleet.progress import Progress, Snapshot

@@ -7,7 +7,8 @@
 
 Elsewhere, `connect(addresses)` turns that string back into a client. Over several hosts
 (`fleetrl fleet up`), each host starts its own nodes with `form=False` and one of them joins
-every node into one cluster with `form_cluster`.
+every node into one cluster with `form_cluster` (fleet/cluster_admin.py, which also holds the
+health checks by address).
 
 The cluster is formed from Python (CLUSTER ADDSLOTSRANGE, SET-CONFIG-EPOCH, MEET) rather than
 with `redis-cli --cluster create`: it needs only redis-server, it skips redis-cli's fixed
@@ -35,21 +36,24 @@ from pathlib import Path
 import redis
 from redis.cluster import RedisCluster
 
+from fleet.cluster_admin import (
+    NUM_SLOTS,
+    LocalClusterError,
+    answers,
+    assign_and_meet,
+    cluster_info,
+    may_restart,
+    node_client,
+)
 from fleet.watchdog import Watchdog, role_spec
 from foundation.config import WatchdogConfig
-from foundation.errors import RunFailed
 from foundation.process import HANDED_OUT_PORTS, parent_death_prefix, terminate
 from foundation.transport import Security, connect
 
-NUM_SLOTS = 16384
 CLUSTER_BUS_OFFSET = 10000  # Redis fixes the cluster bus port at port + 10000.
 INSTALL_HINT = "install it with `sudo apt-get update && sudo apt-get install -y redis-server`"
 _PORT_ATTEMPTS = 20
 _LOG_TAIL_LINES = 20
-
-
-class LocalClusterError(RunFailed, RuntimeError):
-    """The local cluster could not be started or formed; the message carries the node logs."""
 
 
 def _port_is_free(port: int, host: str = "127.0.0.1") -> bool:
@@ -85,142 +89,6 @@ def _log_tail(path: Path) -> str:
     except OSError:
         return "(no log)"
     return "\n".join(lines[-_LOG_TAIL_LINES:])
-
-
-def _node_client(host: str, port: int, auth: Security, timeout_sec: float = 5.0) -> redis.Redis:
-    user: str | None = auth.redis_user if auth.redis_password else None
-    password: str | None = auth.redis_password or None
-    return redis.Redis(
-        host=host,
-        port=port,
-        socket_timeout=timeout_sec,
-        socket_connect_timeout=timeout_sec,
-        username=user,
-        password=password,
-    )
-
-
-def _cluster_info(conn: redis.Redis) -> dict[str, str]:
-    info = conn.execute_command("CLUSTER", "INFO")
-    if isinstance(info, bytes):
-        info = info.decode()
-    return dict(line.split(":", 1) for line in str(info).split() if ":" in line)
-
-
-def answers(host: str, port: int, auth: Security, timeout_sec: float = 0.5) -> bool:
-    """True when the node answers at all within `timeout_sec` (a node still loading its
-    append-only file answers with an error: alive, not hung)."""
-    conn = _node_client(host, port, auth, timeout_sec)
-    try:
-        conn.ping()
-    except (redis.ConnectionError, redis.TimeoutError):
-        return False
-    except redis.RedisError:
-        return True
-    finally:
-        conn.close()
-    return True
-
-
-def nodes_answer(nodes: list[tuple[str, int]], auth: Security) -> bool:
-    """True when every node answers PING (logged in as the run's user when it has a password)."""
-    for host, port in nodes:
-        conn = _node_client(host, port, auth)
-        try:
-            conn.ping()
-        except redis.RedisError:
-            return False
-        finally:
-            conn.close()
-    return True
-
-
-def cluster_ok(nodes: list[tuple[str, int]], auth: Security) -> bool:
-    """True when every node answers and reports one formed cluster of exactly these nodes."""
-    for host, port in nodes:
-        conn = _node_client(host, port, auth)
-        try:
-            fields = _cluster_info(conn)
-        except redis.RedisError:
-            return False
-        finally:
-            conn.close()
-        ok = fields.get("cluster_state") == "ok" and fields.get("cluster_slots_ok") == str(NUM_SLOTS)
-        if not ok or fields.get("cluster_known_nodes") != str(len(nodes)):
-            return False
-    return True
-
-
-def may_restart(host: str, port: int, peers: list[tuple[str, int]], auth: Security) -> bool:
-    """Whether a node that died may start again now. A primary restarted before its replica took
-    over comes back empty (no persistence) as the primary of its slots, and the replica then
-    copies the empty data set: every write acked with WAIT is lost. So a primary that still holds
-    slots and has a replica waits; a replica, or a primary without one, may start at once. Asks the
-    first other node that answers; True when none does."""
-    for peer in peers:
-        if peer == (host, port):
-            continue
-        conn = _node_client(*peer, auth, timeout_sec=0.5)
-        try:
-            view = conn.execute_command("CLUSTER", "NODES")
-        except redis.RedisError:
-            continue
-        finally:
-            conn.close()
-        return restart_is_safe(view.decode() if isinstance(view, bytes) else str(view), host, port)
-    return True
-
-
-def restart_is_safe(cluster_nodes: str, host: str, port: int) -> bool:
-    """From one node's CLUSTER NODES text: False while `host:port` is a primary holding slots
-    that a replica follows (its replica has not taken over yet)."""
-    rows = [line.split() for line in cluster_nodes.splitlines() if line.strip()]
-    me = next((r for r in rows if r[1].split("@")[0] == f"{host}:{port}"), None)
-    if me is None or "master" not in me[2].split(",") or len(me) <= 8:  # unknown, a replica, or no slots
-        return True
-    return not any(r[3] == me[0] for r in rows)  # a replica follows it: wait for the failover
-
-
-def _assign_and_meet(conns: list[redis.Redis], nodes: list[tuple[str, int]]) -> None:
-    """Split the slots evenly, give each node its own config epoch, then MEET them all."""
-    bounds = [NUM_SLOTS * i // len(nodes) for i in range(len(nodes) + 1)]
-    for i, conn in enumerate(conns):
-        conn.execute_command("CLUSTER", "ADDSLOTSRANGE", bounds[i], bounds[i + 1] - 1)
-        # Distinct epochs up front spare the epoch-collision resolution round (what
-        # redis-cli --cluster create does too).
-        conn.execute_command("CLUSTER", "SET-CONFIG-EPOCH", i + 1)
-    for host, port in nodes[1:]:
-        conns[0].execute_command("CLUSTER", "MEET", host, port)
-
-
-def form_cluster(nodes: list[tuple[str, int]], auth: Security, timeout_sec: float = 60.0, replicas: int = 0) -> None:
-    """Join running, empty cluster-enabled nodes (on any hosts) into one cluster: split the
-    slots evenly over the primaries (the first len(nodes) / (1 + replicas) nodes), give each its
-    own config epoch, MEET them all, wait until every node says ok; replica i then follows
-    primary i mod primaries. A cluster already formed from exactly these nodes is left as it is."""
-    if cluster_ok(nodes, auth):
-        return
-    count = len(nodes) // (1 + replicas)
-    conns = [_node_client(h, p, auth) for h, p in nodes]
-    deadline = time.monotonic() + timeout_sec
-    try:
-        _assign_and_meet(conns[:count], nodes[:count])
-        for host, port in nodes[count:]:  # replicas join empty, then follow a primary
-            conns[0].execute_command("CLUSTER", "MEET", host, port)
-        while not cluster_ok(nodes, auth):
-            if time.monotonic() > deadline:
-                raise LocalClusterError(f"cluster of {len(nodes)} nodes ({nodes}) not ok after {timeout_sec}s")
-            time.sleep(0.05)
-        for i, conn in enumerate(conns[count:]):
-            node_id = conns[i % count].execute_command("CLUSTER", "MYID")
-            conn.execute_command("CLUSTER", "REPLICATE", node_id.decode() if isinstance(node_id, bytes) else node_id)
-        while not all(c.info("replication").get("master_link_status") == "up" for c in conns[count:]):
-            if time.monotonic() > deadline:
-                raise LocalClusterError(f"replicas {nodes[count:]} not linked to their primaries after {timeout_sec}s")
-            time.sleep(0.05)
-    finally:
-        for conn in conns:
-            conn.close()
 
 
 class _Node:
@@ -266,7 +134,7 @@ class _Node:
                 stdin=subprocess.DEVNULL,
                 cwd=self.dir,
             )
-        self.conn = _node_client(host, port, auth)
+        self.conn = node_client(host, port, auth)
 
     def wait_ping(self, deadline: float) -> bool:
         """True once our server answers; False if it exited (e.g. the port was taken) or timed out."""
@@ -432,7 +300,7 @@ class LocalRedisCluster:
 
     def _form_cluster(self) -> None:
         primaries = self._nodes[: self.num_primaries]
-        _assign_and_meet([n.conn for n in primaries], [(n.host, n.port) for n in primaries])
+        assign_and_meet([n.conn for n in primaries], [(n.host, n.port) for n in primaries])
         for node in self._nodes[self.num_primaries :]:  # replicas join empty, then follow a primary
             primaries[0].conn.execute_command("CLUSTER", "MEET", node.host, node.port)
 
@@ -465,7 +333,7 @@ class LocalRedisCluster:
         )
 
     def _node_ready(self, node: _Node, last: dict[int, str]) -> bool:
-        fields = _cluster_info(node.conn)
+        fields = cluster_info(node.conn)
         last[node.port] = (
             f"state={fields.get('cluster_state')} slots_ok={fields.get('cluster_slots_ok')} "
             f"known_nodes={fields.get('cluster_known_nodes')}"

@@ -38,7 +38,8 @@ from typing import Any
 
 import yaml
 
-from fleet.local_cluster import LocalRedisCluster, cluster_ok, form_cluster, nodes_answer
+from fleet.cluster_admin import cluster_ok, form_cluster, nodes_answer
+from fleet.local_cluster import LocalRedisCluster
 from fleet.spec_checks import check_fleet
 from fleet.spec_schema import check_schema, key_lines, where
 from fleet.watchdog import RoleSpec, Watchdog, role_spec

@@ -32,7 +32,7 @@ from redis.cluster import ClusterNode, RedisCluster
 from redis.exceptions import RedisClusterException
 
 from aggregator.client import AggregatorClient
-from buffer.client import IngestClient
+from buffer.ingest_client import IngestClient
 from fleet.progress import Progress, Snapshot
 from fleet.summary import INTERRUPTED, Ending, Summary, final_score, stop_reason, write_summary
 from fleet.watchdog import STAGES, Watchdog

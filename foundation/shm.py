@@ -9,7 +9,7 @@ Serving a 256x256 policy's weights over gRPC costs the aggregator about 1.5 ms o
 version per learner (benchmarks/aggregator_cpu.py: 1.67 ms per MB); a copy into a mapped file
 costs a tenth of that, once per version however many local learners read it. The stream then
 carries nothing: a reader looks at the header's version and copies only when it moved
-(aggregator/client.py's WeightsWatcher). A learner that has mapped the aggregator's
+(aggregator/watcher.py's WeightsWatcher). A learner that has mapped the aggregator's
 weights knows it shares the host, and writes each gradient into a segment of its own the same
 way (kind "grads"); the push then names the segment instead of carrying the bytes.
 

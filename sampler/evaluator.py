@@ -29,7 +29,7 @@ import grpc
 import numpy as np
 
 from aggregator.client import AggregatorClient
-from buffer.client import IngestClient
+from buffer.ingest_client import IngestClient
 from foundation.acting import Policy, WeightsSnapshot, rollout
 from foundation.checkpoint import CheckpointError, latest_checkpoint, load_policy_checkpoint
 from foundation.config import EvalConfig, RunConfig

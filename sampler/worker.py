@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from aggregator.client import AggregatorClient, WeightsWatcher
-from buffer.client import IngestClient, IngestUnavailable
+from buffer.ingest_client import IngestClient, IngestUnavailable
 from foundation.acting import Policy, rollout
 from foundation.config import RunConfig
 from foundation.ledger import AckLedger

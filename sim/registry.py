@@ -28,7 +28,8 @@ from typing import Any, cast
 import gymnasium as gym
 import numpy as np
 
-from foundation.config import TASK_NAMES, RandomizationConfig
+from foundation.config import RandomizationConfig
+from foundation.config_experience import TASK_NAMES
 from foundation.errors import FleetrlError
 from foundation.wire import TransitionSchema
 from sim.randomization import DomainRandomization
@@ -102,7 +103,9 @@ _BY_ID: Mapping[int, TaskSpec] = types.MappingProxyType({s.task_id: s for s in _
 if len(_BY_ID) != len(_SPECS) or len(TASKS) != len(_SPECS):
     raise RuntimeError("sim.registry: duplicate task name or id in _SPECS")
 if tuple(TASKS) != TASK_NAMES:
-    raise RuntimeError(f"sim.registry: TASKS {tuple(TASKS)} differ from foundation.config.TASK_NAMES {TASK_NAMES}")
+    raise RuntimeError(
+        f"sim.registry: TASKS {tuple(TASKS)} differ from foundation.config_experience.TASK_NAMES {TASK_NAMES}"
+    )
 
 
 def _known_tasks() -> str:

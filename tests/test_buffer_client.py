@@ -11,14 +11,8 @@ import time
 import numpy as np
 import pytest
 
-from buffer.client import (
-    MAX_MESSAGE_BYTES,
-    EmptyBufferError,
-    IngestClient,
-    IngestUnavailable,
-    PushRejected,
-    ReplaySampler,
-)
+from buffer.client import EmptyBufferError, ReplaySampler
+from buffer.ingest_client import MAX_MESSAGE_BYTES, IngestClient, IngestUnavailable, PushRejected
 from buffer.ratelimit import SampleToInsertRatio
 from buffer.service import IngestServer
 from buffer.storage import PushKey, TemporalStorage

@@ -16,7 +16,7 @@ import grpc
 import numpy as np
 import pytest
 
-from buffer.client import IngestClient, IngestUnavailable
+from buffer.ingest_client import IngestClient, IngestUnavailable
 from buffer.service import IngestServer
 from buffer.storage import TemporalStorage
 from foundation.config import BufferConfig

@@ -22,11 +22,12 @@ import numpy as np
 import pytest
 import redis
 
-from buffer.client import IngestClient
+from buffer.ingest_client import IngestClient
 from buffer.layout import RecordLayout
 from buffer.storage import TemporalStorage
+from fleet.cluster_admin import answers, cluster_ok
 from fleet.launch import free_port
-from fleet.local_cluster import LocalRedisCluster, answers, cluster_ok
+from fleet.local_cluster import LocalRedisCluster
 from fleet.watchdog import Watchdog
 from foundation.checkpoint import load_checkpoint
 from foundation.config import RunConfig, WatchdogConfig, with_overrides

@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 
 from aggregator.core import GradientError
-from buffer.client import EmptyBufferError, IngestUnavailable, PushRejected
+from buffer.client import EmptyBufferError
+from buffer.ingest_client import IngestUnavailable, PushRejected
 from deploy_npu.audit import OpAuditError
-from fleet.local_cluster import LocalClusterError
+from fleet.cluster_admin import LocalClusterError
 from fleet.report import ReportError
 from fleet.watchdog import RoleFailed
 from foundation.checkpoint import CheckpointError

@@ -16,8 +16,9 @@ import pytest
 import redis
 import redis.cluster
 
-from fleet import local_cluster
-from fleet.local_cluster import LocalClusterError, LocalRedisCluster
+from fleet import cluster_admin, local_cluster
+from fleet.cluster_admin import LocalClusterError
+from fleet.local_cluster import LocalRedisCluster
 from fleet.watchdog import Watchdog
 from foundation.config import WatchdogConfig
 from foundation.transport import connect, parse_addresses
@@ -176,7 +177,7 @@ def test_a_supervised_node_killed_without_a_replica_is_restarted_and_holds_its_s
         conn = redis.Redis(host=host, port=port)
         node_id = conn.execute_command("CLUSTER", "MYID")
         os.kill(dog.pids()[f"redis-{port}"], signal.SIGKILL)
-        events = poll_until(dog, lambda _: local_cluster.cluster_ok(cluster.nodes, cluster.auth))
+        events = poll_until(dog, lambda _: cluster_admin.cluster_ok(cluster.nodes, cluster.auth))
         assert any(e.startswith(f"redis-{port} exited with code -9") for e in events), events
         assert conn.execute_command("CLUSTER", "MYID") == node_id  # rejoined as itself, from nodes.conf
         assert _role(conn) == "master"
@@ -203,8 +204,8 @@ def test_a_supervised_primary_that_hangs_is_replaced_by_its_replica_and_rejoins_
         events = poll_until(dog, lambda _: dog.pids()[f"redis-{port}"] != pid)
         assert any(e.startswith(f"redis-{port} stopped sending heartbeats") for e in events), events
         conn = redis.Redis(host=host, port=port)
-        poll_until(dog, lambda _: local_cluster.answers(host, port, cluster.auth) and _role(conn) == "slave")
-        poll_until(dog, lambda _: local_cluster.cluster_ok(cluster.nodes, cluster.auth))
+        poll_until(dog, lambda _: cluster_admin.answers(host, port, cluster.auth) and _role(conn) == "slave")
+        poll_until(dog, lambda _: cluster_admin.cluster_ok(cluster.nodes, cluster.auth))
         promoted = [n for n in cluster.nodes[3:] if _role(redis.Redis(host=n[0], port=n[1])) == "master"]
         assert len(promoted) == 1, promoted  # the old primary's replica
         conn.close()
@@ -228,10 +229,10 @@ def test_a_supervised_primary_killed_keeps_what_its_replica_acked_through_the_re
         assert client.execute_command("WAIT", 1, 2000, target_nodes=node) == 1  # a replica holds them all
         pid = dog.pids()[f"redis-{node.port}"]
         os.kill(pid, signal.SIGKILL)
-        events = poll_until(dog, lambda _: local_cluster.cluster_ok(cluster.nodes, cluster.auth) and
+        events = poll_until(dog, lambda _: cluster_admin.cluster_ok(cluster.nodes, cluster.auth) and
                             dog.pids()[f"redis-{node.port}"] != pid)  # fmt: skip
         conn = redis.Redis(host=node.host, port=node.port)
-        poll_until(dog, lambda _: local_cluster.answers(node.host, node.port, cluster.auth) and _role(conn) == "slave")
+        poll_until(dog, lambda _: cluster_admin.answers(node.host, node.port, cluster.auth) and _role(conn) == "slave")
         conn.close()
         assert [client.get(f"{{r}}:k{i}") for i in range(100)] == [str(i).encode() for i in range(100)], events
         client.close()
@@ -263,7 +264,7 @@ d307 127.0.0.1:7001@17001 master,fail - 1796149290990 1796149289000 2 disconnect
     ],
 )
 def test_a_dead_node_may_restart_unless_it_is_a_primary_whose_replica_has_not_taken_over(view, port, safe):
-    assert local_cluster.restart_is_safe(view, "127.0.0.1", port) is safe
+    assert cluster_admin.restart_is_safe(view, "127.0.0.1", port) is safe
 
 
 def test_nodes_of_several_hosts_form_one_cluster_with_replicas():
@@ -271,8 +272,8 @@ def test_nodes_of_several_hosts_form_one_cluster_with_replicas():
     first Redis host forms them: the first half primaries, the second half their replicas."""
     with LocalRedisCluster(3, form=False) as host_a, LocalRedisCluster(3, form=False) as host_b:
         nodes = host_a.nodes + host_b.nodes
-        local_cluster.form_cluster(nodes, host_a.auth, replicas=1)
-        assert local_cluster.cluster_ok(nodes, host_a.auth)
+        cluster_admin.form_cluster(nodes, host_a.auth, replicas=1)
+        assert cluster_admin.cluster_ok(nodes, host_a.auth)
         conns = [redis.Redis(host=h, port=p) for h, p in nodes]
         roles = [_role(conn) for conn in conns]
         for conn in conns:
@@ -296,4 +297,4 @@ def test_join_forms_running_nodes_by_name_with_the_password_from_the_environment
         by_name = ",".join(f"localhost:{port}" for _, port in nodes.nodes)  # names, resolved to IPs
         assert main(["redis-cluster", "--join", by_name]) == 0
         assert "cluster of 3 nodes ok" in capsys.readouterr().out
-        assert local_cluster.cluster_ok(nodes.nodes, auth)
+        assert cluster_admin.cluster_ok(nodes.nodes, auth)

@@ -11,7 +11,7 @@ import redis
 from aggregator.client import AggregatorClient
 from aggregator.core import AggregatorCore
 from aggregator.service import AggregatorServer
-from buffer.client import IngestClient
+from buffer.ingest_client import IngestClient
 from buffer.service import IngestServer
 from buffer.storage import TemporalStorage
 from fleet.local_cluster import LocalRedisCluster

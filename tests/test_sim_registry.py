@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 from gymnasium.utils.env_checker import check_env
 
-from foundation.config import TASK_NAMES, RandomizationConfig
+from foundation.config import RandomizationConfig
+from foundation.config_experience import TASK_NAMES
 from foundation.wire import TransitionSchema
 from sim import (
     TASKS,

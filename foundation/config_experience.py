@@ -1,0 +1,160 @@
+"""Config of the experience loop: the simulator, the samplers that act in it, and the buffer
+that stores what they collect. `foundation.config.RunConfig` composes these sections.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from foundation.config_base import Check, config_field
+
+
+@dataclass(frozen=True)
+class RandomizationConfig:
+    """Domain randomization ranges. Scales multiply the model's nominal value."""
+
+    enabled: bool = config_field(True, "apply the ranges below; False gives the nominal task")
+    mass_scale: tuple[float, float] = config_field((0.8, 1.2), "per episode: object body mass scale")
+    friction_scale: tuple[float, float] = config_field((0.8, 1.2), "per episode: geom sliding friction scale")
+    damping_scale: tuple[float, float] = config_field((0.8, 1.2), "per episode: joint damping scale")
+    weld_stiffness_scale: tuple[float, float] = config_field(
+        (0.8, 1.2), "per episode: mocap weld stiffness scale (Fetch's arm follows the mocap weld)"
+    )
+    action_scale: tuple[float, float] = config_field((0.9, 1.1), "per episode: multiplier on the action")
+    obs_noise_std: float = config_field(0.001, "per step: std of Gaussian noise added to observations")
+    action_latency_steps: tuple[int, int] = config_field(
+        (0, 0), "per episode: actions take effect k steps late, k drawn from this range"
+    )
+
+
+# The names sim/registry.py registers, in task_id order: what validate() accepts as sim.task.
+# The config sits below the roles and imports none of them, so the names are kept here too;
+# sim/registry.py refuses to import when its TASKS and this tuple differ.
+TASK_NAMES = (
+    "FetchReach-v4",
+    "FetchPush-v4",
+    "FetchPickAndPlace-v4",
+    "FetchSlide-v4",
+    "MetaWorld-reach-v3",
+    "MetaWorld-push-v3",
+)
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    task: str = config_field("FetchReach-v4", "task name from the sim registry (sim/registry.py)")
+    tasks: tuple[str, ...] = config_field(
+        (),
+        "a multi-task run's tasks (sim/tasks.py: observations padded to one width plus a task one-hot); "
+        "() = sim.task alone",
+    )
+    randomization: RandomizationConfig = field(default_factory=RandomizationConfig)
+    control_hz: float = config_field(
+        0.0, "decisions per simulated second (sim/rate.py: same seconds and hand speed); 0 = Fetch's own 25 Hz"
+    )
+
+    def checks(self) -> list[Check]:
+        """(ok, field, limit) of every check on this section's fields; RunConfig.validate runs them."""
+        return [
+            (self.control_hz >= 0, "control_hz", ">= 0 (0 = the task's own rate)"),
+        ]
+
+
+@dataclass(frozen=True)
+class BufferConfig:
+    window_size_transitions: int = config_field(4096, "transitions per time window (the unit of eviction)")
+    capacity_transitions: int = config_field(1_000_000, "transitions kept; the oldest window is dropped past this")
+    max_batch_transitions: int = config_field(65_536, "largest TransitionBatch the ingest service accepts")
+    key_prefix: str = config_field("fleetrl", "prefix of every Redis key this run writes")
+    grpc_workers: int = config_field(4, "ingest service thread pool size")
+    stalled_write_timeout_sec: float = config_field(
+        30.0,
+        "a reserved range still unwritten after this long (its ingest and its sampler died) is skipped, "
+        "so readers move on; a late retry of it is stored elsewhere",
+    )
+    dedup_ttl_sec: int = config_field(
+        3600, "a sampler incarnation's dedup record expires this long after its last push"
+    )
+    replicas_to_ack: int = config_field(
+        0,
+        "Redis replicas that must hold a batch (WAIT) before it is acked: with replicas in the cluster, set "
+        "it to 1 so a primary's crash loses no acked transition; 0 = ack once the primaries hold it",
+    )
+    replica_wait_ms: int = config_field(2000, "how long one WAIT for replicas may take before the push fails")
+    samples_per_insert: float = config_field(
+        0.0,
+        "flow control (buffer/ratelimit.py): rows learners sample per row stored; 0 = learner.batch_size / "
+        "(sampler.max_env_steps_per_update * (1 + her_k)), none when that is <= 0",
+    )
+    rate_tolerance_rows: int = config_field(
+        0, "stored rows samplers may run ahead of (and learners behind) that ratio; 0 = the samplers' warm-up"
+    )
+
+    def checks(self) -> list[Check]:
+        """(ok, field, limit) of every check on this section's fields; RunConfig.validate runs them."""
+        return [
+            (self.window_size_transitions >= 1, "window_size_transitions", ">= 1"),
+            (self.stalled_write_timeout_sec > 0, "stalled_write_timeout_sec", "> 0"),
+            (
+                self.dedup_ttl_sec >= 60,
+                "dedup_ttl_sec",
+                ">= 60: a sampler retrying after its record expired would store its batch twice",
+            ),
+            (
+                self.capacity_transitions >= 2 * self.window_size_transitions,
+                "capacity_transitions",
+                ">= 2 * window_size_transitions: eviction drops a whole window",
+            ),
+            (self.replicas_to_ack >= 0, "replicas_to_ack", ">= 0"),
+            (self.replica_wait_ms >= 1, "replica_wait_ms", ">= 1"),
+        ]
+
+
+@dataclass(frozen=True)
+class SamplerConfig:
+    num_samplers: int = config_field(1, "sampler worker processes the local launcher starts")
+    her_k: int = config_field(4, "HER 'future' relabeled copies stored per transition (0 disables HER)")
+    her_k_unmoved: int = config_field(
+        -1,
+        "HER copies stored per transition of an episode whose achieved goal never left its first "
+        "success region (FetchPush: the object never moved); fewer make the episodes that moved "
+        "it a larger share of every batch; -1 = her_k",
+    )
+    random_steps: int = config_field(500, "env steps per sampler with uniform random actions before the policy acts")
+    random_action_prob: float = config_field(
+        0.0,
+        "share of acting steps taken uniformly at random (HER's epsilon exploration): keeps exploring "
+        "after SAC's temperature has fallen",
+    )
+    action_noise_std: float = config_field(
+        0.2, "learner.algo 'ddpg': std of the Gaussian noise added to the actor's action (the HER paper's 0.2)"
+    )
+    push_timeout_sec: float = config_field(10.0, "deadline of one Push call; it is retried until acked")
+    weights_interval_sec: float = config_field(0.2, "fetch new actor weights at most this often")
+    max_env_steps_per_update: float = config_field(
+        3.0,
+        "the replay ratio: env steps collected per gradient of learner.batch_size rows, kept by the "
+        "buffer's flow control (samplers wait when learners lag, learners when samplers do; the "
+        "samplers' random_steps come first); 0 = no flow control",
+    )
+    pin_cpus: bool = config_field(True, "pin each worker to one CPU (round-robin over allowed CPUs)")
+    mlock: bool = config_field(True, "mlockall the worker's memory; degrades with a warning when refused")
+    seed: int = config_field(
+        0, "base seed; each sampler process mixes in its index and incarnation, so restarts never replay episodes"
+    )
+
+    def checks(self) -> list[Check]:
+        """(ok, field, limit) of every check on this section's fields; RunConfig.validate runs them."""
+        return [
+            (self.num_samplers >= 1, "num_samplers", ">= 1: no sampler, no data"),
+            (
+                self.weights_interval_sec >= 0,
+                "weights_interval_sec",
+                ">= 0: the aggregator refuses a negative interval and samplers would never get weights",
+            ),
+            (self.her_k >= 0, "her_k", ">= 0"),
+            (self.action_noise_std >= 0, "action_noise_std", ">= 0"),
+            (self.her_k_unmoved >= -1, "her_k_unmoved", ">= -1 (-1: her_k)"),
+            (0.0 <= self.random_action_prob <= 1.0, "random_action_prob", "in [0, 1]"),
+            (self.max_env_steps_per_update >= 0, "max_env_steps_per_update", ">= 0"),
+        ]

@@ -1,0 +1,217 @@
+"""Config of the learning loop: the learners, their networks, and the aggregator that applies
+their gradients. `foundation.config.RunConfig` composes these sections.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from foundation.config_base import Check, config_field, one_of
+from foundation.policy import MODEL_KINDS, ROUTERS
+from foundation.wire import WIRE_DTYPES
+
+REPLAY_SAMPLING = ("uniform", "recency", "version")
+AUTOCAST = ("off", "bf16")  # learner.autocast
+TASK_SAMPLING = ("even", "success")  # learner.task_sampling: learner/task_schedule.py
+SWA_MODES = ("off", "plain", "layered")  # aggregator.swa: aggregator/swa.py
+DEVICES = ("auto", "cpu", "cuda")  # learner.device
+ALGOS = ("sac", "ddpg")
+
+
+@dataclass(frozen=True)
+class LearnerConfig:
+    num_learners: int = config_field(1, "learner processes the local launcher starts")
+    batch_size: int = config_field(256, "transitions per gradient")
+    hidden_sizes: tuple[int, ...] = config_field((256, 256), "hidden layer widths of actor and critics")
+    gamma: float = config_field(0.95, "discount; 0.95 with 50-step Fetch episodes as in the HER paper")
+    min_replay_transitions: int = config_field(1000, "learner waits until the buffer holds this many")
+    max_grad_staleness: int = config_field(1, "learner waits for fresher weights past this many versions behind")
+    algo: str = config_field(
+        "sac",
+        "'sac', or 'ddpg' (the HER paper's: deterministic actor, one critic, action penalty, "
+        "samplers add sampler.action_noise_std Gaussian noise); same networks and weight groups",
+    )
+    action_l2: float = config_field(1.0, "'ddpg': weight of the actor's penalty on the squared action")
+    target_entropy: float | None = config_field(None, "SAC target entropy; None = -action_dim")
+    torch_threads: int = config_field(
+        1, "torch intra-op threads in the learner (2 made 0.75x the updates/s of 1 in a 2-core Push fleet: fleet_arms)"
+    )
+    device: str = config_field("auto", "where the learner computes: 'cpu', 'cuda', or 'auto' (cuda when available)")
+    autocast: str = config_field(
+        "off",
+        "'off', or 'bf16': losses and their backward under torch.autocast bfloat16 (on CPUs with BF16 "
+        "instructions); weights, gradients and Adam stay float32. An option until a learning comparison",
+    )
+    prefetch: bool = config_field(
+        False,
+        "sample the next batch in a background thread while the current gradient is computed (off: on "
+        "2 CPU cores it cost the gradient more than it saved, benchmarks/learner_throughput.py)",
+    )
+    shared_memory: bool = config_field(
+        True,
+        "on the aggregator's host, weights and gradients go through /dev/shm segments, gRPC carrying "
+        "only which version or push (foundation/shm.py); other hosts, or false: all bytes over gRPC",
+    )
+    buffer_refresh_sec: float = config_field(0.05, "how often the learner looks for new transitions in Redis")
+    replay_sampling: str = config_field(
+        "uniform",
+        "how batches are drawn from the buffer: 'uniform'; 'recency' (a row's weight halves every "
+        "recency_half_life transitions of age); 'version' (only rows collected by a policy at most "
+        "max_policy_lag versions behind the learner's)",
+    )
+    recency_half_life: int = config_field(200_000, "'recency' sampling: transitions of age that halve a row's weight")
+    task_sampling: str = config_field(
+        "even",
+        "a multi-task run's share of each task in a batch: 'even', or 'success' (by the evaluator's newest "
+        "curve score: share = task_min_share + the rest in proportion to 1 - success, so a solved task "
+        "keeps task_min_share and the unsolved ones get the learner; learner/task_schedule.py)",
+    )
+    task_min_share: float = config_field(0.1, "'success' task sampling: the least share of a batch any task keeps")
+    max_policy_lag: int = config_field(20_000, "'version' sampling: versions a row's policy may lag the learner's")
+    gradient_wire_dtype: str = config_field(
+        "float32",
+        "how gradients travel to the aggregator: 'float32', or 'bfloat16' (rounded to 8 significant bits, "
+        "half the bytes, as PyTorch DDP's bf16_compress_hook; the aggregator's weights and Adam stay float32): "
+        "0.87x the aggregator's CPU per version, but FetchPush took more updates to 90% on 2 of 3 seeds",
+    )
+
+    def checks(self) -> list[Check]:
+        """(ok, field, limit) of every check on this section's fields; RunConfig.validate runs them."""
+        return [
+            (self.num_learners >= 1, "num_learners", ">= 1: no learner, no updates"),
+            (self.batch_size >= 1, "batch_size", ">= 1"),
+            (self.min_replay_transitions >= self.batch_size, "min_replay_transitions", ">= learner.batch_size"),
+            (self.max_grad_staleness >= 0, "max_grad_staleness", ">= 0"),
+            (self.device in DEVICES, "device", f"one of {one_of(DEVICES)}"),
+            (
+                self.gradient_wire_dtype in WIRE_DTYPES,
+                "gradient_wire_dtype",
+                f"one of {one_of(WIRE_DTYPES)} (foundation.wire.WIRE_DTYPES)",
+            ),
+            (
+                self.replay_sampling in REPLAY_SAMPLING,
+                "replay_sampling",
+                "one of " + ", ".join(repr(name) for name in REPLAY_SAMPLING),
+            ),
+            (self.recency_half_life >= 1, "recency_half_life", ">= 1"),
+            (self.task_sampling in TASK_SAMPLING, "task_sampling", f"one of {one_of(TASK_SAMPLING)}"),
+            (self.autocast in AUTOCAST, "autocast", f"one of {one_of(AUTOCAST)}"),
+            (0.0 <= self.task_min_share <= 1.0, "task_min_share", "in [0, 1]"),
+            (self.max_policy_lag >= 0, "max_policy_lag", ">= 0"),
+            (0.0 < self.gamma < 1.0, "gamma", "in (0, 1)"),
+            (self.algo in ALGOS, "algo", f"one of {ALGOS}"),
+        ]
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The networks' architecture beyond their widths (learner.hidden_sizes)."""
+
+    kind: str = config_field(
+        "dense", "'dense' MLPs, or 'moe': every hidden layer a mixture of experts gated on state and task"
+    )
+    experts: int = config_field(
+        32, "'moe': experts per hidden layer (training computes only the routed ones: cost grows with top_k, not this)"
+    )
+    top_k: int = config_field(2, "'moe': experts each input is routed to")
+    expert_width: int = config_field(
+        128,
+        "'moe': width of every expert (each MoE hidden layer; as many layers as learner.hidden_sizes); "
+        "0 = learner.hidden_sizes. 128 with top_k 2 is the dense default's active width (2 x 128 = 256)",
+    )
+    task_embed_dim: int = config_field(8, "'moe': width of the learned task embedding the gates see")
+    router: str = config_field(
+        "task",
+        "'moe': what the gates see: 'state' (normalized state ++ task embedding) or 'task' (the embedding "
+        "alone: each task keeps one routing, so `fleetrl export`'s frozen table is exact)",
+    )
+    task_norm: bool = config_field(
+        True,
+        "multi-task runs: standardize each task's inputs with its own statistics (one shared set mixes "
+        "tasks whose coordinates differ, e.g. Fetch and Meta-World, and squashes each task's range)",
+    )
+    balance_coef: float = config_field(0.01, "'moe': weight of the routers' load-balancing loss")
+    router_decay: float = config_field(
+        1.0,
+        "'moe': lambda of router decay: the balancing loss is scaled by exp(-lambda * ||policy gradient||), "
+        "so routing may specialize while the gradient is large",
+    )
+
+    def checks(self) -> list[Check]:
+        """(ok, field, limit) of every check on this section's fields; RunConfig.validate runs them."""
+        return [
+            (self.kind in MODEL_KINDS, "kind", f"one of {one_of(MODEL_KINDS)}"),
+            (self.experts >= 1, "experts", ">= 1"),
+            (self.router in ROUTERS, "router", f"one of {one_of(ROUTERS)}"),
+            (1 <= self.top_k <= self.experts, "top_k", "in 1..model.experts"),
+            (self.task_embed_dim >= 1, "task_embed_dim", ">= 1"),
+            (self.expert_width >= 0, "expert_width", ">= 0 (0 = learner.hidden_sizes)"),
+        ]
+
+
+@dataclass(frozen=True)
+class AggregatorConfig:
+    lr: float = config_field(1e-3, "Adam learning rate of actor, critics and temperature")
+    tau: float = config_field(0.05, "target critic Polyak factor per version")
+    init_log_alpha: float = config_field(-2.0, "initial log of the SAC temperature")
+    grads_per_step: int = config_field(
+        0, "K of K-of-M: a step closes once this many learners have a gradient pending; 0 = every learner (M)"
+    )
+    step_deadline_ms: float = config_field(
+        100.0,
+        "... or once its first gradient is this old, with what has arrived (a slow or departed learner "
+        "never stalls the others); 0 = wait for K",
+    )
+    staleness_power: float = config_field(
+        1.0,
+        "a step's gradients are averaged with weight batch_size / (1 + staleness)^p, staleness = versions "
+        "between the gradient's weights and the step; 0 = by batch size only",
+    )
+    max_grad_norm: float = config_field(
+        100.0,
+        "the global L2 norm of a step's mean gradient (all groups) is clipped to this, so one wild push "
+        "cannot poison Adam's moments; 0 = no clipping",
+    )
+    max_input_abs: float = config_field(
+        1e6, "normalizer statistics implying an input beyond this magnitude are rejected (a learner's bad batch)"
+    )
+    swa: str = config_field(
+        "off",
+        "actor weight averaging (aggregator/swa.py): 'layered' (a version joins only when the evaluator "
+        "scored it at least as well as the average; routers over a short window, experts over a long one "
+        "weighted by their activation), 'plain' (every scored version), or 'off'. On, the evaluator "
+        "also scores the average (twice the curve episodes) and fleetrl export takes the better one",
+    )
+    swa_router_window: int = config_field(3, "'layered' SWA: admitted versions the routers average over")
+    swa_expert_window: int = config_field(15, "SWA: admitted versions experts (and a dense actor) average over")
+    checkpoint_every_versions: int = config_field(500, "write a checkpoint every N versions")
+    keep_checkpoints: int = config_field(3, "checkpoints kept on disk (the newest)")
+    seed: int = config_field(0, "seed of the initial weights")
+
+    def checks(self) -> list[Check]:
+        """(ok, field, limit) of every check on this section's fields; RunConfig.validate runs them."""
+        return [
+            (0.0 < self.tau <= 1.0, "tau", "in (0, 1]"),
+            (self.lr > 0, "lr", "> 0"),
+            (self.max_grad_norm >= 0, "max_grad_norm", ">= 0 (0 = no clipping)"),
+            (self.max_input_abs > 0, "max_input_abs", "> 0"),
+            (self.checkpoint_every_versions >= 1, "checkpoint_every_versions", ">= 1"),
+            (
+                self.keep_checkpoints >= 1,
+                "keep_checkpoints",
+                ">= 1: a restarted aggregator resumes from the newest checkpoint",
+            ),
+            (
+                self.grads_per_step >= 0,
+                "grads_per_step",
+                ">= 0 (0 = number of learners): the aggregator could not start",
+            ),
+            (self.step_deadline_ms >= 0, "step_deadline_ms", ">= 0 (0 = no deadline)"),
+            (self.staleness_power >= 0, "staleness_power", ">= 0 (0 = no discount)"),
+            (self.swa in SWA_MODES, "swa", f"{one_of(SWA_MODES[:-1])} or {SWA_MODES[-1]!r}"),
+            (
+                1 <= self.swa_router_window <= self.swa_expert_window,
+                "swa_router_window",
+                "in 1..aggregator.swa_expert_window",
+            ),
+        ]
