@@ -79,6 +79,14 @@ def _parser(export_args: bool = True) -> argparse.ArgumentParser:
     train.add_argument("--max-wall-sec", type=float, help="stop after this many seconds")
     train.add_argument("--seed", type=int, help="seed of samplers and initial weights")
     train.add_argument(
+        "--redis-replicas",
+        type=int,
+        default=0,
+        metavar="N",
+        help="replicas per Redis primary: one takes over when its primary dies; acks then wait for a replica "
+        "(buffer.replicas_to_ack=1 unless --set gives it), so a primary's death loses no acked transition",
+    )
+    train.add_argument(
         "--mode",
         choices=("async", "sync"),
         default="async",
@@ -222,6 +230,14 @@ def _train(args: argparse.Namespace) -> int:
             raise ConfigError(f"--resume {run_dir}: no config.json there (not a run directory)")
         args.config = str(run_dir / "config.json")  # the run's own config; --set still overrides
         args.run_dir = str(run_dir)
+    if args.redis_replicas < 0 or (args.redis_replicas and args.mode == "sync"):
+        from foundation.config import ConfigError
+
+        raise ConfigError(
+            f"--redis-replicas ({args.redis_replicas}) must be >= 0, and 0 with --mode sync (which starts no Redis)"
+        )
+    if args.redis_replicas and not any(s.startswith("buffer.replicas_to_ack=") for s in args.set):
+        args.set.append("buffer.replicas_to_ack=1")  # as a fleet spec's redis_replicas does
     config = _config(args)
     if config.sim.tasks:
         from sim.tasks import TaskSet
@@ -240,7 +256,7 @@ def _train(args: argparse.Namespace) -> int:
 
         summary = run_sync(config, STARTED_AT, stop_event())
     else:
-        summary = LocalFleet(config, started_at=STARTED_AT).run()
+        summary = LocalFleet(config, started_at=STARTED_AT, redis_replicas=args.redis_replicas).run()
     print(f"\n{summary.stop_reason}")
     if summary.reached_target:
         print(
