@@ -6,7 +6,9 @@
 
 The fleet is `fleetrl train`'s (fleet/launch.py) with a Redis replica per primary, acks that
 wait for a replica, ack ledgers on samplers and learners, and a restart budget that a long
-soak cannot spend; fleet/chaos.py injects the faults, fleet/audit.py counts. The samplers'
+soak cannot spend; fleet/chaos.py injects the faults, fleet/audit.py counts. With
+`hosts="netns"` the samplers run on a host of their own (a network namespace joined by a veth
+pair: fleet/soak_hosts.py), and the network faults join the menu (fleet/chaos_net.py). The samplers'
 batches are looked up in Redis once the workers have stopped (their ledgers complete) and
 before Redis stops; the learners' gradients against the aggregator's final checkpoint.
 benchmarks/chaos_soak.py is the command line.
@@ -15,6 +17,7 @@ benchmarks/chaos_soak.py is the command line.
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -28,13 +31,17 @@ from fleet.audit import (
     read_acks,
     restart_times,
 )
-from fleet.chaos import Fault, Injector
+from fleet.chaos import NOT_AVAILABLE, Fault, Injector
+from fleet.chaos_net import LinkFaults, NetFaultRanges
 from fleet.launch import LocalFleet, Summary
 from fleet.local_cluster import LocalRedisCluster
+from fleet.netns import NetnsError, SamplerHost, shaping_unavailable, unavailable
+from fleet.soak_hosts import TwoHostFleet
 from fleet.watchdog import Watchdog
 from foundation.checkpoint import load_checkpoint
 from foundation.config import RunConfig, with_overrides
 
+HOSTS = ("local", "netns")  # run_soak's `hosts`
 # What a soak changes in the run's config, and why.
 SOAK_OVERRIDES = [
     "buffer.replicas_to_ack=1",  # an ack waits for a replica: a primary's SIGKILL may lose no acked batch
@@ -58,6 +65,7 @@ class SoakResult:
     aggregator_restarts: int = 0
     aggregator_fresh_starts: int = 0  # restarts that found no checkpoint to resume from
     errors: list[str] = field(default_factory=list)
+    not_available: dict[str, str] = field(default_factory=dict)  # faults left off the menu, and why
 
     def as_dict(self) -> dict:
         out = dataclasses.asdict(self)
@@ -109,18 +117,36 @@ def run_soak(
     stop_sec: float = 5.0,
     first_sec: float | None = None,
     plan: list[Fault] | None = None,
+    hosts: str = "local",
+    net_ranges: NetFaultRanges = NetFaultRanges(),
 ) -> SoakResult:
     """Run the fleet of `config` (soak_config) with a Redis replica per primary and a fault every
     `every_sec` (`every_sec` 0: none, the baseline arm) until its target or cap; `plan`: these
-    faults in order instead of random ones (tests)."""
+    faults in order instead of random ones (tests). `hosts`: "local" (every role on loopback) or
+    "netns" (the samplers on a host of their own, the network faults on the menu; NetnsError
+    where no namespace can be made here)."""
+    if hosts not in HOSTS:
+        raise ValueError(f"hosts ({hosts!r}) must be one of {HOSTS}")
     started = time.monotonic()
     every = every_sec or float("inf")
     first_sec = first_sec if every_sec else float("inf")  # the baseline arm: no fault, ever
-    injector = Injector(
-        config.run_dir, every, seed, stop_sec=stop_sec, first_sec=first_sec, plan=plan, started_at=started
-    )
-    soak = _Soak(injector, config)
-    summary = LocalFleet(config, started_at=started, redis_replicas=1).run(soak)
+    if hosts == "local":
+        injector = Injector(config.run_dir, every, seed, stop_sec=stop_sec, first_sec=first_sec, plan=plan,
+                            started_at=started)  # fmt: skip
+        soak = _Soak(injector, config)
+        summary = LocalFleet(config, started_at=started, redis_replicas=1).run(soak)
+        not_available = dict(NOT_AVAILABLE)
+    else:
+        reason = unavailable()
+        if reason is not None:
+            raise NetnsError(f"--hosts netns: {reason}")
+        with SamplerHost.create(f"{os.getpid() % 4096:03x}") as net:
+            links = LinkFaults(net, shaping_unavailable())
+            injector = Injector(config.run_dir, every, seed, stop_sec=stop_sec, first_sec=first_sec, plan=plan,
+                                started_at=started, links=links, net_ranges=net_ranges)  # fmt: skip
+            soak = _Soak(injector, config)
+            summary = TwoHostFleet(config, net, started_at=started, redis_replicas=1).run(soak)
+        not_available = dict(links.unavailable)
     run_dir = summary.run_dir
     restarts = restart_times(f"{run_dir}/events.jsonl", "aggregator")
     lives = aggregator_lives(_read(f"{run_dir}/logs/aggregator.log"))
@@ -147,6 +173,7 @@ def run_soak(
         aggregator_restarts=len(restarts),
         aggregator_fresh_starts=max(0, len(restarts) - len(lives)),
         errors=errors,
+        not_available=not_available,
     )
 
 
