@@ -20,7 +20,9 @@ import dataclasses
 import os
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from fleet.audit import (
     BatchAudit,
@@ -130,23 +132,14 @@ def run_soak(
     started = time.monotonic()
     every = every_sec or float("inf")
     first_sec = first_sec if every_sec else float("inf")  # the baseline arm: no fault, ever
-    if hosts == "local":
+
+    def observer(links: LinkFaults | None) -> _Soak:
         injector = Injector(config.run_dir, every, seed, stop_sec=stop_sec, first_sec=first_sec, plan=plan,
-                            started_at=started)  # fmt: skip
-        soak = _Soak(injector, config)
-        summary = LocalFleet(config, started_at=started, redis_replicas=1).run(soak)
-        not_available = dict(NOT_AVAILABLE)
-    else:
-        reason = unavailable()
-        if reason is not None:
-            raise NetnsError(f"--hosts netns: {reason}")
-        with SamplerHost.create(f"{os.getpid() % 4096:03x}") as net:
-            links = LinkFaults(net, shaping_unavailable())
-            injector = Injector(config.run_dir, every, seed, stop_sec=stop_sec, first_sec=first_sec, plan=plan,
-                                started_at=started, links=links, net_ranges=net_ranges)  # fmt: skip
-            soak = _Soak(injector, config)
-            summary = TwoHostFleet(config, net, started_at=started, redis_replicas=1).run(soak)
-        not_available = dict(links.unavailable)
+                            started_at=started, links=links, net_ranges=net_ranges)  # fmt: skip
+        return _Soak(injector, config)
+
+    summary, soak, not_available = _run_fleet(config, hosts, started, observer)
+    injector = soak.injector
     run_dir = summary.run_dir
     restarts = restart_times(f"{run_dir}/events.jsonl", "aggregator")
     lives = aggregator_lives(_read(f"{run_dir}/logs/aggregator.log"))
@@ -175,6 +168,28 @@ def run_soak(
         errors=errors,
         not_available=not_available,
     )
+
+
+class _Ran(NamedTuple):
+    summary: Summary
+    soak: _Soak
+    not_available: dict[str, str]  # faults left off the menu, and why
+
+
+def _run_fleet(config: RunConfig, hosts: str, started: float, observer: Callable[[LinkFaults | None], _Soak]) -> _Ran:
+    """The soak's fleet until its stop rule: on loopback, or with the samplers on a sampler host
+    whose link the observer may cut (the host is removed whole when the fleet has stopped)."""
+    if hosts == "local":
+        soak = observer(None)
+        return _Ran(LocalFleet(config, started_at=started, redis_replicas=1).run(soak), soak, dict(NOT_AVAILABLE))
+    reason = unavailable()
+    if reason is not None:
+        raise NetnsError(f"--hosts netns: {reason}")
+    with SamplerHost.create(f"{os.getpid() % 4096:03x}") as net:
+        links = LinkFaults(net, shaping_unavailable())
+        soak = observer(links)
+        summary = TwoHostFleet(config, net, started_at=started, redis_replicas=1).run(soak)
+    return _Ran(summary, soak, dict(links.unavailable))
 
 
 def _read(path: str) -> str:
