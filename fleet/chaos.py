@@ -32,6 +32,7 @@ import redis
 
 from fleet.chaos_net import NETWORK_FAULTS, LinkFaults, NetFaultRanges
 from fleet.local_cluster import LocalRedisCluster, may_restart
+from fleet.netns import NetnsError
 from fleet.watchdog import Watchdog
 from foundation.transport import Security
 
@@ -155,6 +156,7 @@ class Injector:
         self.next_at: float | None = None  # set at the first tick
         self.records: list[FaultRecord] = []
         self.skipped: list[str] = []  # planned faults whose target was down at their time
+        self.errors: list[str] = []  # network faults that `ip` or `tc` refused to make or undo
         self.paused = False  # once the run's stop rule fired: no new faults
         # record, watches (None: a network fault still in effect), restarts before
         self._open: list[tuple[FaultRecord, list[Watch] | None, int]] = []
@@ -230,8 +232,13 @@ class Injector:
         net = self.links.draw(fault.kind, fault.target, self.rng, self.net_ranges)
         record = FaultRecord(str(fault), round(time.monotonic() - self.started, 2), fault.target, None)
         record.version_at_fault = self._beat("aggregator").get("counters", {}).get("version")
-        record.detail = {**net.detail(), "acked_env_steps_at_fault": self._samplers_acked(dog)}
-        self.links.apply(net)
+        record.detail = net.detail()
+        try:
+            self.links.apply(net)
+        except NetnsError as err:  # the soak goes on without this fault, and says why
+            self.errors.append(f"{fault}: {err}")
+            return None
+        record.detail["at_time"] = time.time()  # epoch, the ledgers' clock: from the link's change on
         self.records.append(record)
         self._undo_at = (time.monotonic() + net.for_sec, record)
         self._open.append((record, None, 0))  # watched once the link is back: never recovered before
@@ -244,19 +251,16 @@ class Injector:
             return
         record = self._undo_at[1]
         assert self.links is not None
-        self.links.undo()
+        record.detail["undone_time"] = time.time()  # until just before the link is back
+        try:
+            self.links.undo()
+        except NetnsError as err:  # the samplers may stay cut off: the record will not recover
+            self.errors.append(f"undo {record.fault}: {err}")
         self._undo_at = None
         record.cont_sec = round(now - self.started, 2)
-        during = self._samplers_acked(dog) - record.detail["acked_env_steps_at_fault"]
-        record.detail["acked_env_steps_during"] = during  # heartbeats: up to ~2 s of acks either side
         samplers = [role for role in sorted(dog.roles) if role.startswith("sampler-")]
         watches = [self._watch(role, time.time(), None) for role in samplers]
         self._open = [(r, watches if r is record else w, n) for r, w, n in self._open]
-
-    def _samplers_acked(self, dog: Watchdog) -> float:
-        """The samplers' acked env steps, summed over their heartbeats (each up to 2 s old)."""
-        beats = [self._beat(role) for role in dog.roles if role.startswith("sampler-")]
-        return sum(float(b.get("counters", {}).get("acked_env_steps", 0.0)) for b in beats)
 
     def _watch(self, role: str, since: float, killed_pid: int | None) -> Watch:
         beat = self._beat(role)

@@ -124,7 +124,11 @@ class LinkFaults:
             self.link.set_link(SIDE[fault.target], up=False)
         else:
             assert fault.shaping is not None
-            self.link.shape(fault.shaping)
+            try:
+                self.link.shape(fault.shaping)
+            except Exception:
+                self.link.unshape()  # one end may have taken it: neither keeps it
+                raise
         self.active = fault
 
     def undo(self) -> None:

@@ -27,6 +27,7 @@ from typing import NamedTuple
 from fleet.audit import (
     BatchAudit,
     GradientAudit,
+    acked_env_steps_between,
     aggregator_lives,
     audit_batches,
     audit_gradients,
@@ -150,7 +151,12 @@ def run_soak(
             # version at the fault is the aggregator's heartbeat's, up to a second old).
             record.detail["resumed_from"], record.detail["resumed_at"] = life.restored, life.resumed
             record.detail["versions_rolled_back"] = max(0, int(record.version_at_fault or 0) - life.restored)
-    gradients, errors = None, list(soak.errors)
+    sampler_acks = read_acks(f"{run_dir}/acks", "sampler-")
+    for record in injector.records:
+        if "undone_time" in record.detail:  # a network fault: what got through while it lasted
+            window = (record.detail["at_time"], record.detail["undone_time"])
+            record.detail["acked_env_steps_during"] = acked_env_steps_between(sampler_acks, *window)
+    gradients, errors = None, [*soak.errors, *injector.errors]
     try:
         final_version = int(load_checkpoint(f"{run_dir}/checkpoints")["version"])
         gradients = audit_gradients(read_acks(f"{run_dir}/acks", "learner-"), lives, final_version, restarts)

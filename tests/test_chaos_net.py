@@ -20,7 +20,7 @@ from fleet.chaos_net import (
     NetFaultRanges,
     draw,
 )
-from fleet.netns import SamplerHost, Shaping
+from fleet.netns import NetnsError, SamplerHost, Shaping
 from fleet.watchdog import Watchdog
 from tests.test_chaos import FakeDog, beat
 
@@ -145,11 +145,12 @@ def test_the_injector_restores_the_link_on_time_and_times_recovery_from_the_samp
     assert injector.inject(dog, None, Fault(SLOW, "link")) is None  # type: ignore[arg-type]  # one at a time
     injector.tick(dog, None)  # type: ignore[arg-type]
     assert len(link.calls) == 1 and record.cont_sec is None  # still down
-    write("sampler-0", time.time(), acked_env_steps=150)  # acked before the cut, its heartbeat late
+    write("sampler-0", time.time(), acked_env_steps=150)  # a heartbeat during the cut: it says nothing
     time.sleep(0.25)
     injector.tick(dog, None)  # type: ignore[arg-type]
     assert link.calls[-1] == ("link", "sampler", True) and record.cont_sec is not None
-    assert record.detail["for_sec"] == 0.2 and record.detail["acked_env_steps_during"] == 50
+    assert record.detail["for_sec"] == 0.2
+    assert record.detail["undone_time"] - record.detail["at_time"] >= 0.2  # the ledgers' window, epoch
     write("sampler-0", time.time() + 0.01, acked_env_steps=150)  # after the link is back, not moved yet
     write("sampler-1", time.time() + 0.01, acked_env_steps=120)
     injector.tick(dog, None)  # type: ignore[arg-type]
@@ -172,3 +173,21 @@ def test_network_faults_join_the_random_menu_one_at_a_time_and_stopping_restores
     injector.stopping(dog, None)  # type: ignore[arg-type]
     assert link.calls[-1] in (("link", "sampler", True), ("link", "services", True), ("unshape",))
     assert network[0].cont_sec is not None
+
+
+def test_a_fault_the_kernel_refuses_is_reported_and_the_soak_goes_on(tmp_path):
+    class RefusingLink(FakeLink):
+        def shape(self, shaping: Shaping) -> None:
+            raise NetnsError("`tc qdisc replace ...` failed: Operation not permitted")
+
+    dog = cast(Watchdog, FakeDog())
+    injector = Injector(tmp_path, every_sec=3600, seed=0, links=LinkFaults(RefusingLink(), ALL))
+    assert injector.inject(dog, None, Fault(SLOW, "link")) is None  # type: ignore[arg-type]
+    assert injector.records == [] and "Operation not permitted" in injector.errors[0]
+    assert link_calls(injector) == [("unshape",)]  # an end that took it gives it back
+    assert injector.inject(dog, None, Fault(PARTITION, SAMPLER_HOST)) is not None  # type: ignore[arg-type]
+
+
+def link_calls(injector: Injector) -> list[tuple]:
+    assert injector.links is not None
+    return cast(FakeLink, injector.links.link).calls

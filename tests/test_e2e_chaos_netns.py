@@ -104,9 +104,12 @@ def test_a_soak_over_two_hosts_rides_out_partitions_and_a_slow_link_and_loses_no
         assert fault["pid"] is None and 2.0 <= fault["detail"]["for_sec"] <= 3.0, fault
         assert fault["cont_sec"] - fault["at_sec"] >= fault["detail"]["for_sec"] - 0.01, fault
         assert fault["recovered_sec"] > fault["detail"]["for_sec"], fault
+    batches, gradients = figures["batches"], figures["gradients"]
+    per_batch = batches["acked_env_steps"] / batches["acked_batches"]
+    for cut in ("PARTITION sampler-host", "PARTITION services-host"):  # nothing through a cut link but
+        assert faults[cut]["detail"]["acked_env_steps_during"] <= 2 * per_batch, faults[cut]  # an ack on the wire
     if slow:
         assert faults["SLOW link"]["detail"]["qdisc"] in ("netem", "tbf")
-    batches, gradients = figures["batches"], figures["gradients"]
     assert batches["acked_batches"] > 0 and gradients["acked"] > 0
     assert figures["evicted_windows"] == 0
     assert (batches["lost"], batches["doubled"], batches["acked_twice"]) == (0, 0, 0), batches
