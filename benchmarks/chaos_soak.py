@@ -2,14 +2,19 @@
 
     python3 benchmarks/chaos_soak.py [--task FetchPush-v4] [--seed 0] [--every 60] [--stop-sec 5]
                                      [--max-wall-sec 1800] [--target-success 0.9] [--no-faults]
-                                     [--plan 'SIGKILL aggregator,...'] [--set section.field=value ...]
+                                     [--plan 'SIGKILL aggregator,...'] [--hosts local|netns] [--net-fault-sec 5,20]
+                                     [--set section.field=value ...]
                                      [--run-dir DIR] [--out R.json]
 
 Starts `fleetrl train`'s local fleet (fleet/soak.py: a Redis replica per primary,
 buffer.replicas_to_ack=1, two samplers, one learner, ack ledgers on both) and, every `--every`
 seconds, a fault picked by a generator seeded with `--seed` from: SIGKILL and SIGSTOP (SIGCONT
-after `--stop-sec`) of every role process, and SIGKILL of a Redis primary (fleet/chaos.py; the
-network faults are listed as not available, with why). It runs until the evaluator's target or
+after `--stop-sec`) of every role process, and SIGKILL of a Redis primary (fleet/chaos.py). With
+`--hosts netns` (root, iproute2) the samplers run in a network namespace of their own joined to
+the services by a veth pair, and three network faults join the menu (fleet/chaos_net.py): a
+partition of the sampler host or of the services' host (its end of the link down for 5-20 s), and
+a slow link (netem: 50-200 ms delay, 1-10% loss, for 5-20 s) where the kernel has netem. Faults
+that cannot be injected are listed under not_available, with why. It runs until the evaluator's target or
 `--max-wall-sec`, then audits from both ends (fleet/audit.py): acked batches (the samplers'
 ledgers) against the rows in Redis, acked gradients (the learner's ledger) against the history
 of the weights, and versions reused. `--no-faults` runs the same fleet without faults (the
@@ -27,9 +32,11 @@ import sys
 
 from common import result_record, write_result  # benchmarks/common.py (this script's folder)
 
-from fleet.chaos import NOT_AVAILABLE, Fault
+from fleet.chaos import Fault
+from fleet.chaos_net import NetFaultRanges
+from fleet.netns import NetnsError
 from fleet.presets import preset_config
-from fleet.soak import SoakResult, run_soak, soak_config
+from fleet.soak import HOSTS, SoakResult, run_soak, soak_config
 from foundation.config import RunConfig
 
 
@@ -62,7 +69,8 @@ def print_table(result: SoakResult) -> None:
     print(f"\n{'at (s)':>8} {'fault':<28} {'target':<14} {'pid':>8} {'recovered (s)':>14} {'restarts':>9}")
     for f in result.faults:
         rec = "-" if f["recovered_sec"] is None else f"{f['recovered_sec']:.1f}"
-        print(f"{f['at_sec']:>8.1f} {f['fault']:<28} {f['target']:<14} {f['pid']:>8} {rec:>14} {f['restarts']:>9}")
+        pid = "-" if f["pid"] is None else f["pid"]  # a network fault
+        print(f"{f['at_sec']:>8.1f} {f['fault']:<28} {f['target']:<14} {pid:>8} {rec:>14} {f['restarts']:>9}")
     s = result.summary
     reached = f"{s.wall_sec_to_target:.0f}s" if s.reached_target and s.wall_sec_to_target else "no"
     print(
@@ -82,6 +90,8 @@ def print_table(result: SoakResult) -> None:
             f"rolled back by aggregator crashes {g.rolled_back}); history steps {g.history_steps}; "
             f"applied twice {g.applied_twice}; versions reused {g.versions_reused}"
         )
+    for fault, why in result.not_available.items():
+        print(f"not injected: {fault}: {why}")
     for error in result.errors:
         print(f"error: {error}")
 
@@ -100,7 +110,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--plan",
         help="these faults in this order instead of random ones, e.g. 'SIGKILL aggregator,SIGSTOP sampler-1,"
-        "SIGKILL redis-primary'",
+        "SIGKILL redis-primary'; with --hosts netns also 'PARTITION sampler-host', 'PARTITION services-host', "
+        "'SLOW link'",
+    )
+    p.add_argument(
+        "--hosts",
+        choices=HOSTS,
+        default="local",
+        help="local: every role on loopback; netns: the samplers on a network namespace of their own (root, "
+        "iproute2), with partitions and a slow link among the faults",
+    )
+    p.add_argument(
+        "--net-fault-sec",
+        default="5,20",
+        metavar="LOW,HIGH",
+        help="--hosts netns: a partition or a slow link lasts a uniform draw from this range, then is undone",
     )
     p.add_argument("--set", action="append", default=[], help="section.field=value (JSON), after the soak's own")
     p.add_argument("--run-dir")
@@ -109,14 +133,22 @@ def main(argv: list[str] | None = None) -> int:
     config = config_from(args)
     plan = [Fault(*item.split()) for item in args.plan.split(",")] if args.plan else None
     every = 0.0 if args.no_faults else args.every
-    result = run_soak(config, every, args.seed, stop_sec=args.stop_sec, first_sec=args.first, plan=plan)
+    low, high = (float(x) for x in args.net_fault_sec.split(","))
+    net_ranges = NetFaultRanges(down_sec=(low, high), slow_sec=(low, high))
+    try:
+        result = run_soak(config, every, args.seed, stop_sec=args.stop_sec, first_sec=args.first, plan=plan,
+                          hosts=args.hosts, net_ranges=net_ranges)  # fmt: skip
+    except NetnsError as err:  # no namespace, link or qdisc here: say why, start nothing
+        print(f"chaos_soak: {err}", file=sys.stderr)
+        return 2
     figures = {
         "task": args.task,
         "seed": args.seed,
         "every_sec": None if args.no_faults else args.every,
         "stop_sec": args.stop_sec,
         "plan": args.plan,
-        "not_available": NOT_AVAILABLE,
+        "hosts": args.hosts,
+        "net_fault_sec": [low, high],
         **result.as_dict(),
         "problems": problems(result),
     }

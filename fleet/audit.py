@@ -46,6 +46,12 @@ def read_acks(directory: str | os.PathLike, name_prefix: str) -> list[dict]:
     return rows
 
 
+def acked_env_steps_between(rows: Iterable[dict], since: float, until: float) -> int:
+    """Env steps acked in [since, until) (epoch seconds, the ledgers' `time`): what a sampler
+    host got through while a network fault lasted."""
+    return sum(int(r.get("env_steps", 0)) for r in rows if since <= float(r.get("time", -1.0)) < until)
+
+
 def _push_key(row: dict) -> tuple[str, int, int]:
     return row["ledger"], int(row["incarnation"]), int(row["seq"])
 

@@ -86,6 +86,14 @@ def _train(args: argparse.Namespace) -> int:
             raise ConfigError(f"--resume {run_dir}: no config.json there (not a run directory)")
         args.config = str(run_dir / "config.json")  # the run's own config; --set still overrides
         args.run_dir = str(run_dir)
+    if args.redis_replicas < 0 or (args.redis_replicas and args.mode == "sync"):
+        from foundation.config import ConfigError
+
+        raise ConfigError(
+            f"--redis-replicas ({args.redis_replicas}) must be >= 0, and 0 with --mode sync (which starts no Redis)"
+        )
+    if args.redis_replicas and not any(s.startswith("buffer.replicas_to_ack=") for s in args.set):
+        args.set.append("buffer.replicas_to_ack=1")  # as a fleet spec's redis_replicas does
     config = _config(args)
     if config.sim.tasks:
         from sim.tasks import TaskSet
@@ -104,7 +112,7 @@ def _train(args: argparse.Namespace) -> int:
 
         summary = run_sync(config, STARTED_AT, stop_event())
     else:
-        summary = LocalFleet(config, started_at=STARTED_AT).run()
+        summary = LocalFleet(config, started_at=STARTED_AT, redis_replicas=args.redis_replicas).run()
     print(f"\n{summary.stop_reason}")
     if summary.reached_target:
         print(

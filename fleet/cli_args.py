@@ -76,6 +76,14 @@ def _add_train(sub: Any) -> None:
     train.add_argument("--max-wall-sec", type=float, help="stop after this many seconds")
     train.add_argument("--seed", type=int, help="seed of samplers and initial weights")
     train.add_argument(
+        "--redis-replicas",
+        type=int,
+        default=0,
+        metavar="N",
+        help="replicas per Redis primary: one takes over when its primary dies; acks then wait for a replica "
+        "(buffer.replicas_to_ack=1 unless --set gives it), so a primary's death loses no acked transition",
+    )
+    train.add_argument(
         "--mode",
         choices=("async", "sync"),
         default="async",

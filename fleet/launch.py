@@ -34,7 +34,7 @@ from fleet.observer import FleetObserver, Unobserved
 from fleet.progress import Progress, Snapshot
 from fleet.spec import FleetHost, FleetSpec, HostSpec, Workers
 from fleet.summary import INTERRUPTED, Ending, Summary, final_score, stop_reason, write_summary
-from fleet.watchdog import Watchdog
+from fleet.watchdog import RoleSpec, Watchdog
 from foundation.config import RunConfig
 from foundation.cpu import CpuMeter
 from foundation.process import free_port, stop_event
@@ -128,9 +128,7 @@ class LocalFleet:
         Benchmarks leave out learners or the evaluator, and use max_restarts=0.
         """
         spec = self.spec(cluster)
-        host = FleetHost(spec, "local", self.config, self._stop, host_dir=self.run_dir, security=self.security,
-                         max_restarts=max_restarts)  # fmt: skip
-        roles = host.roles(str(self.run_dir / "config.json"))
+        roles = self.roles(spec, max_restarts)
         kinds = {"aggregator", "sampler", *(["evaluator"] if evaluator else [])}
         for role in roles:  # everything that needs no Redis first
             if role.name.split("-")[0] in kinds:
@@ -144,6 +142,13 @@ class LocalFleet:
         self._wait_ready(dog, "aggregator", aggregator)
         self._wait_ready(dog, "buffer", buffer)
         return buffer, aggregator
+
+    def roles(self, spec: FleetSpec, max_restarts: int | None) -> list[RoleSpec]:
+        """Every role process of the run: here, those of the spec's one host (the chaos soak's
+        fleet puts the samplers on a host of their own: fleet/soak_hosts.py)."""
+        host = FleetHost(spec, "local", self.config, self._stop, host_dir=self.run_dir, security=self.security,
+                         max_restarts=max_restarts)  # fmt: skip
+        return host.roles(str(self.run_dir / "config.json"))
 
     @staticmethod
     def stop_roles(dog: Watchdog) -> None:

@@ -6,7 +6,9 @@
 
 The fleet is `fleetrl train`'s (fleet/launch.py) with a Redis replica per primary, acks that
 wait for a replica, ack ledgers on samplers and learners, and a restart budget that a long
-soak cannot spend; fleet/chaos.py injects the faults, fleet/audit.py counts. The samplers'
+soak cannot spend; fleet/chaos.py injects the faults, fleet/audit.py counts. With
+`hosts="netns"` the samplers run on a host of their own (a network namespace joined by a veth
+pair: fleet/soak_hosts.py), and the network faults join the menu (fleet/chaos_net.py). The samplers'
 batches are looked up in Redis once the workers have stopped (their ledgers complete) and
 before Redis stops; the learners' gradients against the aggregator's final checkpoint.
 benchmarks/chaos_soak.py is the command line.
@@ -15,26 +17,34 @@ benchmarks/chaos_soak.py is the command line.
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from fleet.audit import (
     BatchAudit,
     GradientAudit,
+    acked_env_steps_between,
     aggregator_lives,
     audit_batches,
     audit_gradients,
     read_acks,
     restart_times,
 )
-from fleet.chaos import Fault, Injector
+from fleet.chaos import NOT_AVAILABLE, Fault, Injector
+from fleet.chaos_net import LinkFaults, NetFaultRanges
 from fleet.launch import LocalFleet, Summary
 from fleet.local_cluster import LocalRedisCluster
+from fleet.netns import NetnsError, SamplerHost, shaping_unavailable, unavailable
+from fleet.soak_hosts import TwoHostFleet
 from fleet.watchdog import Watchdog
 from foundation.checkpoint import load_checkpoint
 from foundation.config import RunConfig, with_overrides
 
+HOSTS = ("local", "netns")  # run_soak's `hosts`
 # What a soak changes in the run's config, and why.
 SOAK_OVERRIDES = [
     "buffer.replicas_to_ack=1",  # an ack waits for a replica: a primary's SIGKILL may lose no acked batch
@@ -58,6 +68,7 @@ class SoakResult:
     aggregator_restarts: int = 0
     aggregator_fresh_starts: int = 0  # restarts that found no checkpoint to resume from
     errors: list[str] = field(default_factory=list)
+    not_available: dict[str, str] = field(default_factory=dict)  # faults left off the menu, and why
 
     def as_dict(self) -> dict:
         out = dataclasses.asdict(self)
@@ -109,18 +120,27 @@ def run_soak(
     stop_sec: float = 5.0,
     first_sec: float | None = None,
     plan: list[Fault] | None = None,
+    hosts: str = "local",
+    net_ranges: NetFaultRanges = NetFaultRanges(),
 ) -> SoakResult:
     """Run the fleet of `config` (soak_config) with a Redis replica per primary and a fault every
     `every_sec` (`every_sec` 0: none, the baseline arm) until its target or cap; `plan`: these
-    faults in order instead of random ones (tests)."""
+    faults in order instead of random ones (tests). `hosts`: "local" (every role on loopback) or
+    "netns" (the samplers on a host of their own, the network faults on the menu; NetnsError
+    where no namespace can be made here)."""
+    if hosts not in HOSTS:
+        raise ValueError(f"hosts ({hosts!r}) must be one of {HOSTS}")
     started = time.monotonic()
     every = every_sec or float("inf")
     first_sec = first_sec if every_sec else float("inf")  # the baseline arm: no fault, ever
-    injector = Injector(
-        config.run_dir, every, seed, stop_sec=stop_sec, first_sec=first_sec, plan=plan, started_at=started
-    )
-    soak = _Soak(injector, config)
-    summary = LocalFleet(config, started_at=started, redis_replicas=1).run(soak)
+
+    def observer(links: LinkFaults | None) -> _Soak:
+        injector = Injector(config.run_dir, every, seed, stop_sec=stop_sec, first_sec=first_sec, plan=plan,
+                            started_at=started, links=links, net_ranges=net_ranges)  # fmt: skip
+        return _Soak(injector, config)
+
+    summary, soak, not_available = _run_fleet(config, hosts, started, observer)
+    injector = soak.injector
     run_dir = summary.run_dir
     restarts = restart_times(f"{run_dir}/events.jsonl", "aggregator")
     lives = aggregator_lives(_read(f"{run_dir}/logs/aggregator.log"))
@@ -131,7 +151,12 @@ def run_soak(
             # version at the fault is the aggregator's heartbeat's, up to a second old).
             record.detail["resumed_from"], record.detail["resumed_at"] = life.restored, life.resumed
             record.detail["versions_rolled_back"] = max(0, int(record.version_at_fault or 0) - life.restored)
-    gradients, errors = None, list(soak.errors)
+    sampler_acks = read_acks(f"{run_dir}/acks", "sampler-")
+    for record in injector.records:
+        if "undone_time" in record.detail:  # a network fault: what got through while it lasted
+            window = (record.detail["at_time"], record.detail["undone_time"])
+            record.detail["acked_env_steps_during"] = acked_env_steps_between(sampler_acks, *window)
+    gradients, errors = None, [*soak.errors, *injector.errors]
     try:
         final_version = int(load_checkpoint(f"{run_dir}/checkpoints")["version"])
         gradients = audit_gradients(read_acks(f"{run_dir}/acks", "learner-"), lives, final_version, restarts)
@@ -147,7 +172,30 @@ def run_soak(
         aggregator_restarts=len(restarts),
         aggregator_fresh_starts=max(0, len(restarts) - len(lives)),
         errors=errors,
+        not_available=not_available,
     )
+
+
+class _Ran(NamedTuple):
+    summary: Summary
+    soak: _Soak
+    not_available: dict[str, str]  # faults left off the menu, and why
+
+
+def _run_fleet(config: RunConfig, hosts: str, started: float, observer: Callable[[LinkFaults | None], _Soak]) -> _Ran:
+    """The soak's fleet until its stop rule: on loopback, or with the samplers on a sampler host
+    whose link the observer may cut (the host is removed whole when the fleet has stopped)."""
+    if hosts == "local":
+        soak = observer(None)
+        return _Ran(LocalFleet(config, started_at=started, redis_replicas=1).run(soak), soak, dict(NOT_AVAILABLE))
+    reason = unavailable()
+    if reason is not None:
+        raise NetnsError(f"--hosts netns: {reason}")
+    with SamplerHost.create(f"{os.getpid() % 4096:03x}") as net:
+        links = LinkFaults(net, shaping_unavailable())
+        soak = observer(links)
+        summary = TwoHostFleet(config, net, started_at=started, redis_replicas=1).run(soak)
+    return _Ran(summary, soak, dict(links.unavailable))
 
 
 def _read(path: str) -> str:

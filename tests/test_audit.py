@@ -9,6 +9,7 @@ import pytest
 
 from fleet.audit import (
     Life,
+    acked_env_steps_between,
     aggregator_lives,
     audit_batches,
     audit_gradients,
@@ -129,3 +130,12 @@ def test_restart_times_are_the_watchdogs_restarts_of_that_role(tmp_path):
     events.write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert restart_times(events, "aggregator") == [1.0, 4.0]
     assert restart_times(tmp_path / "none.jsonl", "aggregator") == []
+
+
+@pytest.mark.parametrize(
+    "since,until,steps",
+    [(10.0, 20.0, 100), (10.5, 20.0, 50), (0.0, 10.0, 0), (20.0, 30.0, 50), (30.0, 40.0, 0)],  # [since, until)
+)
+def test_acked_env_steps_between_count_the_ledger_rows_in_the_window(since, until, steps):
+    rows = [{"time": 10.0, "env_steps": 50}, {"time": 15.0, "env_steps": 50}, {"time": 20.0, "env_steps": 50}]
+    assert acked_env_steps_between(rows, since, until) == steps

@@ -18,7 +18,7 @@ def test_the_menu_kills_and_stops_every_role_and_kills_a_redis_primary_only_with
     menu = fault_menu(ROLES, redis_replicas=1)
     assert Fault("SIGKILL", REDIS_PRIMARY) in menu
     assert {f.target for f in menu} == {*ROLES[:6], REDIS_PRIMARY}
-    assert sum(f.signal == "SIGSTOP" for f in menu) == 6  # every role but Redis, and no Redis node stopped
+    assert sum(f.kind == "SIGSTOP" for f in menu) == 6  # every role but Redis, and no Redis node stopped
     assert Fault("SIGKILL", REDIS_PRIMARY) not in fault_menu(ROLES, redis_replicas=0)
 
 

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
 from fleet.cli import main
+from foundation.config import RunConfig
 
 SERVICE_FLAGS = ("--port", "--listen", "--advertise", "--ready-file")
 
@@ -32,3 +35,44 @@ def test_a_flag_a_role_does_not_read_is_refused(capsys):
     with pytest.raises(SystemExit) as done:
         main(["learner", "--redis", "127.0.0.1:7000", "--aggregator", "127.0.0.1:50052", "--listen", "0.0.0.0:1"])
     assert done.value.code == 2 and "unrecognized arguments: --listen" in capsys.readouterr().err
+
+
+class _FakeFleet:
+    """LocalFleet's place in `fleetrl train`: records what it was built with, runs nothing."""
+
+    built: list[tuple[RunConfig, int]] = []
+
+    def __init__(self, config: RunConfig, started_at: float, redis_replicas: int = 0) -> None:
+        _FakeFleet.built.append((config, redis_replicas))
+        self.run_dir = config.run_dir
+
+    def run(self) -> SimpleNamespace:
+        reached = {"target_success": 0.9, "wall_sec_to_target": 1.0, "env_steps_to_target": 1, "version_to_target": 1}
+        return SimpleNamespace(stop_reason="done", reached_target=True, mode="async", run_dir=self.run_dir, **reached)
+
+
+@pytest.mark.parametrize(
+    "flags,replicas,replicas_to_ack",
+    [
+        ([], 0, 0),
+        (["--redis-replicas", "1"], 1, 1),  # an ack waits for the replica, as with a fleet spec's redis_replicas
+        (["--redis-replicas", "2"], 2, 1),
+        (["--redis-replicas", "1", "--set", "buffer.replicas_to_ack=0"], 1, 0),  # the user's setting wins
+    ],
+)
+def test_train_starts_its_redis_cluster_with_the_replicas_asked_for(
+    flags, replicas, replicas_to_ack, monkeypatch, tmp_path
+):
+    monkeypatch.setattr("fleet.launch.LocalFleet", _FakeFleet)
+    _FakeFleet.built.clear()
+    assert main(["train", "--task", "FetchReach-v4", "--run-dir", str(tmp_path), *flags]) == 0
+    [(config, built_replicas)] = _FakeFleet.built
+    assert (built_replicas, config.buffer.replicas_to_ack) == (replicas, replicas_to_ack)
+
+
+@pytest.mark.parametrize("flags", [["--redis-replicas", "-1"], ["--redis-replicas", "1", "--mode", "sync"]])
+def test_train_refuses_redis_replicas_it_cannot_start(flags, monkeypatch, capsys):
+    monkeypatch.setattr("fleet.launch.LocalFleet", _FakeFleet)
+    _FakeFleet.built.clear()
+    assert main(["train", "--task", "FetchReach-v4", *flags]) == 2
+    assert "--redis-replicas" in capsys.readouterr().err and not _FakeFleet.built
