@@ -130,6 +130,12 @@ class ModelConfig:
         "multi-task runs: standardize each task's inputs with its own statistics (one shared set mixes "
         "tasks whose coordinates differ, e.g. Fetch and Meta-World, and squashes each task's range)",
     )
+    task_alpha: bool = config_field(
+        False,
+        "multi-task runs: one SAC temperature per task (MT-SAC's), each task's entropy held to the target "
+        "on its own rows; one shared temperature lets a solved task's near-deterministic policy keep an "
+        "unsolved task's policy noisier than the target",
+    )
     balance_coef: float = config_field(0.01, "'moe': weight of the routers' load-balancing loss")
     router_decay: float = config_field(
         1.0,

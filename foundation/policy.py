@@ -59,6 +59,8 @@ class ModelSpec:
     # input's task one-hot), not one set over all: False in specs written before it existed.
     task_norm: bool = False
     router: str = "state"  # "task": gates see only the task embedding (absent in older specs: "state")
+    # A multi-task run's SAC temperature, one per task (MT-SAC's): False in older specs (one shared).
+    task_alpha: bool = False
 
     def __post_init__(self) -> None:
         if self.kind not in MODEL_KINDS:
@@ -76,6 +78,11 @@ class ModelSpec:
     def norm_rows(self) -> int:
         """Rows of normalizer statistics: one per task with task_norm, else one."""
         return self.tasks if self.task_norm and self.tasks > 1 else 1
+
+    @property
+    def alpha_rows(self) -> int:
+        """SAC temperatures: one per task with task_alpha, else one shared by every task."""
+        return self.tasks if self.task_alpha and self.tasks > 1 else 1
 
     @property
     def one_hot(self) -> tuple[int, int] | None:
@@ -153,6 +160,7 @@ def model_spec(config: RunConfig, task: TaskDims) -> ModelSpec:
         task_embed_dim=m.task_embed_dim,
         task_norm=m.task_norm,
         router=m.router,
+        task_alpha=m.task_alpha,
     )
 
 

@@ -6,7 +6,8 @@ Weights travel between roles as one flat float32 vector per group, in a fixed or
     actor          SquashedGaussianActor        samplers, evaluator, learners, export
     critic         TwinCritic                   learners
     critic_target  TwinCritic (Polyak copy)     learners
-    log_alpha      scalar temperature (log)     learners
+    log_alpha      temperature (log), per task     learners
+                   with ModelSpec.task_alpha
     obs_norm       input mean and std           everyone that runs a network
 
 Inputs (observation ++ goal) are standardized with running statistics before every network:
@@ -240,7 +241,7 @@ class SACModel(nn.Module):
         self.critic_target = TwinCritic(spec)
         self.critic_target.load_state_dict(self.critic.state_dict())
         self.critic_target.requires_grad_(False)
-        self.log_alpha = nn.Parameter(torch.tensor([init_log_alpha], dtype=torch.float32))
+        self.log_alpha = nn.Parameter(torch.full((spec.alpha_rows,), init_log_alpha, dtype=torch.float32))
 
     def group_parameters(self, group: str) -> list[torch.Tensor]:
         if group == "log_alpha":

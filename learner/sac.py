@@ -6,6 +6,12 @@ Read with Haarnoja et al. 2018 ("Soft Actor-Critic Algorithms and Applications")
     actor:   J_pi = E[alpha log pi(a|s,g) - min_j Q_j(s,g,a)],   a ~ pi(.|s,g) reparameterized
     alpha:   J_a  = E[-log_alpha (log pi(a|s,g) + target_entropy)]
 
+A multi-task run with model.task_alpha keeps one temperature per task (MT-SAC, Yu et al. 2019):
+each row's alpha is its task's, and each task's entropy is held to the target on its own rows.
+With one shared alpha, a solved task's near-deterministic policy (FetchReach: log pi ~ 19 per
+action against a target of 4) lifts the batch's mean log-probability, so the shared alpha
+settles where the unsolved task's policy stays noisier than the target (FetchPush: log pi 2.9).
+
 The learner computes all three gradients against one weight version and ships them; the
 aggregator owns the optimizers and the target-network update (see aggregator/core.py).
 
@@ -95,8 +101,16 @@ class GradientResult:
     metrics: dict[str, float]
 
 
+def row_log_alpha(model: SACModel, batch: Batch) -> torch.Tensor:
+    """Each row's log temperature: its task's with one per task, else the shared one ([1],
+    broadcast)."""
+    if model.log_alpha.numel() == 1 or batch.task is None:
+        return model.log_alpha
+    return model.log_alpha[batch.task]
+
+
 def critic_loss(model: SACModel, batch: Batch, hp: SACHyperparams) -> torch.Tensor:
-    alpha = model.log_alpha.detach().exp()
+    alpha = row_log_alpha(model, batch).detach().exp()
     with torch.no_grad():
         next_action, next_log_prob = model.actor.sample(batch.next_obs_goal, batch.task)
         tq1, tq2 = model.critic_target(batch.next_obs_goal, next_action, batch.task)
@@ -111,9 +125,9 @@ def critic_loss(model: SACModel, batch: Batch, hp: SACHyperparams) -> torch.Tens
 def actor_and_alpha_loss(model: SACModel, batch: Batch, hp: SACHyperparams) -> tuple[torch.Tensor, torch.Tensor]:
     action, log_prob = model.actor.sample(batch.obs_goal, batch.task)
     q1, q2 = model.critic(batch.obs_goal, action, batch.task)
-    alpha = model.log_alpha.detach().exp()
-    actor_loss = (alpha * log_prob - torch.min(q1, q2)).mean()
-    alpha_loss = -(model.log_alpha * (log_prob.detach() + hp.target_entropy)).mean()
+    log_alpha = row_log_alpha(model, batch)
+    actor_loss = (log_alpha.detach().exp() * log_prob - torch.min(q1, q2)).mean()
+    alpha_loss = -(log_alpha * (log_prob.detach() + hp.target_entropy)).mean()
     return actor_loss, alpha_loss
 
 
@@ -192,10 +206,17 @@ def _gradients(model: SACModel, batch: Batch, hp: SACHyperparams) -> GradientRes
             "loss/critic": q_loss.item(),
             "loss/actor": pi_loss.item(),
             "loss/alpha": a_loss.item(),
-            "alpha": model.log_alpha.detach().exp().item(),
+            **_alpha_metrics(model),
             **metrics,
         },
     )
+
+
+def _alpha_metrics(model: SACModel) -> dict[str, float]:
+    """'alpha' (the mean over tasks with one per task) and, per task, 'alpha/task<i>'."""
+    alpha = model.log_alpha.detach().exp()
+    per_task = {f"alpha/task{i}": a for i, a in enumerate(alpha.tolist())} if len(alpha) > 1 else {}
+    return {"alpha": alpha.mean().item(), **per_task}
 
 
 def _batch_norm_stats(model: SACModel, batch: Batch) -> np.ndarray:
@@ -213,7 +234,7 @@ def _ddpg_gradients(model, batch: Batch, hp: SACHyperparams, critic_params, acto
         grads={
             "actor": _flat(actor_grads, actor_params),
             "critic": _flat(critic_grads, critic_params),
-            "log_alpha": np.zeros(1, np.float32),
+            "log_alpha": np.zeros(model.log_alpha.numel(), np.float32),
         },
         norm_stats=_batch_norm_stats(model, batch),
         metrics={"loss/critic": q_loss.item(), "loss/actor": pi_loss.item()},

@@ -251,3 +251,43 @@ def test_bf16_autocast_gradients_are_float32_and_point_where_float32_ones_do(kin
         cosine = float(full @ half / (np.linalg.norm(full) * np.linalg.norm(half)))
         assert cosine > 0.95, (group, cosine)
         assert not np.array_equal(full, half)  # bf16 really ran: rounding shows
+
+
+def _task_batch(spec: ModelSpec, task: np.ndarray, seed: int = 0) -> Batch:
+    """A multi-task batch: obs ending with each row's task one-hot, rows' task places."""
+    rng = np.random.default_rng(seed)
+    n = len(task)
+    obs = rng.normal(size=(n, spec.obs_dim))
+    obs[:, -spec.tasks :] = np.eye(spec.tasks)[task]
+    return Batch.from_numpy(
+        obs, rng.normal(size=(n, spec.goal_dim)), rng.uniform(-1, 1, (n, spec.act_dim)),
+        -(rng.random(n) < 0.5).astype(np.float32), obs.copy(), np.zeros(n, np.float32), task=task,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", ["dense", "moe"])
+def test_one_temperature_per_task_moves_only_with_its_own_rows(kind):
+    spec = ModelSpec(obs_dim=7, goal_dim=2, act_dim=2, hidden_sizes=(16, 16), kind=kind, tasks=3, task_alpha=True)
+    assert spec.alpha_rows == 3 and dataclasses.replace(spec, task_alpha=False).alpha_rows == 1
+    torch.manual_seed(0)
+    model = SACModel(spec, init_log_alpha=-1.0)
+    with torch.no_grad():
+        model.log_alpha.copy_(torch.tensor([-1.0, -2.0, -3.0]))
+    task = np.array([0, 2] * 32)  # no row of task 1
+    result = compute_gradients(model, _task_batch(spec, task), HP)
+    grad = result.grads["log_alpha"]
+    assert grad.shape == (3,) and grad[1] == 0.0 and grad[0] != 0.0 and grad[2] != 0.0
+    # rows of one task: its temperature does what the one shared temperature did, exactly
+    only = np.full(64, 2)
+    torch.manual_seed(1)
+    per_task = compute_gradients(model, _task_batch(spec, only), HP)
+    shared = SACModel(dataclasses.replace(spec, task_alpha=False), init_log_alpha=-3.0)
+    shared.load_state_dict({k: v for k, v in model.state_dict().items() if k != "log_alpha"}, strict=False)
+    torch.manual_seed(1)
+    one = compute_gradients(shared, _task_batch(spec, only), HP)
+    assert per_task.grads["log_alpha"][[0, 1]].tolist() == [0.0, 0.0]
+    np.testing.assert_allclose(per_task.grads["log_alpha"][2], one.grads["log_alpha"][0], rtol=1e-5)
+    for group in ("actor", "critic"):
+        np.testing.assert_allclose(per_task.grads[group], one.grads[group], rtol=1e-4, atol=1e-7)
+    assert result.metrics["alpha"] == pytest.approx(np.exp([-1.0, -2.0, -3.0]).mean(), rel=1e-6)
+    assert result.metrics["alpha/task1"] == pytest.approx(np.exp(-2.0), rel=1e-6)
