@@ -84,7 +84,10 @@ def collect(run_dir: pathlib.Path, minutes: list[float]) -> dict:
         "summary": summary,
         "config_changed": _changed(config, dataclasses.asdict(RunConfig())),
         "best_curve_success_by_minute": {str(m): curve_at(m) for m in minutes},
-        "curve": [{k: e.get(k) for k in ("wall_sec", "env_steps", "version", "success_rate")} for e in curve],
+        "curve": [
+            {k: e.get(k) for k in ("wall_sec", "env_steps", "version", "success_rate", "task_success") if k in e}
+            for e in curve
+        ],  # task_success: each task's score, in a multi-task run
         "full_scores": [
             {k: e.get(k) for k in ("wall_sec", "env_steps", "version", "success_rate", "episodes")} for e in full
         ],

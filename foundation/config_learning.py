@@ -117,7 +117,9 @@ class ModelConfig:
     expert_width: int = config_field(
         128,
         "'moe': width of every expert (each MoE hidden layer; as many layers as learner.hidden_sizes); "
-        "0 = learner.hidden_sizes. 128 with top_k 2 is the dense default's active width (2 x 128 = 256)",
+        "0 = learner.hidden_sizes. A row's k experts, mixed by its gates before the ReLU, are one Linear of "
+        "this width: with 128, each task of the task router has a 128-wide network (the dense default: 256); "
+        "2 x 128 = 256 is the FLOPs of the state router's k experts, not their width",
     )
     task_embed_dim: int = config_field(8, "'moe': width of the learned task embedding the gates see")
     router: str = config_field(
