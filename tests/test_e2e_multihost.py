@@ -22,7 +22,6 @@ import json
 import os
 import pathlib
 import secrets
-import shutil
 import signal
 import subprocess
 import sys
@@ -31,25 +30,13 @@ import time
 import pytest
 import yaml
 
+from fleet.netns import unavailable as namespaces_unavailable
 from foundation.ledger import read_ledgers
 from tests.conftest import wait_until
 
 pytestmark = pytest.mark.e2e
 
 HOSTS = ("redis-a", "redis-b", "services", "learners", "samplers")
-
-
-def _can_make_namespaces() -> str | None:
-    if os.geteuid() != 0:
-        return "network namespaces need root"
-    if shutil.which("ip") is None:
-        return "iproute2 (`ip`) is not installed"
-    probe = f"flprobe{os.getpid() % 10000}"
-    made = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
-    if made.returncode != 0:
-        return f"`ip netns add` failed: {made.stderr.strip()}"
-    subprocess.run(["ip", "netns", "del", probe], capture_output=True)
-    return None
 
 
 def _ip(*args: str) -> None:
@@ -150,7 +137,7 @@ def _tail(run_dir: pathlib.Path, host: str) -> str:
 
 
 def test_one_spec_runs_a_fleet_over_five_namespaces_and_rides_out_a_link_failure(tmp_path: pathlib.Path) -> None:
-    reason = _can_make_namespaces()
+    reason = namespaces_unavailable()
     if reason is not None:
         pytest.skip(reason)
     run_dir = tmp_path / "run"
