@@ -35,10 +35,11 @@ import psutil
 import pytest
 import yaml
 
+from fleet.netns import unavailable as namespaces_unavailable
 from foundation.checkpoint import latest_checkpoint, load_checkpoint
 from foundation.process import free_port
 from tests.conftest import wait_until
-from tests.test_e2e_multihost import Network, _can_make_namespaces, _last_version
+from tests.test_e2e_multihost import Network, _last_version
 
 pytestmark = pytest.mark.e2e
 
@@ -53,7 +54,7 @@ def _why_not() -> str | None:
         return f"{', '.join(missing)} not installed (apt-get install slurmctld slurmd slurm-client munge util-linux)"
     if (os.cpu_count() or 1) < 2:
         return "the nodes get 2 CPUs each; this machine has 1"
-    return _can_make_namespaces()
+    return namespaces_unavailable()
 
 
 class Slurm:
