@@ -60,6 +60,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--tolerance", type=float, default=_DEFAULTS.tolerance, help=_help("tolerance"))
     parser.add_argument("--latency-calls", type=int, default=_DEFAULTS.latency_calls, help=_help("latency_calls"))
+    parser.add_argument(
+        "--budget-ms",
+        type=float,
+        default=_DEFAULTS.budget_ms,
+        help=_help("budget_ms") + " (your controller's tick; the check fails above it)",
+    )
     parser.add_argument("--seed", type=int, default=_DEFAULTS.seed, help=_help("seed"))
     parser.add_argument("--weights", choices=WEIGHT_CHOICES, default=_DEFAULTS.weights, help=_help("weights"))
     parser.add_argument("--int8", action="store_true", help=_help("int8"))
@@ -72,6 +78,7 @@ def config_from_args(args: argparse.Namespace) -> DeployCheckConfig:
         batch_size=None if args.dynamic_batch else args.batch_size,
         tolerance=args.tolerance,
         latency_calls=args.latency_calls,
+        budget_ms=args.budget_ms,
         episodes=args.episodes,
         seed=args.seed,
         weights=args.weights,

@@ -276,7 +276,8 @@ def test_bad_checkpoint_gives_a_clear_error(tmp_path, checkpoint_path, case):
 
 def test_cli_reports_every_check_and_passes(checkpoint_path, tmp_path, capsys):
     out = tmp_path / "policy.onnx"
-    assert cli.main(["--checkpoint", str(checkpoint_path.parent), "--out", str(out), "--episodes", "2"]) == 0
+    lenient = ["--budget-ms", "1000"]  # the checks' wiring is tested, not this machine's load (no timed asserts)
+    assert cli.main(["--checkpoint", str(checkpoint_path.parent), "--out", str(out), "--episodes", "2", *lenient]) == 0
     text = capsys.readouterr().out
     for line in ("export    ok", "audit     ok", "parity    ok", "latency   ok", "success rate", "result    PASS"):
         assert line in text
@@ -289,7 +290,8 @@ def test_cli_out_as_a_folder_writes_the_tasks_file_in_it(checkpoint_path, tmp_pa
     if existing:
         folder.mkdir()
     out = str(folder) if existing else f"{folder}/"  # an existing folder, or a path that says it is one
-    assert cli.main(["--checkpoint", str(checkpoint_path.parent), "--out", out, "--episodes", "1"]) == 0
+    args = ["--checkpoint", str(checkpoint_path.parent), "--out", out, "--episodes", "1", "--budget-ms", "1000"]
+    assert cli.main(args) == 0
     written = sorted(p.name for p in folder.iterdir())
     assert len(written) == 2 and written[0].endswith(".onnx") and written[1] == written[0] + ".manifest.json"
 

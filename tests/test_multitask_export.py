@@ -90,6 +90,7 @@ def test_fleetrl_export_writes_every_task_and_one_multi_task_graph_with_manifest
     path = save_checkpoint(tmp_path / "ckpt", _checkpoint(kind), keep=1)
     out = tmp_path / "deploy"
     args = ["--checkpoint", str(path), "--out", str(out), "--episodes", "1", "--latency-calls", "100"]
+    args += ["--budget-ms", "1000"]  # what this test checks is the graphs, not this machine's load (no timed asserts)
     assert cli.main(args) == 0, capsys.readouterr().out
     names = {"FetchReach-v4.onnx", "FetchPush-v4.onnx", "multitask.onnx"}
     assert {p.name for p in out.glob("*.onnx")} == names
