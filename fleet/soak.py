@@ -144,18 +144,7 @@ def run_soak(
     run_dir = summary.run_dir
     restarts = restart_times(f"{run_dir}/events.jsonl", "aggregator")
     lives = aggregator_lives(_read(f"{run_dir}/logs/aggregator.log"))
-    kills = [r for r in injector.records if r.fault == "SIGKILL aggregator"]
-    if len(kills) == len(lives):  # each kill resumed once (a stop past the heartbeat timeout would add one)
-        for record, life in zip(kills, lives, strict=True):
-            # The cost of the kill: the versions made since the checkpoint it resumed from (the
-            # version at the fault is the aggregator's heartbeat's, up to a second old).
-            record.detail["resumed_from"], record.detail["resumed_at"] = life.restored, life.resumed
-            record.detail["versions_rolled_back"] = max(0, int(record.version_at_fault or 0) - life.restored)
-    sampler_acks = read_acks(f"{run_dir}/acks", "sampler-")
-    for record in injector.records:
-        if "undone_time" in record.detail:  # a network fault: what got through while it lasted
-            window = (record.detail["at_time"], record.detail["undone_time"])
-            record.detail["acked_env_steps_during"] = acked_env_steps_between(sampler_acks, *window)
+    _cost_of_faults(injector.records, lives, run_dir)
     gradients, errors = None, [*soak.errors, *injector.errors]
     try:
         final_version = int(load_checkpoint(f"{run_dir}/checkpoints")["version"])
@@ -174,6 +163,23 @@ def run_soak(
         errors=errors,
         not_available=not_available,
     )
+
+
+def _cost_of_faults(records: list, lives: list, run_dir: str) -> None:
+    """Each record's cost in its detail: an aggregator kill's rolled-back versions, and what got
+    through while a network fault lasted (from the samplers' ack ledgers)."""
+    kills = [r for r in records if r.fault == "SIGKILL aggregator"]
+    if len(kills) == len(lives):  # each kill resumed once (a stop past the heartbeat timeout would add one)
+        for record, life in zip(kills, lives, strict=True):
+            # The cost of the kill: the versions made since the checkpoint it resumed from (the
+            # version at the fault is the aggregator's heartbeat's, up to a second old).
+            record.detail["resumed_from"], record.detail["resumed_at"] = life.restored, life.resumed
+            record.detail["versions_rolled_back"] = max(0, int(record.version_at_fault or 0) - life.restored)
+    sampler_acks = read_acks(f"{run_dir}/acks", "sampler-")
+    for record in records:
+        if "undone_time" in record.detail:  # a network fault: what got through while it lasted
+            window = (record.detail["at_time"], record.detail["undone_time"])
+            record.detail["acked_env_steps_during"] = acked_env_steps_between(sampler_acks, *window)
 
 
 class _Ran(NamedTuple):
