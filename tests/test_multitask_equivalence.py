@@ -1,0 +1,126 @@
+"""A multi-task run, seen from one task, computes what a single-task run of that task computes.
+
+The multi-task path pads each task's observation to the widest, appends a task one-hot
+(sim/tasks.py), keeps a normalizer row and, with model.task_alpha, a temperature per task. With
+the single-task weights copied in (zero weights on the one-hot columns) and one task's rows, the
+gradients and the actions must be the single-task ones: what is left to differ between the two
+runs is then only what they learn from, not how. Found while looking for why FetchPush learns
+slower inside multi-task runs (issue 18): this rules out the learner's and the actor's arithmetic.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from foundation.policy import ModelSpec, NumpyActor
+from learner.models import SACModel
+from learner.sac import Batch, SACHyperparams, compute_gradients
+
+OBS, GOAL, ACT, TASKS, PLACE = 25, 3, 4, 2, 1  # FetchPush's widths; it is the run's second task
+
+
+def _specs() -> tuple[ModelSpec, ModelSpec]:
+    single = ModelSpec(OBS, GOAL, ACT, (64, 64))
+    multi = ModelSpec(OBS + TASKS, GOAL, ACT, (64, 64), tasks=TASKS, task_norm=True, task_alpha=True)
+    return single, multi
+
+
+def _widen(w: torch.Tensor) -> torch.Tensor:
+    """A single-task first-layer weight [out, obs ++ goal (++ action)] at the multi-task input:
+    zero columns where the one-hot sits, between the observation and the goal."""
+    out = torch.zeros(w.shape[0], w.shape[1] + TASKS)
+    out[:, :OBS], out[:, OBS + TASKS :] = w[:, :OBS], w[:, OBS:]
+    return out
+
+
+def _narrow(g: torch.Tensor) -> torch.Tensor:
+    return torch.cat([g[:, :OBS], g[:, OBS + TASKS :]], dim=1)
+
+
+def _pair(rng: np.random.Generator) -> tuple[SACModel, SACModel]:
+    single_spec, multi_spec = _specs()
+    torch.manual_seed(0)
+    single, multi = SACModel(single_spec, init_log_alpha=-1.5), SACModel(multi_spec)
+    with torch.no_grad():
+        for ps, pm in zip(single.parameters(), multi.parameters(), strict=True):
+            if ps.shape == pm.shape:
+                pm.copy_(ps)
+            elif ps.dim() == 2:
+                pm.copy_(_widen(ps))
+            else:  # log_alpha: one per task
+                pm.copy_(ps.expand_as(pm))
+        multi.critic_target.load_state_dict(multi.critic.state_dict())
+    dim = OBS + GOAL
+    mean, std = rng.normal(0, 1, dim).astype(np.float32), rng.uniform(0.2, 2, dim).astype(np.float32)
+    single.set_flat("obs_norm", np.concatenate([mean, std]))
+    wide = multi_spec.input_dim
+    means, stds = np.zeros((TASKS, wide), np.float32), np.ones((TASKS, wide), np.float32)
+    means[PLACE, :OBS], means[PLACE, OBS + TASKS :] = mean[:OBS], mean[OBS:]
+    stds[PLACE, :OBS], stds[PLACE, OBS + TASKS :] = std[:OBS], std[OBS:]
+    multi.set_flat("obs_norm", np.concatenate([means.ravel(), stds.ravel()]))
+    return single, multi
+
+
+def _padded(obs: np.ndarray) -> np.ndarray:
+    out = np.zeros((len(obs), OBS + TASKS), np.float32)
+    out[:, :OBS], out[:, OBS + PLACE] = obs, 1.0
+    return out
+
+
+def _rows(rng: np.random.Generator, n: int = 128) -> dict[str, np.ndarray]:
+    return {
+        "obs": rng.normal(1, 0.5, (n, OBS)).astype(np.float32),
+        "goal": rng.normal(1, 0.2, (n, GOAL)).astype(np.float32),
+        "action": rng.uniform(-1, 1, (n, ACT)).astype(np.float32),
+        "reward": -(rng.random(n) < 0.7).astype(np.float32),
+        "next_obs": rng.normal(1, 0.5, (n, OBS)).astype(np.float32),
+        "done": np.zeros(n, np.float32),
+    }
+
+
+@pytest.mark.parametrize("algo", ["sac", "ddpg"])
+def test_one_tasks_rows_give_the_single_task_gradients(algo: str) -> None:
+    rng = np.random.default_rng(3)
+    single, multi = _pair(rng)
+    r = _rows(rng)
+    one = Batch.from_numpy(r["obs"], r["goal"], r["action"], r["reward"], r["next_obs"], r["done"])
+    task = np.full(len(r["reward"]), PLACE)
+    wide = Batch.from_numpy(
+        _padded(r["obs"]), r["goal"], r["action"], r["reward"], _padded(r["next_obs"]), r["done"], task=task
+    )
+    hp = SACHyperparams(gamma=0.95, target_entropy=-4.0, algo=algo)
+    torch.manual_seed(1)
+    got_single = compute_gradients(single, one, hp)
+    torch.manual_seed(1)
+    got_multi = compute_gradients(multi, wide, hp)
+    for key in ("loss/critic", "loss/actor"):
+        assert got_multi.metrics[key] == pytest.approx(got_single.metrics[key], rel=1e-6)
+    for group in ("actor", "critic"):
+        flat_s, flat_m = got_single.grads[group], got_multi.grads[group]
+        at_s = at_m = 0
+        for ps, pm in zip(getattr(single, group).parameters(), getattr(multi, group).parameters(), strict=True):
+            gs = torch.from_numpy(flat_s[at_s : at_s + ps.numel()]).view_as(ps)
+            gm = torch.from_numpy(flat_m[at_m : at_m + pm.numel()]).view_as(pm)
+            at_s, at_m = at_s + ps.numel(), at_m + pm.numel()
+            torch.testing.assert_close(_narrow(gm) if gm.shape != gs.shape else gm, gs, atol=1e-6, rtol=1e-5)
+    if algo == "sac":  # the task's own temperature moves as the shared one would; the other's not at all
+        alpha_s, alpha_m = got_single.grads["log_alpha"], got_multi.grads["log_alpha"]
+        assert alpha_m[PLACE] == pytest.approx(alpha_s[0], rel=1e-5)
+        assert alpha_m[1 - PLACE] == 0.0
+
+
+def test_the_padded_actor_acts_as_the_single_task_one() -> None:
+    rng = np.random.default_rng(4)
+    single, multi = _pair(rng)
+    r = _rows(rng, 64)
+    x_single = np.concatenate([r["obs"], r["goal"]], axis=1)
+    x_multi = np.concatenate([_padded(r["obs"]), r["goal"]], axis=1)
+    acts = NumpyActor(single.spec, single.get_flat("actor"), single.get_flat("obs_norm"))
+    actm = NumpyActor(multi.spec, multi.get_flat("actor"), multi.get_flat("obs_norm"))
+    for got, want in zip(actm.forward(x_multi, PLACE), acts.forward(x_single), strict=True):
+        np.testing.assert_allclose(got, want, atol=1e-5)
+    with torch.no_grad():
+        mean_t, _ = multi.actor(torch.from_numpy(x_multi), torch.full((64,), PLACE))
+    np.testing.assert_allclose(mean_t.numpy(), acts.forward(x_single)[0], atol=1e-5)
