@@ -132,6 +132,14 @@ class ModelConfig:
         "multi-task runs: standardize each task's inputs with its own statistics (one shared set mixes "
         "tasks whose coordinates differ, e.g. Fetch and Meta-World, and squashes each task's range)",
     )
+    task_onehot: bool = config_field(
+        True,
+        "multi-task runs: the networks read the task one-hot at the end of the observation (MT-SAC's task "
+        "input). false: only the per-task normalizer and a MoE's task router read it; the networks see zeros "
+        "there. A one-hot input constant within a task is a second first-layer bias per task, which Adam moves "
+        "as fast as the bias itself: FetchPush alone in a multi-task run learned with it off and did not with "
+        "it on (docs/multitask.md). Off, a dense network tells tasks apart only by their observations",
+    )
     task_alpha: bool = config_field(
         False,
         "multi-task runs: one SAC temperature per task (MT-SAC's), each task's entropy held to the target "

@@ -61,6 +61,9 @@ class ModelSpec:
     router: str = "state"  # "task": gates see only the task embedding (absent in older specs: "state")
     # A multi-task run's SAC temperature, one per task (MT-SAC's): False in older specs (one shared).
     task_alpha: bool = False
+    # The networks read the task one-hot (True, as in older specs); False: zeros in its place after
+    # the normalizer, which still picks each task's row by it (model.task_onehot).
+    task_onehot: bool = True
 
     def __post_init__(self) -> None:
         if self.kind not in MODEL_KINDS:
@@ -88,6 +91,11 @@ class ModelSpec:
     def one_hot(self) -> tuple[int, int] | None:
         """Where the task one-hot lies in the input (a multi-task run's obs ends with it)."""
         return (self.obs_dim - self.tasks, self.obs_dim) if self.tasks > 1 else None
+
+    @property
+    def hidden_one_hot(self) -> tuple[int, int] | None:
+        """The one-hot columns the networks see as zeros (model.task_onehot false), or None."""
+        return None if self.task_onehot else self.one_hot
 
     def norm_row(self, task: int) -> int:
         """The row of normalizer statistics that standardizes task `task`'s inputs."""
@@ -161,6 +169,7 @@ def model_spec(config: RunConfig, task: TaskDims) -> ModelSpec:
         task_norm=m.task_norm,
         router=m.router,
         task_alpha=m.task_alpha,
+        task_onehot=m.task_onehot,
     )
 
 
@@ -217,6 +226,8 @@ class NumpyActor:
         """Pre-tanh mean and log_std for inputs [batch, input_dim] of task `task`."""
         row = self.spec.norm_row(task)
         x = np.clip((obs_goal - self.mean[row]) / self.std[row], -NORM_CLIP, NORM_CLIP)
+        if self.spec.hidden_one_hot is not None:
+            x[:, self.spec.hidden_one_hot[0] : self.spec.hidden_one_hot[1]] = 0.0
         if self.embed is not None and self.spec.router == "task":
             for w, b in self._task_layers(task):
                 x = np.maximum(x @ w + b, 0.0)

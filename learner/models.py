@@ -116,7 +116,12 @@ class Normalizer(nn.Module):
     mean: torch.Tensor  # registered buffers: declared so they type as tensors, not Tensor | Module
     std: torch.Tensor
 
-    def __init__(self, dim: int, rows: int = 1, one_hot: tuple[int, int] | None = None) -> None:
+    def __init__(
+        self, dim: int, rows: int = 1, one_hot: tuple[int, int] | None = None, hide: tuple[int, int] | None = None
+    ) -> None:
+        """`hide`: columns set to zero after standardizing (model.task_onehot false: the task one-hot
+        picks the statistics' row, and the networks do not read it), by a constant mask: a Mul in
+        an exported graph."""
         super().__init__()
         if rows > 1 and (one_hot is None or one_hot[1] - one_hot[0] != rows):
             raise ValueError(f"{rows} rows of statistics need a {rows}-column task one-hot, got {one_hot}")
@@ -124,10 +129,14 @@ class Normalizer(nn.Module):
         self.one_hot = one_hot if rows > 1 else None
         self.register_buffer("mean", torch.zeros(shape))
         self.register_buffer("std", torch.ones(shape))
+        self.keep: torch.Tensor | None = None  # not a buffer: no state_dict key, the same in every copy
+        if hide is not None:
+            self.keep = torch.ones(dim)
+            self.keep[hide[0] : hide[1]] = 0.0
 
     @classmethod
     def for_spec(cls, spec: ModelSpec) -> Normalizer:
-        return cls(spec.input_dim, spec.norm_rows, spec.one_hot)
+        return cls(spec.input_dim, spec.norm_rows, spec.one_hot, spec.hidden_one_hot)
 
     def row(self, task: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(mean, std) that standardize task `task`'s inputs (ModelSpec.norm_row's, as tensors)."""
@@ -135,9 +144,11 @@ class Normalizer(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.one_hot is None:
-            return ((x - self.mean) / self.std).clamp(-NORM_CLIP, NORM_CLIP)
-        task = x[:, self.one_hot[0] : self.one_hot[1]]
-        return ((x - task @ self.mean) / (task @ self.std)).clamp(-NORM_CLIP, NORM_CLIP)
+            out = ((x - self.mean) / self.std).clamp(-NORM_CLIP, NORM_CLIP)
+        else:
+            task = x[:, self.one_hot[0] : self.one_hot[1]]
+            out = ((x - task @ self.mean) / (task @ self.std)).clamp(-NORM_CLIP, NORM_CLIP)
+        return out if self.keep is None else out * self.keep.to(out.device)
 
     def load_flat(self, flat: np.ndarray) -> None:
         size = self.mean.numel()
