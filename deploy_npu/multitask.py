@@ -34,7 +34,7 @@ from deploy_npu.parity import ClosedLoopReport, OnnxPolicy, check_parity, drive,
 from deploy_npu.routing import RoutingTable, calibration_states, freeze_routing
 from foundation.checkpoint import PolicyCheckpoint
 from foundation.config import RandomizationConfig
-from learner.models import SquashedGaussianActor
+from learner.models import SquashedGaussianActor, TaskHeads
 from sim.tasks import TaskSet
 
 
@@ -59,7 +59,9 @@ class MultiTaskPolicy(nn.Module):
                     gates[t, used.index(expert)] = gate
             self.layers.append(nn.ModuleList(expert_linear(layer, e) for e in used))
             self.tables.append(gates)
-        self.head = mean_head(actor.body.out)
+        # One output layer, or one per task (model.task_heads): each row's by its one-hot, as the routing.
+        heads = len(tasks) if isinstance(actor.body.out, TaskHeads) else 1
+        self.heads = nn.ModuleList(mean_head(actor.body.head(t)) for t in range(heads))
 
     def forward(self, obs_goal: torch.Tensor) -> torch.Tensor:
         if self.dense is not None:
@@ -70,7 +72,10 @@ class MultiTaskPolicy(nn.Module):
             gates = task @ table  # [B, experts]: the task's row of the routing table
             terms = [gates[:, j : j + 1] * expert(x) for j, expert in enumerate(cast(nn.ModuleList, experts))]
             x = torch.relu(functools.reduce(operator.add, terms))  # Adds: ReduceSum is not an NPU op
-        return torch.tanh(self.head(x))
+        if len(self.heads) == 1:
+            return torch.tanh(self.heads[0](x))
+        outs = [task[:, t : t + 1] * head(x) for t, head in enumerate(cast(nn.ModuleList, self.heads))]
+        return torch.tanh(functools.reduce(operator.add, outs))
 
 
 def _padded(policy: OnnxPolicy, task_input: TaskInput):

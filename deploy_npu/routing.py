@@ -123,7 +123,7 @@ class FrozenRoutingPolicy(nn.Module):
         for layer, route in zip(actor.body.moe_layers(), table.layers, strict=True):
             self.experts.extend(expert_linear(layer, e) for e in route.experts)
             self.gates.append(route.gates)
-        self.head = mean_head(actor.body.out)
+        self.head = mean_head(actor.body.head(table.task_index))  # its own with model.task_heads
 
     def first_layers(self) -> list[nn.Linear]:
         """The layers that read the normalized input: the first MoE layer's selected experts."""

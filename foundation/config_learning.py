@@ -138,7 +138,7 @@ class ModelConfig:
         "input). false: only the per-task normalizer and a MoE's task router read it; the networks see zeros "
         "there. A one-hot input constant within a task is a second first-layer bias per task, which Adam moves "
         "as fast as the bias itself: FetchPush alone in a multi-task run learned with it off and did not with "
-        "it on (docs/multitask.md). Off, a dense network tells tasks apart only by their observations",
+        "it on (docs/architecture.md). Off, a dense network tells tasks apart only by their observations",
     )
     task_alpha: bool = config_field(
         False,
@@ -147,6 +147,12 @@ class ModelConfig:
         "unsolved task's policy noisier than the target",
     )
     balance_coef: float = config_field(0.01, "'moe': weight of the routers' load-balancing loss")
+    task_heads: bool = config_field(
+        False,
+        "'moe' with router 'task': one output layer per task (multi-head MT-SAC) in the actor and both critics, "
+        "so tasks whose routers chose disjoint experts share no weight at all; one shared output layer "
+        "carries a solved task's habits and value scale into the others (docs/architecture.md)",
+    )
     router_decay: float = config_field(
         1.0,
         "'moe': lambda of router decay: the balancing loss is scaled by exp(-lambda * ||policy gradient||), "
@@ -162,6 +168,11 @@ class ModelConfig:
             (1 <= self.top_k <= self.experts, "top_k", "in 1..model.experts"),
             (self.task_embed_dim >= 1, "task_embed_dim", ">= 1"),
             (self.expert_width >= 0, "expert_width", ">= 0 (0 = learner.hidden_sizes)"),
+            (
+                not self.task_heads or (self.kind == "moe" and self.router == "task"),
+                "task_heads",
+                "false unless model.kind is 'moe' with model.router 'task'",
+            ),
         ]
 
 

@@ -64,12 +64,16 @@ class ModelSpec:
     # The networks read the task one-hot (True, as in older specs); False: zeros in its place after
     # the normalizer, which still picks each task's row by it (model.task_onehot).
     task_onehot: bool = True
+    # A MoE with the task router: one output layer per task (model.task_heads); False in older specs.
+    task_heads: bool = False
 
     def __post_init__(self) -> None:
         if self.kind not in MODEL_KINDS:
             raise ValueError(f"model kind {self.kind!r}: expected one of {MODEL_KINDS}")
         if self.router not in ROUTERS:
             raise ValueError(f"router {self.router!r}: expected one of {ROUTERS}")
+        if self.task_heads and (self.kind != "moe" or self.router != "task"):
+            raise ValueError("task_heads needs a 'moe' model with the 'task' router")
         if self.kind == "moe" and not 1 <= self.top_k <= self.experts:
             raise ValueError(f"top_k ({self.top_k}) must be in 1..experts ({self.experts})")
 
@@ -124,7 +128,12 @@ class ModelSpec:
             return sum(i * o + o for i, o in layers)
         hidden = sum(self.experts * (i * o + o) + self.experts * (self.gate_dim + 1) for i, o in layers[:-1])
         i, o = layers[-1]
-        return self.tasks * self.task_embed_dim + hidden + i * o + o
+        return self.tasks * self.task_embed_dim + hidden + self.heads * (i * o + o)
+
+    @property
+    def heads(self) -> int:
+        """Output layers of every network: one per task with task_heads, else one."""
+        return self.tasks if self.task_heads else 1
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -170,6 +179,7 @@ def model_spec(config: RunConfig, task: TaskDims) -> ModelSpec:
         router=m.router,
         task_alpha=m.task_alpha,
         task_onehot=m.task_onehot,
+        task_heads=m.task_heads,
     )
 
 
@@ -199,6 +209,7 @@ class NumpyActor:
         self.mean, self.std = spec.split_norm(obs_norm)  # [rows, input_dim]: a row per task with task_norm
         self.spec = spec
         self._mixed: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {}  # router "task": per task
+        self.heads: tuple[np.ndarray, np.ndarray] | None = None  # task_heads: (W [tasks, in, out], B)
         flat = np.asarray(actor_flat, np.float32)
         start = 0
 
@@ -218,6 +229,9 @@ class NumpyActor:
                 w, b = take(spec.experts, fan_out, fan_in), take(spec.experts, fan_out)
                 gw, gb = take(spec.experts, spec.gate_dim), take(spec.experts)
                 self.moe.append((np.ascontiguousarray(w.transpose(0, 2, 1)), b, np.ascontiguousarray(gw.T), gb))
+            elif n == len(dims) - 1 and spec.heads > 1:  # one output layer per task: [tasks, in, out]
+                w, b = take(spec.heads, fan_out, fan_in), take(spec.heads, fan_out)
+                self.heads = (np.ascontiguousarray(w.transpose(0, 2, 1)), b)
             else:
                 w, b = take(fan_out, fan_in), take(fan_out)
                 self.layers.append((np.ascontiguousarray(w.T), b))
@@ -239,6 +253,8 @@ class NumpyActor:
             x = x @ w + b
             if i < len(self.layers) - 1:
                 x = np.maximum(x, 0.0)
+        if self.heads is not None:
+            x = x @ self.heads[0][task] + self.heads[1][task]
         mean, log_std = np.split(x, 2, axis=-1)
         return mean, np.clip(log_std, LOG_STD_MIN, LOG_STD_MAX)
 

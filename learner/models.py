@@ -65,7 +65,9 @@ class Body(nn.Module):
         self.hidden = nn.ModuleList(
             MoELinear(i, o, spec.experts, spec.top_k, spec.gate_dim) for i, o in zip(dims[:-1], dims[1:], strict=True)
         )
-        self.out = nn.Linear(dims[-1], out_dim)
+        self.out: nn.Linear | TaskHeads = (
+            TaskHeads(spec.heads, dims[-1], out_dim) if spec.heads > 1 else nn.Linear(dims[-1], out_dim)
+        )
 
     def forward(self, x: torch.Tensor, state: torch.Tensor, task: torch.Tensor | None = None) -> torch.Tensor:
         """`x` the layer input, `state` the normalized obs ++ goal the gates see, `task` [batch]
@@ -81,6 +83,8 @@ class Body(nn.Module):
         gate_in = self.gate_input(state, task)
         for layer in self.hidden:
             x = torch.relu(layer(x, gate_in))
+        if isinstance(self.out, TaskHeads):
+            return self.out(x, task if task is not None else torch.zeros(len(x), dtype=torch.long))
         return self.out(x)
 
     def _task_routed(self, x: torch.Tensor, task: torch.Tensor | None) -> torch.Tensor:
@@ -93,8 +97,15 @@ class Body(nn.Module):
         embeds = self.task_embed[layout.present]
         for layer in self.moe_layers():
             chunks = [torch.relu(h) for h in layer.task_forward(chunks, embeds, layout.place)]
-        out = self.out(torch.cat(chunks))
+        if isinstance(self.out, TaskHeads):
+            out = torch.cat([self.out.head_forward(h, int(t)) for h, t in zip(chunks, layout.present, strict=True)])
+        else:
+            out = self.out(torch.cat(chunks))
         return out.new_empty(out.shape).index_copy(0, layout.order, out)
+
+    def head(self, task: int) -> nn.Linear:
+        """Task `task`'s output layer as a plain Linear (export: a frozen task's head)."""
+        return self.out.linear(task) if isinstance(self.out, TaskHeads) else self.out
 
     def gate_input(self, state: torch.Tensor, task: torch.Tensor | None = None) -> torch.Tensor:
         """What every gate sees: the normalized state ++ the task's embedding (None: task 0); with
@@ -104,6 +115,31 @@ class Body(nn.Module):
 
     def moe_layers(self) -> list[MoELinear]:
         return [layer for layer in self.hidden if isinstance(layer, MoELinear)] if self.moe else []
+
+
+class TaskHeads(nn.Module):
+    """One output layer per task (model.task_heads, multi-head MT-SAC): weight [tasks, out, in]."""
+
+    def __init__(self, tasks: int, in_dim: int, out_dim: int) -> None:
+        super().__init__()
+        layers = [nn.Linear(in_dim, out_dim) for _ in range(tasks)]  # each initialized as a Linear
+        self.weight = nn.Parameter(torch.stack([layer.weight.detach() for layer in layers]))
+        self.bias = nn.Parameter(torch.stack([layer.bias.detach() for layer in layers]))
+
+    def head_forward(self, x: torch.Tensor, task: int) -> torch.Tensor:
+        return torch.nn.functional.linear(x, self.weight[task], self.bias[task])
+
+    def forward(self, x: torch.Tensor, task: torch.Tensor) -> torch.Tensor:
+        """Each row through its task's layer (rows [B, in], task [B])."""
+        return torch.einsum("bi,boi->bo", x, self.weight[task]) + self.bias[task]
+
+    def linear(self, task: int) -> nn.Linear:
+        out_dim, in_dim = self.weight.shape[1:]
+        layer = nn.Linear(in_dim, out_dim)
+        with torch.no_grad():
+            layer.weight.copy_(self.weight[task])
+            layer.bias.copy_(self.bias[task])
+        return layer
 
 
 class Normalizer(nn.Module):

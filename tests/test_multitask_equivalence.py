@@ -10,6 +10,8 @@ slower inside multi-task runs (issue 18): this rules out the learner's and the a
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -124,3 +126,79 @@ def test_the_padded_actor_acts_as_the_single_task_one() -> None:
     with torch.no_grad():
         mean_t, _ = multi.actor(torch.from_numpy(x_multi), torch.full((64,), PLACE))
     np.testing.assert_allclose(mean_t.numpy(), acts.forward(x_single)[0], atol=1e-5)
+
+
+def test_with_task_onehot_off_the_networks_do_not_read_it() -> None:
+    """model.task_onehot false: the one-hot still picks the normalizer's row, but the networks
+    see zeros there: whatever the weights on those columns, a task's rows give the single-task
+    gradients and actions, and those weights get no gradient."""
+    rng = np.random.default_rng(5)
+    single, multi = _pair(rng)
+    blind = SACModel(dataclasses.replace(multi.spec, task_onehot=False))
+    blind.load_state_dict(multi.state_dict())
+    blind.set_flat("obs_norm", multi.get_flat("obs_norm"))
+    first = [blind.actor.body.net[0], blind.critic.q1.net[0], blind.critic.q2.net[0]]
+    with torch.no_grad():
+        for layer in first:  # weights on the one-hot columns that would move every output
+            layer.weight[:, OBS : OBS + TASKS] = 3.0
+    r = _rows(rng)
+    one = Batch.from_numpy(r["obs"], r["goal"], r["action"], r["reward"], r["next_obs"], r["done"])
+    task = np.full(len(r["reward"]), PLACE)
+    wide = Batch.from_numpy(
+        _padded(r["obs"]), r["goal"], r["action"], r["reward"], _padded(r["next_obs"]), r["done"], task=task
+    )
+    hp = SACHyperparams(gamma=0.95, target_entropy=-4.0)
+    torch.manual_seed(1)
+    got_single = compute_gradients(single, one, hp)
+    torch.manual_seed(1)
+    got_blind = compute_gradients(blind, wide, hp)
+    assert got_blind.metrics["loss/critic"] == pytest.approx(got_single.metrics["loss/critic"], rel=1e-6)
+    assert got_blind.metrics["loss/actor"] == pytest.approx(got_single.metrics["loss/actor"], rel=1e-6)
+    first_actor = got_blind.grads["actor"][: first[0].weight.numel()].reshape(first[0].weight.shape)
+    assert np.all(first_actor[:, OBS : OBS + TASKS] == 0.0)
+    x = np.concatenate([_padded(r["obs"]), r["goal"]], axis=1)
+    numpy_actor = NumpyActor(blind.spec, blind.get_flat("actor"), blind.get_flat("obs_norm"))
+    single_actor = NumpyActor(single.spec, single.get_flat("actor"), single.get_flat("obs_norm"))
+    np.testing.assert_allclose(
+        numpy_actor.forward(x, PLACE)[0],
+        single_actor.forward(x[:, [*range(OBS), *range(OBS + TASKS, OBS + TASKS + GOAL)]])[0],
+        atol=1e-5,
+    )
+    with torch.no_grad():
+        mean_t, _ = blind.actor(torch.from_numpy(x), torch.full((len(x),), PLACE))
+    np.testing.assert_allclose(mean_t.numpy(), numpy_actor.forward(x, PLACE)[0], atol=1e-5)
+
+
+def test_task_heads_give_each_task_its_own_output_layer() -> None:
+    """model.task_heads: a task's rows move only its own output layer (actor and critics), and the
+    numpy actor the samplers use acts as the torch one, task by task."""
+    spec = ModelSpec(
+        OBS + TASKS, GOAL, ACT, (32, 32), kind="moe", experts=4, tasks=TASKS, router="task", task_heads=True
+    )
+    torch.manual_seed(0)
+    model = SACModel(spec)
+    rng = np.random.default_rng(6)
+    r = _rows(rng, 64)
+    task = np.full(64, PLACE)
+    batch = Batch.from_numpy(
+        _padded(r["obs"]), r["goal"], r["action"], r["reward"], _padded(r["next_obs"]), r["done"], task=task
+    )
+    got = compute_gradients(model, batch, SACHyperparams(gamma=0.95, target_entropy=-4.0))
+    for group, heads in (("actor", [model.actor.body.out]), ("critic", [model.critic.q1.out, model.critic.q2.out])):
+        params = list(getattr(model, group).parameters())
+        flat, at = got.grads[group], 0
+        for p in params:
+            g = flat[at : at + p.numel()].reshape(p.shape)
+            at += p.numel()
+            if any(p is h.weight or p is h.bias for h in heads):
+                assert np.all(g[1 - PLACE] == 0.0) and np.any(g[PLACE] != 0.0)
+    x = np.concatenate([_padded(r["obs"]), r["goal"]], axis=1)
+    actor = NumpyActor(spec, model.get_flat("actor"), model.get_flat("obs_norm"))
+    for place in range(TASKS):
+        with torch.no_grad():
+            mean_t, log_std_t = model.actor(torch.from_numpy(x), torch.full((len(x),), place))
+        mean_n, log_std_n = actor.forward(x, place)
+        np.testing.assert_allclose(mean_n, mean_t.numpy(), atol=1e-5)
+        np.testing.assert_allclose(log_std_n, log_std_t.numpy(), atol=1e-5)
+    with torch.no_grad():  # the two heads differ: the same rows act differently per task
+        assert not torch.allclose(model.actor.body.head(0).weight, model.actor.body.head(1).weight)

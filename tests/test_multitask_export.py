@@ -21,11 +21,21 @@ TASKS = TaskSet.of(("FetchReach-v4", "FetchPush-v4"))
 CHECK = DeployCheckConfig(episodes=1, calibration_episodes=2, latency_calls=100, random_inputs=64, env_inputs=64)
 
 
-def _checkpoint(kind: str, task_norm: bool = True) -> dict:
+def _checkpoint(kind: str, task_norm: bool = True, task_onehot: bool = True, task_heads: bool = False) -> dict:
     """A multi-task checkpoint after 3 steps, its normalizer far from identity (and, with
     per-task statistics, each task's far from the other's)."""
     spec = ModelSpec(
-        TASKS.obs_dim, TASKS.goal_dim, TASKS.act_dim, (32, 32), kind=kind, experts=4, tasks=2, task_norm=task_norm
+        TASKS.obs_dim,
+        TASKS.goal_dim,
+        TASKS.act_dim,
+        (32, 32),
+        kind=kind,
+        experts=4,
+        tasks=2,
+        task_norm=task_norm,
+        task_onehot=task_onehot,
+        router="task" if task_heads else "state",
+        task_heads=task_heads,
     )
     core = AggregatorCore(spec, AggregatorConfig(seed=2), 1, 1, TASKS.label)
     rng = np.random.default_rng(0)
@@ -38,10 +48,11 @@ def _checkpoint(kind: str, task_norm: bool = True) -> dict:
     return core.state()
 
 
+@pytest.mark.parametrize("task_onehot", [True, False], ids=["onehot-read", "onehot-hidden"])
 @pytest.mark.parametrize("task_norm", [True, False], ids=["per-task-norm", "shared-norm"])
 @pytest.mark.parametrize("kind", ["dense", "moe"])
-def test_folding_the_padding_into_the_first_layer_is_exact(kind, task_norm):
-    ckpt = load_policy_checkpoint(_checkpoint(kind, task_norm))
+def test_folding_the_padding_into_the_first_layer_is_exact(kind, task_norm, task_onehot):
+    ckpt = load_policy_checkpoint(_checkpoint(kind, task_norm, task_onehot))
     for index, task in enumerate(TASKS.tasks):
         task_input = TaskInput(TASKS, index)
         own = np.random.default_rng(index).normal(0.5, 0.3, (200, task_input.input_dim)).astype(np.float32)
@@ -59,9 +70,18 @@ def test_folding_the_padding_into_the_first_layer_is_exact(kind, task_norm):
         assert folded.norm.mean.numel() == task.obs_dim + 3
 
 
-@pytest.mark.parametrize("kind", ["dense", "moe"])
-def test_each_task_exports_on_its_own_input_and_passes_every_check(kind, tmp_path):
-    state = _checkpoint(kind)
+@pytest.mark.parametrize(
+    ("kind", "task_onehot", "task_heads"),
+    [
+        ("dense", True, False),
+        ("dense", False, False),
+        ("moe", True, False),
+        ("moe", False, False),
+        ("moe", False, True),
+    ],
+)
+def test_each_task_exports_on_its_own_input_and_passes_every_check(kind, task_onehot, task_heads, tmp_path):
+    state = _checkpoint(kind, task_onehot=task_onehot, task_heads=task_heads)
     for task, width in (("FetchReach-v4", 13), ("FetchPush-v4", 28)):
         config = DeployCheckConfig(**{**CHECK.__dict__, "task": task})
         report = export_and_check(state, tmp_path / f"{task}.onnx", config)
@@ -108,11 +128,12 @@ def test_fleetrl_export_writes_every_task_and_one_multi_task_graph_with_manifest
     assert own["tasks"] == ["FetchReach-v4"] and own["input"]["shape"] == [1, 13]
 
 
-def test_the_multi_task_graph_routes_each_row_by_its_task_one_hot():
+@pytest.mark.parametrize("task_heads", [False, True], ids=["one-head", "task-heads"])
+def test_the_multi_task_graph_routes_each_row_by_its_task_one_hot(task_heads):
     from deploy_npu.multitask import MultiTaskPolicy
     from deploy_npu.routing import FrozenRoutingPolicy, freeze_routing
 
-    ckpt = load_policy_checkpoint(_checkpoint("moe"))
+    ckpt = load_policy_checkpoint(_checkpoint("moe", task_heads=task_heads))
     actor = reference_actor(ckpt)
     tables, rows = [], []
     for index, task in enumerate(TASKS.tasks):
