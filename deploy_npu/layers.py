@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from learner.moe import MoELinear
+from learner.moe import MoELinear, stacked_linear
 
 
 def mean_head(head: nn.Linear) -> nn.Linear:
@@ -27,9 +27,4 @@ def mean_head(head: nn.Linear) -> nn.Linear:
 
 def expert_linear(layer: MoELinear, index: int) -> nn.Linear:
     """Expert `index` of a MoE layer as a plain Linear (its weight [out, in] and bias)."""
-    fan_out, fan_in = layer.weight.shape[1:]
-    linear = nn.Linear(fan_in, fan_out)
-    with torch.no_grad():
-        linear.weight.copy_(layer.weight[index])
-        linear.bias.copy_(layer.bias[index])
-    return linear
+    return stacked_linear(layer.weight, layer.bias, index)

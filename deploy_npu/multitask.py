@@ -74,7 +74,7 @@ class MultiTaskPolicy(nn.Module):
             x = torch.relu(functools.reduce(operator.add, terms))  # Adds: ReduceSum is not an NPU op
         if len(self.heads) == 1:
             return torch.tanh(self.heads[0](x))
-        outs = [task[:, t : t + 1] * head(x) for t, head in enumerate(cast(nn.ModuleList, self.heads))]
+        outs = [task[:, t : t + 1] * head(x) for t, head in enumerate(self.heads)]
         return torch.tanh(functools.reduce(operator.add, outs))
 
 

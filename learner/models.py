@@ -34,7 +34,7 @@ from foundation.policy import (  # noqa: F401 - re-exported for the learner side
     NORM_CLIP,
     ModelSpec,
 )
-from learner.moe import MoELinear, TaskLayout, exporting
+from learner.moe import MoELinear, TaskLayout, exporting, stacked_linear
 
 NORM_MIN_STD = 0.01
 
@@ -134,12 +134,7 @@ class TaskHeads(nn.Module):
         return torch.einsum("bi,boi->bo", x, self.weight[task]) + self.bias[task]
 
     def linear(self, task: int) -> nn.Linear:
-        out_dim, in_dim = self.weight.shape[1:]
-        layer = nn.Linear(in_dim, out_dim)
-        with torch.no_grad():
-            layer.weight.copy_(self.weight[task])
-            layer.bias.copy_(self.bias[task])
-        return layer
+        return stacked_linear(self.weight, self.bias, task)
 
 
 class Normalizer(nn.Module):

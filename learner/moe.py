@@ -52,6 +52,17 @@ def take_experts(experts: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
     return _TakeExperts.apply(experts, idx)
 
 
+def stacked_linear(weight: torch.Tensor, bias: torch.Tensor, index: int) -> nn.Linear:
+    """Entry `index` of stacked layers (weight [n, out, in], bias [n, out]) as a plain Linear: an
+    expert of a MoELinear, a task's output layer of TaskHeads."""
+    fan_out, fan_in = weight.shape[1:]
+    linear = nn.Linear(fan_in, fan_out)
+    with torch.no_grad():
+        linear.weight.copy_(weight[index])
+        linear.bias.copy_(bias[index])
+    return linear
+
+
 class MoELinear(nn.Module):
     """`experts` Linear layers mixed per row by a gate: softmax over its top_k logits, 0 for the
     rest. `last_gates` keeps the newest training batch's gate weights [batch, experts] (and
