@@ -48,8 +48,8 @@ def _gates_per_layer(
             take(spec.experts, fan_out)
             gw, gb = take(spec.experts, spec.gate_dim), take(spec.experts)
             layers.append(top_k_gates(embed @ gw.T + gb, spec.top_k))
-        take(out_dim, dims[-1])
-        take(out_dim)
+        take(spec.heads, out_dim, dims[-1])  # the output layer(s): one per task with task_heads
+        take(spec.heads, out_dim)
         out.append(layers)
     if start != flat.size:
         raise ValueError(f"flat vector of {flat.size} values, the spec's layout reads {start}")

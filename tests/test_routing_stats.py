@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -14,14 +16,16 @@ SPEC = ModelSpec(7, 3, 2, hidden_sizes=(16, 12), kind="moe", experts=8, top_k=2,
 NAMES = ["a", "b", "c"]
 
 
-def test_each_networks_routing_is_what_its_gates_choose_for_each_task():
+@pytest.mark.parametrize("task_heads", [False, True], ids=["one-head", "task-heads"])
+def test_each_networks_routing_is_what_its_gates_choose_for_each_task(task_heads):
+    spec = dataclasses.replace(SPEC, task_heads=task_heads)  # heads: a longer flat layout to read past
     torch.manual_seed(1)
-    model = SACModel(SPEC)
+    model = SACModel(spec)
     with torch.no_grad():  # spread the tasks apart, as training does
         for body in (model.actor.body, model.critic.q1, model.critic.q2):
             body.task_embed.normal_(0.0, 3.0)
     groups = {"actor": model.get_flat("actor"), "critic": model.get_flat("critic")}
-    routing = expert_routing(SPEC, groups, NAMES)
+    routing = expert_routing(spec, groups, NAMES)
     assert set(routing) == {"actor", "critic.q1", "critic.q2"}
     bodies = {"actor": model.actor.body, "critic.q1": model.critic.q1, "critic.q2": model.critic.q2}
     for net, body in bodies.items():
