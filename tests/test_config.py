@@ -42,6 +42,14 @@ BAD_CONFIGS: list[tuple[list[str], str]] = [
     (["sampler.her_k=-1"], "sampler.her_k (-1) must be >= 0"),
     (["sampler.max_env_steps_per_update=-1"], "sampler.max_env_steps_per_update (-1.0) must be >= 0"),
     (["sampler.random_action_prob=1.5"], "sampler.random_action_prob (1.5) must be in [0, 1]"),
+    (
+        ["model.task_heads=true", 'model.kind="dense"'],
+        "model.task_heads (True) must be false unless model.kind is 'moe' with model.router 'task'",
+    ),
+    (
+        ["model.task_heads=true", 'model.kind="moe"', 'model.router="state"'],
+        "model.task_heads (True) must be false unless model.kind is 'moe' with model.router 'task'",
+    ),
     (["learner.device=tpu"], "learner.device ('tpu') must be one of 'auto', 'cpu', 'cuda'"),
     (["eval.curve_episodes=0"], "eval.curve_episodes (0) must be in [1, eval.episodes]"),
     (["eval.curve_episodes=51"], "eval.curve_episodes (51) must be in [1, eval.episodes]"),
