@@ -66,7 +66,8 @@ def stacked_linear(weight: torch.Tensor, bias: torch.Tensor, index: int) -> nn.L
 class MoELinear(nn.Module):
     """`experts` Linear layers mixed per row by a gate: softmax over its top_k logits, 0 for the
     rest. `last_gates` keeps the newest training batch's gate weights [batch, experts] (and
-    `last_logits`) for load metrics and the balancing loss.
+    `last_logits`) for load metrics and the balancing loss; the task router's form also keeps
+    `last_task_logits` [tasks present, experts], one routing per task (None in the other forms).
 
     Three forms, equal to float rounding (tests/test_moe.py checks values and gradients):
     - `forward`: rows grouped by expert, each expert multiplies only its rows (the state router);
@@ -86,6 +87,7 @@ class MoELinear(nn.Module):
         self.gate = nn.Linear(gate_dim, experts)
         self.last_gates: torch.Tensor | None = None
         self.last_logits: torch.Tensor | None = None
+        self.last_task_logits: torch.Tensor | None = None
 
     def route(self, gate_in: torch.Tensor) -> torch.Tensor:
         """Gate weights [batch, experts]: softmax over each row's top_k logits, 0 elsewhere."""
@@ -102,6 +104,7 @@ class MoELinear(nn.Module):
         gates = self._gates(logits)
         if self.training:  # an exported (eval) module stores nothing
             self.last_gates, self.last_logits = (gates, logits) if rows is None else (gates[rows], logits[rows])
+            self.last_task_logits = None
         return gates
 
     def masked_forward(self, x: torch.Tensor, gate_in: torch.Tensor) -> torch.Tensor:
@@ -142,7 +145,7 @@ class MoELinear(nn.Module):
         g = torch.softmax(top, dim=-1)  # = the masked softmax over all experts, at the top k
         if self.training:
             gates = torch.zeros_like(logits).scatter(-1, idx, g)
-            self.last_gates, self.last_logits = gates[rows], logits[rows]
+            self.last_gates, self.last_logits, self.last_task_logits = gates[rows], logits[rows], logits
         weight, bias = self.task_weights(g, idx)
         return [torch.addmm(b, h, w.t()) for h, w, b in zip(chunks, weight.unbind(0), bias.unbind(0), strict=True)]
 

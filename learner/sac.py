@@ -246,13 +246,34 @@ def _layers(module: torch.nn.Module) -> list[MoELinear]:
 
 
 def balance_loss(layers: list[MoELinear]) -> torch.Tensor:
-    """Switch Transformer's load-balancing loss summed over layers: E * sum_e f_e * P_e, with f_e
-    the share of routing slots expert e got in the last batch and P_e its mean gate probability.
-    1 when the load is even, up to E when one expert takes everything."""
+    """The routers' load-balancing loss summed over layers; 1 per layer when the load is even.
+
+    State router: Switch Transformer's E * sum_e f_e * P_e, with f_e the share of routing slots
+    expert e got in the last batch and P_e its mean gate probability; up to E when one expert
+    takes everything.
+
+    Task router: the unit routed is a task, so tasks are counted, not rows (a task's batch share
+    must not make its experts look overloaded), and only an expert holding more than its fair
+    number of the tasks' slots (one, or tasks * k / E when the slots outnumber the experts) is
+    pushed away from: 1 + E * sum_e excess_e * P_e, excess_e that surplus as a share of the
+    slots. Switch's form never reaches its minimum when tasks * k < E (most experts must stay
+    idle), so its gradient kept lowering the chosen experts' logits until another expert
+    overtook one: a task's experts were swapped for untrained ones every few thousand updates
+    (docs/architecture.md, "Routing that settles")."""
     total = torch.zeros(())
     for layer in layers:
         assert layer.last_gates is not None and layer.last_logits is not None, "run a training forward first"
         experts = layer.last_logits.shape[-1]
+        if layer.last_task_logits is not None:
+            logits = layer.last_task_logits
+            chosen = torch.zeros_like(logits).scatter(-1, logits.topk(layer.top_k, dim=-1).indices, 1.0)
+            slots = chosen.shape[0] * layer.top_k
+            # In whole slots, so an even load is exactly 0 (a rounding residue would be a
+            # gradient, and Adam scales any gradient up to a full step).
+            excess = (chosen.sum(0) - max(1.0, slots / experts)).clamp_min(0.0) / slots
+            prob = torch.softmax(logits, dim=-1).mean(0)
+            total = total + 1.0 + experts * (excess * prob).sum()
+            continue
         share = (layer.last_gates > 0).float().mean(0) / layer.top_k
         prob = torch.softmax(layer.last_logits, dim=-1).mean(0)
         total = total + experts * (share * prob).sum()

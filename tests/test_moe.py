@@ -121,6 +121,70 @@ def test_the_balancing_loss_is_one_when_even_and_grows_as_one_pair_takes_every_i
     assert balance_loss([layer]).item() == pytest.approx(1.0, abs=0.1)
 
 
+def _task_routed_layer(bias_rows: list[list[float]]) -> tuple[MoELinear, torch.Tensor]:
+    """A task-routed layer of 8 experts (top-2) whose task t has gate logits bias_rows[t], run
+    on a batch of uneven task shares; returns it and its gate bias (to differentiate)."""
+    from learner.moe import TaskLayout
+
+    layer = MoELinear(4, 6, experts=8, top_k=2, gate_dim=len(bias_rows))
+    embeds = torch.eye(len(bias_rows))
+    with torch.no_grad():  # gate(embeds[t]) = bias + weight[:, t]: the logits of task t
+        layer.gate.bias.zero_()
+        layer.gate.weight.copy_(torch.tensor(bias_rows).t())
+    task = torch.tensor([0] * 70 + [t for t in range(1, len(bias_rows)) for _ in range(10)])
+    layout = TaskLayout.of(task)
+    chunks = list(torch.randn(len(task), 4)[layout.order].split(layout.counts))
+    layer.task_forward(chunks, embeds[layout.present], layout.place)
+    return layer, layer.gate.weight
+
+
+def test_the_task_routers_balancing_loss_is_flat_once_tasks_hold_their_own_experts():
+    """Switch's loss cannot be met by 1-2 tasks on 8 experts, and its gradient kept swapping
+    their experts. Counted in tasks, a task alone, or tasks on disjoint experts, get no
+    balancing gradient at all, whatever their share of the rows; tasks sharing an expert are
+    pushed apart, and only the shared expert's logits are pushed down."""
+    from learner.sac import balance_loss
+
+    alone, weight = _task_routed_layer([[3.0, 2.0, 0, 0, 0, 0, 0, 0]])
+    loss = balance_loss([alone])
+    assert loss.item() == 1.0
+    assert torch.autograd.grad(loss, weight)[0].abs().max().item() == 0.0
+
+    apart, weight = _task_routed_layer([[3.0, 2.0, 0, 0, 0, 0, 0, 0], [0, 0, 3.0, 2.0, 0, 0, 0, 0]])
+    loss = balance_loss([apart])  # 70% of the rows are task 0's: rows would call it overloaded
+    assert loss.item() == 1.0
+    assert torch.autograd.grad(loss, weight)[0].abs().max().item() == 0.0
+
+    shared, weight = _task_routed_layer([[3.0, 2.0, 0, 0, 0, 0, 0, 0], [3.0, 0, 2.0, 0, 0, 0, 0, 0]])
+    loss = balance_loss([shared])
+    assert loss.item() > 1.0
+    grad = torch.autograd.grad(loss, weight)[0]  # [experts, tasks]: d loss / d logit
+    assert (grad[0] > 0).all()  # descent lowers expert 0's logit for both tasks
+    assert (grad[1:] <= 0).all()
+
+
+def test_adam_on_the_balancing_loss_keeps_a_lone_tasks_experts_where_switchs_loss_swaps_them():
+    from learner.sac import balance_loss
+
+    def chosen_after(loss_of) -> set[int]:
+        torch.manual_seed(0)
+        layer, weight = _task_routed_layer([[3.0, 2.0, 1.5, 1.0, 0, 0, 0, 0]])
+        optim = torch.optim.Adam(layer.gate.parameters(), lr=1e-2)  # Adam: any gradient, a full step
+        for _ in range(300):
+            optim.zero_grad()
+            loss_of(layer).backward()
+            optim.step()
+            layer.task_forward([torch.randn(8, 4)], torch.eye(1), torch.zeros(8, dtype=torch.long))
+        return set(layer.gate(torch.eye(1)).topk(2).indices[0].tolist())
+
+    def switch(layer: MoELinear) -> torch.Tensor:  # the form every router used before
+        share = (layer.last_gates > 0).float().mean(0) / layer.top_k
+        return 8 * (share * torch.softmax(layer.last_logits, dim=-1).mean(0)).sum()
+
+    assert chosen_after(switch) != {0, 1}  # the churn this loss had
+    assert chosen_after(lambda layer: balance_loss([layer])) == {0, 1}
+
+
 def test_router_decay_scales_the_balancing_gradient_which_reaches_only_the_routers():
     from learner.sac import compute_gradients
 
