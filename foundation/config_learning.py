@@ -153,6 +153,14 @@ class ModelConfig:
         "so tasks whose routers chose disjoint experts share no weight at all; one shared output layer "
         "carries a solved task's habits and value scale into the others (docs/architecture.md)",
     )
+    gate_grad: bool = config_field(
+        True,
+        "'moe' with router 'task': the task losses train the gates (which k experts each task uses, and their "
+        "mix). false: only the balancing loss moves them, so a task keeps the experts and mix it starts with "
+        "unless it collides with another task's. Trained by the losses, the gates drift toward one expert as the "
+        "critics' values grow, which turns each layer of the task's network toward another random matrix "
+        "(docs/architecture.md, 'Routing that settles')",
+    )
     router_decay: float = config_field(
         1.0,
         "'moe': lambda of router decay: the balancing loss is scaled by exp(-lambda * ||policy gradient||), "
@@ -172,6 +180,11 @@ class ModelConfig:
                 not self.task_heads or (self.kind == "moe" and self.router == "task"),
                 "task_heads",
                 "false unless model.kind is 'moe' with model.router 'task'",
+            ),
+            (
+                self.gate_grad or (self.kind == "moe" and self.router == "task"),
+                "gate_grad",
+                "true unless model.kind is 'moe' with model.router 'task'",
             ),
         ]
 

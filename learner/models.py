@@ -285,6 +285,14 @@ class SACModel(nn.Module):
         self.critic_target.requires_grad_(False)
         self.log_alpha = nn.Parameter(torch.full((spec.alpha_rows,), init_log_alpha, dtype=torch.float32))
 
+    def train_gates(self, on: bool) -> SACModel:
+        """model.gate_grad: whether the task losses reach the task router's gates (training only:
+        routing and outputs are the same either way)."""
+        for module in self.modules():
+            if isinstance(module, MoELinear):
+                module.gate_grad = on
+        return self
+
     def group_parameters(self, group: str) -> list[torch.Tensor]:
         if group == "log_alpha":
             return [self.log_alpha]

@@ -88,6 +88,9 @@ class MoELinear(nn.Module):
         self.last_gates: torch.Tensor | None = None
         self.last_logits: torch.Tensor | None = None
         self.last_task_logits: torch.Tensor | None = None
+        # model.gate_grad false: the task router's mix is a constant to the task losses (the
+        # balancing loss still reaches the gates through last_task_logits).
+        self.gate_grad = True
 
     def route(self, gate_in: torch.Tensor) -> torch.Tensor:
         """Gate weights [batch, experts]: softmax over each row's top_k logits, 0 elsewhere."""
@@ -146,7 +149,7 @@ class MoELinear(nn.Module):
         if self.training:
             gates = torch.zeros_like(logits).scatter(-1, idx, g)
             self.last_gates, self.last_logits, self.last_task_logits = gates[rows], logits[rows], logits
-        weight, bias = self.task_weights(g, idx)
+        weight, bias = self.task_weights(g if self.gate_grad else g.detach(), idx)
         return [torch.addmm(b, h, w.t()) for h, w, b in zip(chunks, weight.unbind(0), bias.unbind(0), strict=True)]
 
 

@@ -302,7 +302,9 @@ def _with_balance(
     large, and is pulled toward balance as it shrinks."""
     if not layers:
         return torch.autograd.grad(loss, params)
-    grads = torch.autograd.grad(loss, params, retain_graph=True)
+    # allow_unused: with model.gate_grad false the task losses never reach the routers
+    used = torch.autograd.grad(loss, params, retain_graph=True, allow_unused=True)
+    grads = tuple(torch.zeros_like(p) if g is None else g for g, p in zip(used, params, strict=True))
     norm = grad_norm(grads)
     beta = torch.exp(-hp.router_decay * norm).detach()
     balance = balance_loss(layers)

@@ -227,7 +227,7 @@ class _GradientLoop:
         self._share_tried = False
 
     def run(self, snapshot: WeightsSnapshot, stop: threading.Event) -> int:
-        model = SACModel(snapshot.spec).to(self.batches.device)
+        model = SACModel(snapshot.spec).train_gates(self.config.model.gate_grad).to(self.batches.device)
         tau = self.config.aggregator.tau
         _load(model, snapshot, tau, 0)
         loaded, need, pushed = snapshot.version, snapshot.version, 0

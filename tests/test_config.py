@@ -50,6 +50,10 @@ BAD_CONFIGS: list[tuple[list[str], str]] = [
         ["model.task_heads=true", 'model.kind="moe"', 'model.router="state"'],
         "model.task_heads (True) must be false unless model.kind is 'moe' with model.router 'task'",
     ),
+    (
+        ["model.gate_grad=false", 'model.kind="moe"', 'model.router="state"'],
+        "model.gate_grad (False) must be true unless model.kind is 'moe' with model.router 'task'",
+    ),
     (["learner.device=tpu"], "learner.device ('tpu') must be one of 'auto', 'cpu', 'cuda'"),
     (["eval.curve_episodes=0"], "eval.curve_episodes (0) must be in [1, eval.episodes]"),
     (["eval.curve_episodes=51"], "eval.curve_episodes (51) must be in [1, eval.episodes]"),

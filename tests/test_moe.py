@@ -185,6 +185,24 @@ def test_adam_on_the_balancing_loss_keeps_a_lone_tasks_experts_where_switchs_los
     assert chosen_after(lambda layer: balance_loss([layer])) == {0, 1}
 
 
+def test_without_gate_grad_the_task_losses_leave_the_routers_alone_and_nothing_else_changes():
+    spec = dataclasses.replace(MOE, router="task", experts=8)
+    names = [n for n, p in _model(spec).actor.named_parameters() for _ in range(p.numel())]
+    router = np.array([".gate." in n or n.endswith("task_embed") for n in names])
+
+    def actor_grads(gate_grad: bool, balance_coef: float):
+        torch.manual_seed(7)  # the same action noise every time
+        model = _model(spec).train_gates(gate_grad)
+        hp = SACHyperparams(0.95, -2.0, balance_coef=balance_coef, router_decay=0.0)
+        return compute_gradients(model, _batch(), hp)
+
+    learned, fixed = actor_grads(True, 0.0), actor_grads(False, 0.0)
+    assert np.abs(learned.grads["actor"][router]).max() > 0
+    assert np.abs(fixed.grads["actor"][router]).max() == 0.0
+    np.testing.assert_allclose(fixed.grads["actor"][~router], learned.grads["actor"][~router], rtol=1e-5, atol=1e-7)
+    assert fixed.metrics["loss/actor"] == learned.metrics["loss/actor"]
+
+
 def test_router_decay_scales_the_balancing_gradient_which_reaches_only_the_routers():
     from learner.sac import compute_gradients
 
