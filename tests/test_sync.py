@@ -34,6 +34,17 @@ def test_memory_replay_wraps_and_samples_only_what_it_holds():
 
 
 @pytest.mark.e2e
+def test_sync_mode_honours_model_gate_grad(tmp_path):
+    from fleet.sync import SyncRun
+    from foundation.config import with_overrides
+    from learner.moe import MoELinear
+
+    overrides = ['model.kind="moe"', "model.experts=4", "model.gate_grad=false", f'run_dir="{tmp_path}"']
+    run = SyncRun(with_overrides(RunConfig(), overrides).validate(), started_at=0.0)
+    layers = [m for m in run.model.modules() if isinstance(m, MoELinear)]
+    assert layers and not any(layer.gate_grad for layer in layers)
+
+
 def test_sync_mode_learns_fetch_reach_and_leaves_a_checkpoint(tmp_path):
     run_dir = tmp_path / "sync"
     cmd = [sys.executable, "-m", "fleet.cli", "train", "--task", "FetchReach-v4", "--mode", "sync"]
