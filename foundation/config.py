@@ -26,7 +26,7 @@ from foundation.config_experience import (
     SamplerConfig,
     SimConfig,
 )
-from foundation.config_learning import AggregatorConfig, LearnerConfig, ModelConfig
+from foundation.config_learning import SCORED_SAMPLING, AggregatorConfig, LearnerConfig, ModelConfig
 
 __all__ = [
     "AggregatorConfig",
@@ -37,6 +37,7 @@ __all__ = [
     "ModelConfig",
     "RandomizationConfig",
     "RunConfig",
+    "SCORED_SAMPLING",
     "SamplerConfig",
     "SecurityConfig",
     "SimConfig",

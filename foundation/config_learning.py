@@ -12,7 +12,8 @@ from foundation.wire import WIRE_DTYPES
 
 REPLAY_SAMPLING = ("uniform", "recency", "version")
 AUTOCAST = ("off", "bf16")  # learner.autocast
-TASK_SAMPLING = ("even", "success")  # learner.task_sampling: learner/task_schedule.py
+TASK_SAMPLING = ("even", "success", "focus")  # learner.task_sampling: foundation/task_schedule.py
+SCORED_SAMPLING = ("success", "focus")  # the modes that follow the evaluator's curve scores
 SWA_MODES = ("off", "plain", "layered")  # aggregator.swa: aggregator/swa.py
 DEVICES = ("auto", "cpu", "cuda")  # learner.device
 ALGOS = ("sac", "ddpg")
@@ -64,9 +65,13 @@ class LearnerConfig:
         "even",
         "a multi-task run's share of each task in a batch: 'even', or 'success' (by the evaluator's newest "
         "curve score: share = task_min_share + the rest in proportion to 1 - success, so a solved task "
-        "keeps task_min_share and the unsolved ones get the learner; learner/task_schedule.py)",
+        "keeps task_min_share and the unsolved ones get the learner), or 'focus' (task_min_share each, the "
+        "rest to the first task in --tasks order still below target_success: tasks learned one after "
+        "another); samplers' env steps follow the same shares (foundation/task_schedule.py)",
     )
-    task_min_share: float = config_field(0.1, "'success' task sampling: the least share of a batch any task keeps")
+    task_min_share: float = config_field(
+        0.1, "'success' and 'focus' task sampling: the least share of a batch (and of env steps) any task keeps"
+    )
     max_policy_lag: int = config_field(20_000, "'version' sampling: versions a row's policy may lag the learner's")
     gradient_wire_dtype: str = config_field(
         "float32",

@@ -1,6 +1,6 @@
 """Which share of a multi-task run's batches and env steps each task gets (learner.task_sampling).
 
-    schedule = TaskSchedule(tasks.names, agg, min_share=0.1, apply=replay.set_task_shares)
+    schedule = TaskSchedule(tasks.names, agg, min_share=0.1, apply=replay.set_task_shares, mode="success")
     while learning:
         schedule.refresh()          # at most every refresh_sec: the evaluator's newest curve score
         batch = replay.sample(...)  # quotas by the shares it set
@@ -15,6 +15,16 @@ evaluator's newest curve score of the live policy (AggregatorStats.last_curve.ta
 so a task the policy already solves keeps enough rows and new episodes not to be forgotten,
 while an unsolved one gets the learner and the samplers. Before any score, and while every
 task scores 1, the shares stay even.
+'focus' gives each task `min_share` and the rest to one task: the first, in the run's task
+order (`--tasks A,B,C`), whose newest curve score is below the run's target_success. Tasks are
+then learned one after another, each solved one rehearsed at min_share. Why: on a 2-core
+machine a 4-task run's learner and samplers are the scarce part, and FetchPush learns nothing
+until it has had some tens of thousands of updates and env steps of its own (single-task
+onsets: 14k-38k updates). Shared in proportion to 1 - success, an unsolved task that cannot
+be learned in the run (MetaWorld-push) took as much as FetchPush for the whole run and
+FetchPush stayed at 0.00-0.08 for 30 minutes. With task-routed experts that share no weight,
+learning one task at a time gives up no transfer. The order is the user's: a first task that
+is never solved keeps the others at min_share (they still learn, slowly).
 
 Samplers divide env steps, not episodes: Meta-World's episodes are 150-500 steps where
 Fetch's are 50, so taking episodes in turn gave FetchPush 15,600 of a 4-task run's 109k env
@@ -48,6 +58,27 @@ def success_shares(success: Sequence[float], min_share: float) -> np.ndarray:
     return min_share + (1.0 - n * min_share) * need / need.sum()
 
 
+def focus_shares(success: Sequence[float], min_share: float, target: float) -> np.ndarray:
+    """min_share each, the rest to the first task scoring below `target`; even when every task
+    reaches it."""
+    n = len(success)
+    if not 0.0 <= min_share * n <= 1.0:
+        raise ValueError(f"min_share ({min_share}) must be in [0, 1/{n}]: {n} tasks must fit in one batch")
+    unsolved = [i for i, rate in enumerate(success) if rate < target]
+    if not unsolved:
+        return np.full(n, 1.0 / n)
+    shares = np.full(n, min_share)
+    shares[unsolved[0]] += 1.0 - n * min_share
+    return shares
+
+
+def task_shares(mode: str, success: Sequence[float], min_share: float, target: float) -> np.ndarray:
+    """The shares learner.task_sampling `mode` ('success' or 'focus') gives these scores."""
+    if mode == "focus":
+        return focus_shares(success, min_share, target)
+    return success_shares(success, min_share)
+
+
 class _Stats(Protocol):
     def stats(self, timeout_sec: float = 5.0) -> pb.AggregatorStats: ...
 
@@ -63,9 +94,14 @@ class TaskSchedule:
         min_share: float,
         apply: Callable[[np.ndarray], None],
         refresh_sec: float = 5.0,
+        mode: str = "success",
+        target: float = 0.9,
     ) -> None:
+        if mode not in ("success", "focus"):
+            raise ValueError(f"task schedule mode {mode!r}: expected 'success' or 'focus'")
         self.names, self.agg, self.apply = list(names), agg, apply
         self.min_share, self.refresh_sec = min_share, refresh_sec
+        self.mode, self.target = mode, target
         self.scored_version = -1  # the curve score the shares come from (-1: none yet)
         self.shares = np.full(len(self.names), 1.0 / len(self.names))
         self._next = 0.0
@@ -83,7 +119,7 @@ class TaskSchedule:
         if curve.version <= self.scored_version or not all(name in scores for name in self.names):
             return
         self.scored_version = curve.version
-        self.shares = success_shares([scores[name] for name in self.names], self.min_share)
+        self.shares = task_shares(self.mode, [scores[name] for name in self.names], self.min_share, self.target)
         self.apply(self.shares)
         log.info(
             "task shares from the v%d curve score: %s",

@@ -10,7 +10,7 @@ import pytest
 
 from foundation.config import ConfigError, RunConfig, with_overrides
 from foundation.proto import fleetrl_pb2 as pb
-from foundation.task_schedule import TaskPicker, TaskSchedule, success_shares
+from foundation.task_schedule import TaskPicker, TaskSchedule, focus_shares, success_shares
 
 NAMES = ["FetchReach-v4", "FetchPush-v4", "MetaWorld-push-v3"]
 
@@ -31,9 +31,27 @@ def test_success_shares(success, min_share, expected):
     assert shares.sum() == pytest.approx(1.0)
 
 
+@pytest.mark.parametrize(
+    ("success", "expected"),
+    [
+        ([0.0, 0.0, 0.0], [0.8, 0.1, 0.1]),  # nothing solved: the first task listed
+        ([0.95, 0.3, 0.0], [0.1, 0.8, 0.1]),  # the first solved: the next below target
+        ([0.9, 0.0, 0.5], [0.1, 0.8, 0.1]),  # at target counts as solved; the order, not the score, picks
+        ([0.3, 1.0, 0.0], [0.8, 0.1, 0.1]),  # a task that fell below target again gets it back
+        ([1.0, 1.0, 0.9], [1 / 3, 1 / 3, 1 / 3]),  # everything solved: even
+    ],
+)
+def test_focus_shares_give_the_rest_to_the_first_unsolved_task_in_order(success, expected):
+    shares = focus_shares(success, 0.1, target=0.9)
+    np.testing.assert_allclose(shares, expected, atol=1e-12)
+    assert shares.sum() == pytest.approx(1.0)
+
+
 def test_a_floor_the_tasks_cannot_all_keep_is_refused_at_launch_and_by_the_math():
     with pytest.raises(ValueError, match=r"min_share \(0.4\) must be in \[0, 1/3\]"):
         success_shares([0.0, 0.0, 0.0], 0.4)
+    with pytest.raises(ValueError, match=r"min_share \(0.4\) must be in \[0, 1/3\]"):
+        focus_shares([0.0, 0.0, 0.0], 0.4, 0.9)
     config = with_overrides(RunConfig(), [f"sim.tasks={NAMES!r}".replace("'", '"'), "learner.task_min_share=0.4"])
     with pytest.raises(ConfigError, match="learner.task_min_share"):
         config.validate()
@@ -89,6 +107,17 @@ def test_the_schedule_follows_each_new_curve_score_and_keeps_its_shares_otherwis
     schedule.refresh()
     np.testing.assert_allclose(replay.calls[-1], [0.1, 0.1, 0.8])
     assert schedule.scored_version == 20 and agg.calls == 5
+
+
+def test_a_focus_schedule_moves_on_once_its_task_reaches_the_target():
+    replay = FakeReplay()
+    agg = FakeAggregator([_curve(10, 0.2, 0.0, 0.0), _curve(20, 0.9, 0.1, 0.0), _curve(30, 1.0, 0.95, 0.0)])
+    schedule = TaskSchedule(NAMES, agg, 0.1, replay.set_task_shares, refresh_sec=0.0, mode="focus", target=0.9)
+    for _ in range(3):
+        schedule.refresh()
+    np.testing.assert_allclose(np.array(replay.calls), [[0.8, 0.1, 0.1], [0.1, 0.8, 0.1], [0.1, 0.1, 0.8]])
+    with pytest.raises(ValueError, match="'hardest'"):
+        TaskSchedule(NAMES, agg, 0.1, replay.set_task_shares, mode="hardest")
 
 
 def test_the_schedule_asks_at_most_every_refresh_sec():
