@@ -122,9 +122,10 @@ class TaskSchedule:
         self.shares = task_shares(self.mode, [scores[name] for name in self.names], self.min_share, self.target)
         self.apply(self.shares)
         log.info(
-            "task shares from the v%d curve score: %s",
+            "task shares (%s) from the v%d curve score: %s",
+            self.mode,
             curve.version,
-            dict(zip(self.names, self.shares.round(3), strict=True)),
+            {name: round(float(share), 3) for name, share in zip(self.names, self.shares, strict=True)},
         )
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -24,7 +25,8 @@ pytestmark = pytest.mark.e2e
 TASKS = ("FetchReach-v4", "FetchPush-v4")
 
 
-def test_a_multi_task_moe_run_scores_and_reports_every_task(tmp_path: pathlib.Path) -> None:
+@pytest.mark.parametrize("sampling", ["success", "focus"])
+def test_a_multi_task_moe_run_scores_and_reports_every_task(tmp_path: pathlib.Path, sampling: str) -> None:
     run_dir = tmp_path / "run"
     settings = {
         "model.kind": '"moe"',  # the task embedding reaches the gates in every role
@@ -36,7 +38,7 @@ def test_a_multi_task_moe_run_scores_and_reports_every_task(tmp_path: pathlib.Pa
         "eval.max_interval_sec": "3",
         "learner.min_replay_transitions": "300",
         "sampler.random_steps": "100",
-        "learner.task_sampling": '"success"',  # batches shared by the evaluator's per-task scores
+        "learner.task_sampling": f'"{sampling}"',  # batches shared by the evaluator's per-task scores
     }
     sets = [arg for key, value in settings.items() for arg in ("--set", f"{key}={value}")]
     proc = subprocess.run(
@@ -52,11 +54,12 @@ def test_a_multi_task_moe_run_scores_and_reports_every_task(tmp_path: pathlib.Pa
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["tasks"] == list(TASKS), summary
     # Every task's env steps were acked and stored. One sampler takes every task, by the same
-    # success shares as the batches: Push, never solved in a minute, never gets fewer env steps
-    # than Reach (two 50-step episodes in flight aside), and more once Reach scores.
+    # shares as the batches. 'success': Push, never solved in a minute, never gets fewer env
+    # steps than Reach (two 50-step episodes in flight aside), and more once Reach scores.
     steps = summary["task_env_steps"]
     assert set(steps) == set(TASKS) and min(steps.values()) >= 100, steps
-    assert steps[TASKS[1]] >= steps[TASKS[0]] - 2 * 50 * 2, steps
+    if sampling == "success":
+        assert steps[TASKS[1]] >= steps[TASKS[0]] - 2 * 50 * 2, steps
     assert summary["final_version"] > 50, summary
     # Per-task scores: each evaluator report carries every task's rate, the mean beside them.
     evals = [json.loads(line) for line in (run_dir / "evals.jsonl").read_text().splitlines()]
@@ -80,9 +83,14 @@ def test_a_multi_task_moe_run_scores_and_reports_every_task(tmp_path: pathlib.Pa
     for layer in routing["actor"].values():
         assert set(layer["tasks"]) == set(TASKS) and all(len(t["experts"]) == 2 for t in layer["tasks"].values())
         assert set(layer["overlap"]) == {"|".join(TASKS)}
-    # learner.task_sampling "success": the learner took its batch shares from a curve score.
-    learner_log = (run_dir / "logs" / "learner-0.log").read_text()
-    assert "task shares from the v" in learner_log, learner_log[-3000:]
+    # The learner took its batch shares, and the sampler its env-step shares, from curve
+    # scores by the run's rule: 'focus' gives one task all but the other's floor (0.1).
+    for role in ("learner-0", "sampler-0"):
+        log = (run_dir / "logs" / f"{role}.log").read_text()
+        lines = [line for line in log.splitlines() if f"task shares ({sampling}) from the v" in line]
+        assert lines, log[-3000:]
+        if sampling == "focus":
+            assert all(sorted(re.findall(r"': (0\.\d+)", line)) == ["0.1", "0.9"] for line in lines), lines
     # Layered SWA: scored live versions were offered, the average was scored beside them, and
     # the checkpoint carries it for fleetrl export.
     averaged = [row for row in evals if row["kind"] == "swa_curve"]
