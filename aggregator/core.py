@@ -83,6 +83,7 @@ class AggregatorCore:
         self._optim = torch.optim.Adam(groups, lr=config.lr, fused=True)
         self._pending: dict[str, dict[str, np.ndarray]] = {}  # learner -> its gradient for this step
         self._weights: dict[str, float] = {}  # learner -> its gradient's weight in the step's mean
+        self._squares: dict[str, float] = {}  # learner -> its gradient's squared norm (from check)
         self._opened = 0.0  # monotonic time the pending step's first gradient arrived
         self.deadline_steps = 0  # steps closed by the deadline with fewer than grads_per_step
         self.repeat_steps = 0  # ... closed early by a pending learner's next gradient
@@ -101,9 +102,10 @@ class AggregatorCore:
         # Running totals behind the shared input normalizer: [count, sum..., sum of squares...].
         self._norm_totals = np.zeros(spec.norm_rows * (1 + 2 * spec.input_dim), np.float64)
 
-    def check(self, grads: dict[str, np.ndarray], norm_stats: np.ndarray, batch_size: int = 0) -> None:
+    def check(self, grads: dict[str, np.ndarray], norm_stats: np.ndarray, batch_size: int = 0) -> float:
         """Raise GradientError unless grads has exactly the gradient groups, right sizes, finite,
-        and the normalizer statistics describe a real batch (see check_norm_stats)."""
+        and the normalizer statistics describe a real batch (see check_norm_stats). Returns the
+        gradient's sum of squares over every group (its squared L2 norm, float64)."""
         self.check_norm_stats(norm_stats, batch_size)
         missing = [g for g in GRADIENT_GROUPS if g not in grads]
         if missing:
@@ -112,11 +114,15 @@ class AggregatorCore:
         if extra:
             shown = [cap(name, 30) for name in extra[:3]] + ([f"and {len(extra) - 3} more"] if len(extra) > 3 else [])
             raise GradientError("tensors", f"unknown group(s) {shown}; expected {list(GRADIENT_GROUPS)}")
+        squares = 0.0
         for g in GRADIENT_GROUPS:
             if grads[g].shape != (self.sizes[g],):
                 raise GradientError(f"tensors[{g}].shape", f"{list(grads[g].shape)}, expected [{self.sizes[g]}]")
-            if not np.all(np.isfinite(grads[g])):
+            part = _sum_of_squares(grads[g])  # one pass, no temporary: finite iff every element is
+            if not np.isfinite(part):
                 raise GradientError(f"tensors[{g}].data", "contains NaN or inf")
+            squares += part
+        return squares
 
     def check_norm_stats(self, stats: np.ndarray, batch_size: int = 0) -> None:
         """[count, sums, sums of squares] of a batch: count >= 1 (and <= batch_size when given),
@@ -158,7 +164,7 @@ class AggregatorCore:
         the next, so one fast learner cannot fill a step alone, and none waits for a straggler.
         `batch_size` (0: unknown, taken as 1) weighs it in the step's mean.
         """
-        self.check(grads, norm_stats, batch_size)
+        squares = self.check(grads, norm_stats, batch_size)
         if base_version > self.version:
             raise GradientError("base_version", f"{base_version} is ahead of the aggregator ({self.version})")
         if self.version - base_version > self.max_staleness:
@@ -170,6 +176,7 @@ class AggregatorCore:
         if not self._pending:
             self._opened = time.monotonic()
         self._pending[learner] = grads
+        self._squares[learner] = squares
         staleness = self.version - base_version
         self._weights[learner] = max(batch_size, 1) / (1.0 + staleness) ** self.config.staleness_power
         self._norm_totals += norm_stats
@@ -190,13 +197,15 @@ class AggregatorCore:
         self._step()
         return self.version > before
 
-    def _mean_gradient(self) -> dict[str, np.ndarray] | None:
-        """The pending gradients' weighted mean, clipped to max_grad_norm; None when it is not
-        finite. One gradient (one learner, or a step closed with one) is its own mean, in float32
-        and uncopied unless clipped: the common case costs no pass over the weights but the norm."""
+    def _mean_gradient(self) -> tuple[dict[str, np.ndarray], float] | None:
+        """The pending gradients' weighted mean, clipped to max_grad_norm, and its L2 norm; None
+        when it is not finite. One gradient (one learner, or a step closed with one) is its own
+        mean, in float32 and uncopied unless clipped, its norm the one check() took: the common
+        case costs no pass over the weights."""
         learners = list(self._pending)
         if len(learners) == 1:
             mean = self._pending[learners[0]]
+            norm = float(np.sqrt(self._squares[learners[0]]))
         else:
             weights = np.array([self._weights[name] for name in learners], np.float64)
             weights /= weights.sum()
@@ -207,7 +216,7 @@ class AggregatorCore:
                 for weight, name in zip(weights, learners, strict=True):
                     total += weight * self._pending[name][g]
                 mean[g] = total
-        norm = _global_norm(mean)
+            norm = _global_norm(mean)
         if not np.isfinite(norm):
             return None
         scale = 1.0
@@ -215,20 +224,25 @@ class AggregatorCore:
             scale = self.config.max_grad_norm / norm
             self.clipped += 1
         if scale == 1.0 and all(v.dtype == np.float32 for v in mean.values()):
-            return dict(mean)  # finite: check() saw every element, and the norm is finite
+            return dict(mean), norm  # finite: check() saw every element, and the norm is finite
         out = {g: np.asarray(v * scale, dtype=np.float32) for g, v in mean.items()}
-        return out if all(np.all(np.isfinite(v)) for v in out.values()) else None
+        if not all(np.all(np.isfinite(v)) for v in out.values()):
+            return None
+        return out, norm * scale
 
     def _step(self) -> None:
-        mean = self._mean_gradient()
+        result = self._mean_gradient()
         self._pending.clear()
         self._weights.clear()
-        if mean is None:
+        self._squares.clear()
+        if result is None:
             self.steps_skipped += 1  # nothing applied and no new version: the weights stay sound
             return
+        mean, norm = result
         # Without clipping, a huge finite gradient could overflow Adam's float32 moments. Such a
         # step is checked afterwards and undone (kept cheap: only huge ones are snapshotted).
-        huge = max(float(np.abs(v).max(initial=0.0)) for v in mean.values()) > HUGE_GRADIENT
+        # No element exceeds the L2 norm, so a norm below the bound rules one out without a pass.
+        huge = norm > HUGE_GRADIENT and max(float(np.abs(v).max(initial=0.0)) for v in mean.values()) > HUGE_GRADIENT
         saved = self._optimizer_snapshot() if huge else None
         for g in GRADIENT_GROUPS:
             grad = mean[g] if mean[g].flags.writeable else mean[g].copy()  # a decoded push is read-only
@@ -307,6 +321,7 @@ class AggregatorCore:
             self.swa.score = saved.get("score")
         self._pending.clear()
         self._weights.clear()
+        self._squares.clear()
 
 
 def per_group_state(state: dict) -> dict[str, dict]:
@@ -329,13 +344,17 @@ def merged_state(groups: dict[str, dict]) -> dict:
 
 
 def _global_norm(vectors: dict[str, np.ndarray]) -> float:
-    """L2 norm over every group. einsum, not np.dot: a BLAS call here woke OpenBLAS's thread pool
-    on every step (4 ms, and spinning threads that took CPU from the learner). float32 squares
-    of elements past ~1.8e19 overflow: those are summed again in float64."""
-    total = 0.0
-    for v in vectors.values():
-        part = float(np.einsum("i,i->", v, v))
-        if not np.isfinite(part) and v.dtype != np.float64:
-            part = float(np.einsum("i,i->", v.astype(np.float64), v.astype(np.float64)))
-        total += part
-    return float(np.sqrt(total))
+    """L2 norm over every group."""
+    return float(np.sqrt(sum(_sum_of_squares(v) for v in vectors.values())))
+
+
+def _sum_of_squares(v: np.ndarray) -> float:
+    """sum(v * v) in one pass without a temporary: finite exactly when every element is (a NaN
+    or inf element makes it NaN or inf; finite float32 elements square and sum within float64's
+    range). einsum, not np.dot: a BLAS call here woke OpenBLAS's thread pool on every step (4 ms,
+    and spinning threads that took CPU from the learner). float32 squares of elements past
+    ~1.8e19 overflow: those are summed again in float64."""
+    part = float(np.einsum("i,i->", v, v))
+    if not np.isfinite(part) and v.dtype != np.float64:
+        part = float(np.einsum("i,i->", v.astype(np.float64), v.astype(np.float64)))
+    return part

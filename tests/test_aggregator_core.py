@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import numpy as np
@@ -477,3 +478,26 @@ def test_checkpoints_keep_one_adam_state_per_group_and_restore_to_the_same_next_
         c.submit(c.version, grads(c, 9), stats(9))
     for g in GROUPS:
         np.testing.assert_array_equal(restored.weights()[g], core.weights()[g])
+
+
+def test_one_learners_clipped_step_uses_its_exact_norm():
+    # One learner's step takes its norm from the push's check (no second pass). Clipped to a norm
+    # at which the elements are about Adam's eps (1e-8), the step depends on the gradient's scale,
+    # so it matches the unclipped step of the exactly rescaled gradient only if that norm is right.
+    config = AggregatorConfig(lr=1e-2, tau=0.25, seed=0, max_grad_norm=0.0)
+    g = grads(make_core(), 3)
+    norm = float(np.sqrt(sum(np.sum(v.astype(np.float64) ** 2) for v in g.values())))
+    target = 1e-8 * np.sqrt(sum(v.size for v in g.values()))
+    clipped = make_core(config=dataclasses.replace(config, max_grad_norm=target))
+    rescaled = make_core(config=config)
+    for step in range(3):
+        clipped.submit(step, g, stats(step))
+        rescaled.submit(step, {k: (v * (target / norm)).astype(np.float32) for k, v in g.items()}, stats(step))
+    assert clipped.clipped == 3 and rescaled.clipped == 0
+    for group in GROUPS:
+        np.testing.assert_allclose(clipped.weights()[group], rescaled.weights()[group], rtol=1e-5, atol=1e-7)
+    # ... and the comparison can tell: a norm off by 2x moves the weights elsewhere.
+    off = make_core(config=config)
+    for step in range(3):
+        off.submit(step, {k: (v * (target / norm / 2)).astype(np.float32) for k, v in g.items()}, stats(step))
+    assert not np.allclose(clipped.weights()["actor"], off.weights()["actor"], rtol=1e-5, atol=1e-7)
