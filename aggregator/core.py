@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from aggregator.sparse import ExpertSegments, lazy_adam_step, lazy_polyak
 from aggregator.swa import LayeredSWA
 from foundation.config import AggregatorConfig
 from foundation.errors import FleetrlError
@@ -37,6 +38,7 @@ from foundation.policy import SWA_GROUP
 from foundation.wire import cap
 from learner.models import GRADIENT_GROUPS, GROUPS, ModelSpec, SACModel, norm_from_stats
 
+CRITICS = ("critic", "critic_target")
 HUGE_GRADIENT = 1e15  # an element this large squares past float32 range inside Adam
 
 
@@ -81,6 +83,11 @@ class AggregatorCore:
         # dict per group (per_group_state), the format of the one-optimizer-per-group days.
         groups = [{"params": [self._flat[g]]} for g in GRADIENT_GROUPS]
         self._optim = torch.optim.Adam(groups, lr=config.lr, fused=True)
+        # MoE: Adam and the Polyak average skip the experts a version leaves untouched.
+        self._segments: ExpertSegments | None = None
+        if spec.kind == "moe" and config.expert_adam == "lazy":
+            self._segments = ExpertSegments(self.model, (*GRADIENT_GROUPS, "critic_target"))
+        self._critic_ever: list[np.ndarray] | None = None  # experts the critic's gradient ever touched
         self._pending: dict[str, dict[str, np.ndarray]] = {}  # learner -> its gradient for this step
         self._weights: dict[str, float] = {}  # learner -> its gradient's weight in the step's mean
         self._squares: dict[str, float] = {}  # learner -> its gradient's squared norm (from check)
@@ -238,26 +245,54 @@ class AggregatorCore:
         if result is None:
             self.steps_skipped += 1  # nothing applied and no new version: the weights stay sound
             return
-        mean, norm = result
+        mean, grad_norm = result
         # Without clipping, a huge finite gradient could overflow Adam's float32 moments. Such a
         # step is checked afterwards and undone (kept cheap: only huge ones are snapshotted).
         # No element exceeds the L2 norm, so a norm below the bound rules one out without a pass.
-        huge = norm > HUGE_GRADIENT and max(float(np.abs(v).max(initial=0.0)) for v in mean.values()) > HUGE_GRADIENT
+        huge = grad_norm > HUGE_GRADIENT and max(float(np.abs(v).max(initial=0)) for v in mean.values()) > HUGE_GRADIENT
         saved = self._optimizer_snapshot() if huge else None
         for g in GRADIENT_GROUPS:
             grad = mean[g] if mean[g].flags.writeable else mean[g].copy()  # a decoded push is read-only
             self._flat[g].grad = torch.from_numpy(grad)
-        self._optim.step()
+        critic_ranges = self._optimize(mean)
         if saved is not None and not self._optimizer_finite():
             self._restore_optimizer(saved)
             self.steps_skipped += 1
             return
         with torch.no_grad():
             # Polyak averaging of the target critics, once per version.
-            self._flat["critic_target"].mul_(1.0 - self.config.tau).add_(self._flat["critic"], alpha=self.config.tau)
+            if critic_ranges is None:
+                target = self._flat["critic_target"]
+                target.mul_(1.0 - self.config.tau).add_(self._flat["critic"], alpha=self.config.tau)
+            else:
+                lazy_polyak(self._flat["critic_target"], self._flat["critic"], critic_ranges, self.config.tau)
             norm = norm_from_stats(self._norm_totals, self.spec.input_dim, self.spec.norm_rows, self.spec.one_hot)
             self._flat["obs_norm"].copy_(torch.from_numpy(norm))
         self.version += 1
+
+    def _optimize(self, mean: dict[str, np.ndarray]) -> list[tuple[int, int]] | None:
+        """Adam on every gradient group (their .grad set); with lazy expert steps, only on what
+        the gradient touches, and returns the critic ranges the Polyak average must cover (None:
+        all of it). The first step is dense: it makes the optimizer's state (and, every moment
+        being zero, moves no untouched expert)."""
+        if self._segments is None or not self._optim.state:
+            self._optim.step()
+            if self._segments is not None:
+                self._critic_ever = self._segments.hits("critic", mean["critic"])
+            return None
+        for group, param_group in zip(GRADIENT_GROUPS, self._optim.param_groups, strict=True):
+            param = self._flat[group]
+            hits = self._segments.hits(group, mean[group])
+            if group == "critic":  # after a restore: the experts whose target copy differs
+                ever = self._critic_ever or self._segments.differing("critic", *self.views(CRITICS).values())
+                self._critic_ever = [a | b for a, b in zip(ever, hits, strict=True)]
+            ranges = self._segments.ranges(group, hits)
+            lr, betas, eps = param_group["lr"], param_group["betas"], param_group["eps"]
+            grad = param.grad
+            assert grad is not None  # set by _step
+            lazy_adam_step(param, grad, self._optim.state[param], ranges, lr, betas, eps)
+        assert self._critic_ever is not None
+        return self._segments.ranges("critic_target", self._critic_ever)
 
     def _optimizer_snapshot(self) -> dict:
         return {
@@ -322,6 +357,7 @@ class AggregatorCore:
         self._pending.clear()
         self._weights.clear()
         self._squares.clear()
+        self._critic_ever = None
 
 
 def per_group_state(state: dict) -> dict[str, dict]:

@@ -220,6 +220,13 @@ class AggregatorConfig:
     max_input_abs: float = config_field(
         1e6, "normalizer statistics implying an input beyond this magnitude are rejected (a learner's bad batch)"
     )
+    expert_adam: str = config_field(
+        "lazy",
+        "MoE: 'lazy' steps Adam and the target critics' average only on experts a version's gradient "
+        "touches (exact for experts never routed to, and for a task router whose tasks keep their experts; "
+        "a dropped expert keeps its weights instead of drifting on old momentum), or 'dense' (every "
+        "weight, every version); aggregator/sparse.py",
+    )
     swa: str = config_field(
         "off",
         "actor weight averaging (aggregator/swa.py): 'layered' (a version joins only when the evaluator "
@@ -237,6 +244,7 @@ class AggregatorConfig:
         """(ok, field, limit) of every check on this section's fields; RunConfig.validate runs them."""
         return [
             (0.0 < self.tau <= 1.0, "tau", "in (0, 1]"),
+            (self.expert_adam in ("lazy", "dense"), "expert_adam", "one of 'lazy', 'dense'"),
             (self.lr > 0, "lr", "> 0"),
             (self.max_grad_norm >= 0, "max_grad_norm", ">= 0 (0 = no clipping)"),
             (self.max_input_abs > 0, "max_input_abs", "> 0"),

@@ -301,6 +301,14 @@ class SACModel(nn.Module):
         module: nn.Module = getattr(self, group)
         return list(module.parameters())
 
+    def expert_parameters(self, group: str) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """(weight [E, out, in], bias [E, out]) of every MoE layer of `group` ([] for a dense
+        model or a group without networks): what the aggregator's lazy expert steps slice."""
+        module = getattr(self, group, None) if group in ("actor", "critic", "critic_target") else None
+        if module is None:
+            return []
+        return [(m.weight, m.bias) for m in module.modules() if isinstance(m, MoELinear)]
+
     def get_flat(self, group: str) -> np.ndarray:
         params = self.group_parameters(group)
         return torch.nn.utils.parameters_to_vector(params).detach().cpu().numpy().copy()
