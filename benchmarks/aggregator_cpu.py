@@ -1,7 +1,8 @@
 """The aggregator's CPU per version, as a one-learner fleet drives it, for one or more checkouts.
 
     python3 benchmarks/aggregator_cpu.py [--task FetchPush-v4] [--versions 3000] [--repeats 3] \\
-        [--arm NAME=CHECKOUT ...] [--weights grpc --weights shm] [--push stream --push unary] [--out R.json]
+        [--arm NAME=CHECKOUT ...] [--weights grpc --weights shm] [--push stream --push unary] \\
+        [--tasks A,B,C,D --set model.kind=\\"moe\\" ...] [--arm-set NAME:section.field=value] [--out R.json]
 
 Starts a real `fleetrl aggregator` process from each arm's checkout (default: this one) and
 drives it as the fleet's learner and sampler do: one client streams the groups a learner takes
@@ -9,7 +10,11 @@ drives it as the fleet's learner and sampler do: one client streams the groups a
 (max_grad_staleness 1), a second streams the actor at most every 0.2 s. `--weights shm`: the
 learner's weights and gradients go through /dev/shm segments, gRPC saying only which.
 `--push unary`: one PushGradients call per gradient instead of the learners' one long-lived
-PushGradientsStream. Reports per arm the aggregator's CPU-milliseconds per version (its user +
+PushGradientsStream. `--tasks` and `--set section.field=value` shape every arm's run (a
+multi-task MoE: `--set model.kind=\\"moe\\"`); a MoE's pushed gradient is then a real one, a
+learner's backward pass on a batch holding every task, so it touches only the experts those
+tasks are routed to (what the aggregator's lazy expert steps skip), where a dense arm's is
+random. Reports per arm the aggregator's CPU-milliseconds per version (its user +
 system time over the pushes) and versions per second. Arms run interleaved, `--repeats` times
 each, so a noisy machine affects them alike; the figures are medians.
 
@@ -19,6 +24,7 @@ Prints LAST each arm's CPU per version over the first arm's (below 1: cheaper).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import pathlib
 import statistics
@@ -29,14 +35,16 @@ import time
 
 import numpy as np
 import psutil
+import torch
 from common import REPO, result_record, write_result  # benchmarks/common.py (this script's folder)
 
 from aggregator.client import AggregatorClient, GradientPush
 from fleet.launch import free_port
 from foundation.config import RunConfig, with_overrides
-from foundation.policy import ACTOR_GROUPS, GRADIENT_GROUPS, LEARNER_GROUPS, ModelSpec
+from foundation.policy import ACTOR_GROUPS, GRADIENT_GROUPS, LEARNER_GROUPS, model_spec
 from learner.models import SACModel, norm_stats
-from sim.registry import get_task
+from learner.sac import Batch, SACHyperparams, compute_gradients
+from sim.tasks import TaskSet
 
 
 def _wait_up(address: str, proc: subprocess.Popen, timeout: float = 60.0) -> None:
@@ -62,16 +70,10 @@ def measure(
     weights_via: str = "grpc",
     push_via: str = "stream",
 ) -> dict:
-    spec_task = get_task(task)
-    model = SACModel(ModelSpec(spec_task.obs_dim, spec_task.goal_dim, spec_task.act_dim, hidden))
-    sizes = model.group_sizes()
+    grads, stats, sizes = _gradient(RunConfig.load(config_path))
     gradient_bytes = (2 if wire == "bfloat16" else 4) * sum(sizes[g] for g in GRADIENT_GROUPS)
     weight_bytes = 4 * sum(sizes[g] for g in LEARNER_GROUPS)
     moved_mb = (gradient_bytes + weight_bytes) / 1e6 if weights_via == "grpc" else 0.0  # over gRPC
-    rng = np.random.default_rng(0)
-    grads = {g: (rng.standard_normal(n) * 1e-4).astype(np.float32) for g, n in model.group_sizes().items()
-             if g in GRADIENT_GROUPS}  # fmt: skip
-    stats = norm_stats(rng.normal(size=(256, spec_task.obs_dim + spec_task.goal_dim)))
     port = free_port()
     env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "PYTHONPATH": str(checkout)}
     cmd = [sys.executable, "-m", "fleet.cli", "aggregator", "--config", config_path, "--port", str(port)]
@@ -119,6 +121,29 @@ def measure(
         proc.wait(30)
 
 
+def _gradient(config: RunConfig, rows: int = 256) -> tuple[dict[str, np.ndarray], np.ndarray, dict[str, int]]:
+    """(gradient, normalizer statistics, group sizes) a learner of this run pushes: a MoE's real
+    (the aggregator's initial weights, a batch holding every task), a dense model's random."""
+    tasks = TaskSet.for_run(config)
+    spec = model_spec(config, tasks)
+    torch.manual_seed(config.aggregator.seed)  # the aggregator's initial weights, so its routing
+    model = SACModel(spec)
+    rng = np.random.default_rng(0)
+    obs_goal = rng.normal(size=(rows, spec.input_dim)).astype(np.float32)
+    task = np.arange(rows) % len(tasks)
+    if tasks.multi:  # the task one-hot the padded observation carries
+        obs_goal[:, spec.one_hot[0] : spec.one_hot[1]] = np.eye(len(tasks), dtype=np.float32)[task]
+    if spec.kind != "moe":
+        grads = {g: (rng.standard_normal(n) * 1e-4).astype(np.float32) for g, n in model.group_sizes().items()
+                 if g in GRADIENT_GROUPS}  # fmt: skip
+        return grads, norm_stats(obs_goal, task, spec.norm_rows), model.group_sizes()
+    obs, goal = obs_goal[:, : -spec.goal_dim], obs_goal[:, -spec.goal_dim :]
+    action = rng.uniform(-1, 1, (rows, spec.act_dim))
+    batch = Batch.from_numpy(obs, goal, action, -np.ones(rows), obs, np.zeros(rows), task=task)
+    result = compute_gradients(model, batch, SACHyperparams.for_run(config, spec.act_dim))
+    return result.grads, result.norm_stats, model.group_sizes()
+
+
 def _tag(value: str, values: list[str]) -> str:
     """An arm name's part for a setting that varies between arms ("" for one that does not)."""
     return f"/{value}" if len(values) > 1 else ""
@@ -154,9 +179,23 @@ def main(argv: list[str] | None = None) -> int:
         help="stream | unary: gradients on one PushGradientsStream call (as learners push) or one "
         "PushGradients call each (repeat for both); default stream",
     )
+    p.add_argument(
+        "--arm-set",
+        action="append",
+        default=[],
+        help="NAME:section.field=value for one --arm's run only (two arms of one checkout, two settings)",
+    )
+    p.add_argument("--tasks", help="A,B,...: a multi-task run's tasks (sim.tasks) for every arm")
+    p.add_argument("--set", action="append", default=[], help="section.field=value (JSON) for every arm's run")
     p.add_argument("--out", help="write the raw result (JSON) here")
     args = p.parse_args(argv)
     checkouts = dict(a.split("=", 1) for a in args.arm) or {"this": str(REPO)}
+    arm_sets: dict[str, list[str]] = {}
+    for item in args.arm_set:
+        name, _, setting = item.partition(":")
+        if name not in checkouts or not setting:
+            p.error(f"--arm-set {item!r}: expected NAME:section.field=value for an --arm NAME")
+        arm_sets.setdefault(name, []).append(setting)
     sizes = [tuple(int(w) for w in h.split(",")) for h in args.hidden] or [(256, 256)]
     wires = args.wire or [RunConfig().learner.gradient_wire_dtype]
     vias = args.weights or ["grpc"]
@@ -186,8 +225,11 @@ def main(argv: list[str] | None = None) -> int:
                     f'sim.task="{args.task}"',
                     "learner.num_learners=1",
                     f"learner.hidden_sizes={list(hidden)}",
+                    *([f"sim.tasks={json.dumps(args.tasks.split(','))}"] if args.tasks else []),
+                    *args.set,
+                    *arm_sets.get(name.split("@")[0].split("/")[0], []),
                 ]
-                config_path = os.path.join(tmp, f"config-{'x'.join(map(str, hidden))}.json")
+                config_path = os.path.join(tmp, f"config-{name.replace('/', '-')}.json")
                 pathlib.Path(config_path).write_text(with_overrides(RunConfig(), overrides).to_json())
                 row = {
                     "arm": name,
@@ -226,6 +268,7 @@ def main(argv: list[str] | None = None) -> int:
             }
     if args.out:
         figures = {"task": args.task, "arms": {a: p for a, (p, *_) in arms.items()}, "commits": commits, "rows": rows}
+        figures |= {"tasks": args.tasks, "settings": args.set, "arm_settings": arm_sets}
         figures |= {"medians": medians, "ratios": ratios, "fits": fits}
         write_result(result_record("aggregator_cpu", figures), args.out)
     print(f"\n{'arm':>16} {'MB moved':>9} {'CPU ms/version':>15} {'versions/s':>11}  (medians of {args.repeats})")
