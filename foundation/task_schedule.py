@@ -42,6 +42,7 @@ from typing import Protocol
 import grpc
 import numpy as np
 
+from foundation.config import SCORED_SAMPLING, RunConfig
 from foundation.proto import fleetrl_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -105,6 +106,16 @@ class TaskSchedule:
         self.scored_version = -1  # the curve score the shares come from (-1: none yet)
         self.shares = np.full(len(self.names), 1.0 / len(self.names))
         self._next = 0.0
+
+    @classmethod
+    def for_run(
+        cls, config: RunConfig, names: Sequence[str], agg: _Stats, apply: Callable[[np.ndarray], None]
+    ) -> TaskSchedule | None:
+        """The run's schedule by learner.task_sampling ('success' or 'focus'); None for 'even'."""
+        if config.learner.task_sampling not in SCORED_SAMPLING:
+            return None
+        mode, target = config.learner.task_sampling, config.target_success
+        return cls(names, agg, config.learner.task_min_share, apply, mode=mode, target=target)
 
     def refresh(self) -> None:
         if time.monotonic() < self._next:

@@ -23,7 +23,7 @@ from buffer.api import BatchSource
 from buffer.client import ReplaySampler
 from buffer.ratelimit import rate_limit
 from foundation.acting import WeightsSnapshot
-from foundation.config import SCORED_SAMPLING, RunConfig
+from foundation.config import RunConfig
 from foundation.ledger import AckLedger
 from foundation.policy import LEARNER_GROUPS
 from foundation.process import Heartbeat
@@ -185,15 +185,8 @@ def run_learner(
             ledger: AckLedger | None = None
             try:  # an error anywhere here still stops the prefetch thread and closes the ledger
                 loop = _GradientLoop(config, learner_id, tasks.act_dim, agg, weights, batches, replay, heartbeat)
-                if tasks.multi and config.learner.task_sampling in SCORED_SAMPLING:
-                    loop.schedule = TaskSchedule(
-                        tasks.names,
-                        agg,
-                        config.learner.task_min_share,
-                        replay.set_task_shares,
-                        mode=config.learner.task_sampling,
-                        target=config.target_success,
-                    )
+                if tasks.multi:
+                    loop.schedule = TaskSchedule.for_run(config, tasks.names, agg, replay.set_task_shares)
                 if endpoints.ack_log_dir:
                     ledger = AckLedger(endpoints.ack_log_dir, f"learner-{learner_id}", agg.incarnation)
                     loop.ledger = ledger

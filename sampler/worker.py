@@ -28,7 +28,7 @@ import numpy as np
 from aggregator.client import AggregatorClient, WeightsWatcher
 from buffer.ingest_client import IngestClient, IngestUnavailable
 from foundation.acting import Policy, rollout
-from foundation.config import SCORED_SAMPLING, RunConfig
+from foundation.config import RunConfig
 from foundation.ledger import AckLedger
 from foundation.policy import ACTOR_GROUPS
 from foundation.process import Heartbeat
@@ -238,10 +238,8 @@ def _collect(
     rng, seeds = np.random.default_rng(streams[0]), np.random.default_rng(streams[1])
     policy = Policy.exploring(config, seed=int(streams[2].generate_state(1)[0]))
     picker, schedule = TaskPicker(len(mine)), None
-    if len(mine) > 1 and config.learner.task_sampling in SCORED_SAMPLING:  # env steps follow the learner's shares
-        apply = functools.partial(_my_shares, picker, mine)
-        mode, target = config.learner.task_sampling, config.target_success
-        schedule = TaskSchedule(tasks.names, agg, config.learner.task_min_share, apply, mode=mode, target=target)
+    if len(mine) > 1:  # env steps follow the learner's shares
+        schedule = TaskSchedule.for_run(config, tasks.names, agg, functools.partial(_my_shares, picker, mine))
     while not stop.is_set():
         policy.refresh(watcher.latest())
         if schedule is not None:

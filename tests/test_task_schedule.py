@@ -163,3 +163,12 @@ def test_shares_that_do_not_fit_the_samplers_tasks_are_refused(shares):
     picker = TaskPicker(2)
     with pytest.raises(ValueError, match="do not fit 2 tasks"):
         picker.set_shares(np.array(shares))
+
+
+def test_a_run_gets_the_schedule_its_config_names():
+    agg, apply = FakeAggregator([_curve(1, 0.0, 0.0, 0.0)]), FakeReplay().set_task_shares
+    tasks = f"sim.tasks={NAMES!r}".replace("'", '"')
+    assert TaskSchedule.for_run(with_overrides(RunConfig(), [tasks]), NAMES, agg, apply) is None  # 'even'
+    config = with_overrides(RunConfig(), [tasks, 'learner.task_sampling="focus"', "target_success=0.8"])
+    schedule = TaskSchedule.for_run(config, NAMES, agg, apply)
+    assert schedule is not None and (schedule.mode, schedule.target, schedule.min_share) == ("focus", 0.8, 0.1)
