@@ -149,7 +149,20 @@ def _tag(value: str, values: list[str]) -> str:
     return f"/{value}" if len(values) > 1 else ""
 
 
-def main(argv: list[str] | None = None) -> int:
+def _print(medians: dict, fits: dict, ratios: dict, repeats: int) -> None:
+    print(f"\n{'arm':>16} {'MB moved':>9} {'CPU ms/version':>15} {'versions/s':>11}  (medians of {repeats})")
+    for name, m in medians.items():
+        mb, cpu, rate = m["mb_moved_per_version"], m["cpu_ms_per_version"], m["versions_per_sec"]
+        print(f"{name:>16} {mb:>9.2f} {cpu:>15.2f} {rate:>11.1f}")
+    for name, fit in fits.items():
+        print(
+            f"{name}: {fit['fixed_cpu_ms_per_version']:.2f} ms fixed + {fit['cpu_ms_per_mb_moved']:.2f} ms per MB moved"
+        )
+    for name, value in ratios.items():
+        print(f"{name}: {value:.3f}")
+
+
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--task", default="FetchPush-v4")
     p.add_argument("--versions", type=int, default=3000, help="versions per measurement")
@@ -188,6 +201,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tasks", help="A,B,...: a multi-task run's tasks (sim.tasks) for every arm")
     p.add_argument("--set", action="append", default=[], help="section.field=value (JSON) for every arm's run")
     p.add_argument("--out", help="write the raw result (JSON) here")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = _parser()
     args = p.parse_args(argv)
     checkouts = dict(a.split("=", 1) for a in args.arm) or {"this": str(REPO)}
     arm_sets: dict[str, list[str]] = {}
@@ -271,16 +289,7 @@ def main(argv: list[str] | None = None) -> int:
         figures |= {"tasks": args.tasks, "settings": args.set, "arm_settings": arm_sets}
         figures |= {"medians": medians, "ratios": ratios, "fits": fits}
         write_result(result_record("aggregator_cpu", figures), args.out)
-    print(f"\n{'arm':>16} {'MB moved':>9} {'CPU ms/version':>15} {'versions/s':>11}  (medians of {args.repeats})")
-    for name, m in medians.items():
-        mb, cpu, rate = m["mb_moved_per_version"], m["cpu_ms_per_version"], m["versions_per_sec"]
-        print(f"{name:>16} {mb:>9.2f} {cpu:>15.2f} {rate:>11.1f}")
-    for name, fit in fits.items():
-        print(
-            f"{name}: {fit['fixed_cpu_ms_per_version']:.2f} ms fixed + {fit['cpu_ms_per_mb_moved']:.2f} ms per MB moved"
-        )
-    for name, value in ratios.items():
-        print(f"{name}: {value:.3f}")
+    _print(medians, fits, ratios, args.repeats)
     return 0
 
 
