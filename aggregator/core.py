@@ -86,7 +86,7 @@ class AggregatorCore:
         # MoE: Adam and the Polyak average skip the experts a version leaves untouched.
         self._segments: ExpertSegments | None = None
         if spec.kind == "moe" and config.expert_adam == "lazy":
-            self._segments = ExpertSegments(self.model, (*GRADIENT_GROUPS, "critic_target"))
+            self._segments = ExpertSegments(self.model, GRADIENT_GROUPS)
         self._critic_ever: list[np.ndarray] | None = None  # experts the critic's gradient ever touched
         self._pending: dict[str, dict[str, np.ndarray]] = {}  # learner -> its gradient for this step
         self._weights: dict[str, float] = {}  # learner -> its gradient's weight in the step's mean
@@ -292,7 +292,7 @@ class AggregatorCore:
             assert grad is not None  # set by _step
             lazy_adam_step(param, grad, self._optim.state[param], ranges, lr, betas, eps)
         assert self._critic_ever is not None
-        return self._segments.ranges("critic_target", self._critic_ever)
+        return self._segments.ranges("critic", self._critic_ever)  # the target copy: the same layout
 
     def _optimizer_snapshot(self) -> dict:
         return {
