@@ -85,12 +85,37 @@ class MoELinear(nn.Module):
         self.weight = nn.Parameter(torch.empty(experts, fan_out, fan_in).uniform_(-bound, bound))
         self.bias = nn.Parameter(torch.empty(experts, fan_out).uniform_(-bound, bound))
         self.gate = nn.Linear(gate_dim, experts)
-        self.last_gates: torch.Tensor | None = None
-        self.last_logits: torch.Tensor | None = None
+        self._last_gates: torch.Tensor | None = None
+        self._last_logits: torch.Tensor | None = None
         self.last_task_logits: torch.Tensor | None = None
+        # The task router's newest routing, per task (gates [tasks, experts]) and each row's
+        # task place: last_gates and last_logits spread it over the rows only when read.
+        self._task_gates: torch.Tensor | None = None
+        self._task_rows: torch.Tensor | None = None
         # model.gate_grad false: the task router's mix is a constant to the task losses (the
         # balancing loss still reaches the gates through last_task_logits).
         self.gate_grad = True
+
+    @property
+    def last_gates(self) -> torch.Tensor | None:
+        """The newest training batch's gate weights per row [batch, experts] (None before one)."""
+        if self._last_gates is None and self._task_gates is not None:
+            self._last_gates = self._task_gates[self._task_rows]
+        return self._last_gates
+
+    @property
+    def last_logits(self) -> torch.Tensor | None:
+        if self._last_logits is None and self.last_task_logits is not None:
+            self._last_logits = self.last_task_logits[self._task_rows]
+        return self._last_logits
+
+    def task_load(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The task router's newest routing without spreading it over rows: (gates [tasks
+        present, experts], rows per task [tasks present]); None for the other forms."""
+        if self._task_gates is None or self._task_rows is None:
+            return None
+        counts = torch.bincount(self._task_rows, minlength=len(self._task_gates))
+        return self._task_gates, counts
 
     def route(self, gate_in: torch.Tensor) -> torch.Tensor:
         """Gate weights [batch, experts]: softmax over each row's top_k logits, 0 elsewhere."""
@@ -106,8 +131,8 @@ class MoELinear(nn.Module):
         logits = self.gate(gate_in)
         gates = self._gates(logits)
         if self.training:  # an exported (eval) module stores nothing
-            self.last_gates, self.last_logits = (gates, logits) if rows is None else (gates[rows], logits[rows])
-            self.last_task_logits = None
+            self._last_gates, self._last_logits = (gates, logits) if rows is None else (gates[rows], logits[rows])
+            self.last_task_logits = self._task_gates = self._task_rows = None
         return gates
 
     def masked_forward(self, x: torch.Tensor, gate_in: torch.Tensor) -> torch.Tensor:
@@ -146,9 +171,10 @@ class MoELinear(nn.Module):
         logits = self.gate(embeds)
         top, idx = logits.topk(self.top_k, dim=-1)  # ties at the k-th logit (measure zero): k kept
         g = torch.softmax(top, dim=-1)  # = the masked softmax over all experts, at the top k
-        if self.training:
-            gates = torch.zeros_like(logits).scatter(-1, idx, g)
-            self.last_gates, self.last_logits, self.last_task_logits = gates[rows], logits[rows], logits
+        if self.training:  # per task; spread over the rows only if last_gates is read
+            self._task_gates = torch.zeros_like(logits).scatter(-1, idx, g.detach())
+            self.last_task_logits, self._task_rows = logits, rows
+            self._last_gates = self._last_logits = None
         weight, bias = self.task_weights(g if self.gate_grad else g.detach(), idx)
         return [torch.addmm(b, h, w.t()) for h, w, b in zip(chunks, weight.unbind(0), bias.unbind(0), strict=True)]
 

@@ -262,10 +262,9 @@ def balance_loss(layers: list[MoELinear]) -> torch.Tensor:
     (docs/architecture.md, "Routing that settles")."""
     total = torch.zeros(())
     for layer in layers:
-        assert layer.last_gates is not None and layer.last_logits is not None, "run a training forward first"
-        experts = layer.last_logits.shape[-1]
         if layer.last_task_logits is not None:
             logits = layer.last_task_logits
+            experts = logits.shape[-1]
             chosen = torch.zeros_like(logits).scatter(-1, logits.topk(layer.top_k, dim=-1).indices, 1.0)
             slots = chosen.shape[0] * layer.top_k
             # In whole slots, so an even load is exactly 0 (a rounding residue would be a
@@ -274,6 +273,8 @@ def balance_loss(layers: list[MoELinear]) -> torch.Tensor:
             prob = torch.softmax(logits, dim=-1).mean(0)
             total = total + 1.0 + experts * (excess * prob).sum()
             continue
+        assert layer.last_gates is not None and layer.last_logits is not None, "run a training forward first"
+        experts = layer.last_logits.shape[-1]
         share = (layer.last_gates > 0).float().mean(0) / layer.top_k
         prob = torch.softmax(layer.last_logits, dim=-1).mean(0)
         total = total + experts * (share * prob).sum()
@@ -285,13 +286,23 @@ def expert_load(layers: list[MoELinear], prefix: str) -> dict[str, float]:
     shares (0 and 1 when even)."""
     out = {}
     for i, layer in enumerate(layers):
-        assert layer.last_gates is not None
-        share = ((layer.last_gates > 0).float().mean(0) / layer.top_k).detach()
+        share = _slot_shares(layer)
         mean = share.mean().clamp_min(1e-12)
         out[f"{prefix}/l{i}/load_std_over_mean"] = (share.std(unbiased=False) / mean).item()
         out[f"{prefix}/l{i}/load_max_over_mean"] = (share.max() / mean).item()
         out |= {f"{prefix}/l{i}/share_e{e}": float(v) for e, v in enumerate(share.tolist())}
     return out
+
+
+def _slot_shares(layer: MoELinear) -> torch.Tensor:
+    """Each expert's share of the newest batch's routing slots [experts]; the task router's
+    from its per-task routing and rows per task (no per-row tensors)."""
+    per_task = layer.task_load()
+    if per_task is not None:
+        gates, rows = per_task
+        return (rows.to(gates.dtype) @ (gates > 0).to(gates.dtype)) / (rows.sum() * layer.top_k)
+    assert layer.last_gates is not None, "run a training forward first"
+    return ((layer.last_gates > 0).float().mean(0) / layer.top_k).detach()
 
 
 def _with_balance(

@@ -163,6 +163,23 @@ def test_the_task_routers_balancing_loss_is_flat_once_tasks_hold_their_own_exper
     assert (grad[1:] <= 0).all()
 
 
+def test_the_task_routers_expert_load_counts_rows_per_task_without_per_row_tensors():
+    """The task router keeps one routing per task; the load metrics weigh each task's experts
+    by its rows (70/10/10 here) as the per-row gates would, and nothing per row is built for
+    them (a training forward used to spread gates and logits over every row, every layer)."""
+    from learner.sac import expert_load
+
+    rows = [[3.0, 2.0, 0, 0, 0, 0, 0, 0], [0, 0, 3.0, 2.0, 0, 0, 0, 0], [3.0, 0, 0, 0, 2.0, 0, 0, 0]]
+    layer, _ = _task_routed_layer(rows)
+    load = expert_load([layer], "moe/actor")
+    assert layer._last_gates is None and layer._last_logits is None
+    per_row = ((layer.last_gates > 0).float().mean(0) / layer.top_k).tolist()  # spread over the 90 rows now
+    shares = [load[f"moe/actor/l0/share_e{e}"] for e in range(8)]
+    np.testing.assert_allclose(shares, per_row, rtol=1e-6)
+    np.testing.assert_allclose(shares, [80 / 180, 70 / 180, 10 / 180, 10 / 180, 10 / 180, 0, 0, 0], rtol=1e-6)
+    assert layer.last_logits is not None and torch.equal(layer.last_logits[0], layer.last_task_logits[0])
+
+
 def test_adam_on_the_balancing_loss_keeps_a_lone_tasks_experts_where_switchs_loss_swaps_them():
     from learner.sac import balance_loss
 
