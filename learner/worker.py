@@ -31,7 +31,7 @@ from foundation.proto import fleetrl_pb2 as pb
 from foundation.task_schedule import TaskSchedule
 from foundation.transport import Security, connect
 from learner.models import GROUPS, SACModel
-from learner.sac import Batch, SACHyperparams, compute_gradients
+from learner.sac import Batch, GradientBuffers, SACHyperparams, compute_gradients
 from sim.tasks import TaskSet
 
 log = logging.getLogger("fleetrl.learner")
@@ -223,6 +223,9 @@ class _GradientLoop:
         self.ledger: AckLedger | None = None
         self.schedule: TaskSchedule | None = None  # learner.task_sampling 'success' or 'focus'
         self._share_tried = False
+        # Two sets in turn: push N's gradient stays intact while it is in flight, and the
+        # set is written again for push N + 2, after push N was acked (run's order).
+        self.buffers = GradientBuffers()
 
     def run(self, snapshot: WeightsSnapshot, stop: threading.Event) -> int:
         model = SACModel(snapshot.spec).train_gates(self.config.model.gate_grad).to(self.batches.device)
@@ -295,7 +298,7 @@ class _GradientLoop:
         if batch is None:
             return None
         with self.heartbeat.phase("gradients"):
-            result = compute_gradients(model, batch, self.hp)
+            result = compute_gradients(model, batch, self.hp, out=self.buffers.next())
         return GradientPush(
             learner_id=self.learner_id,
             base_version=version,
