@@ -49,7 +49,7 @@ from fleet.watchdog import Watchdog
 from foundation.config import RunConfig, with_overrides
 from foundation.policy import model_spec
 from learner.models import GRADIENT_GROUPS, SACModel
-from learner.sac import Batch, SACHyperparams, compute_gradients
+from learner.sac import Batch, GradientBuffers, SACHyperparams, compute_gradients
 from sim.tasks import TaskSet
 
 WARMUP_UPDATES = 200
@@ -80,9 +80,10 @@ def bare_updates_per_cpu_sec(config: RunConfig, seconds: float, adam: bool = Tru
         obs, cols(n, tasks.goal_dim), np.tanh(cols(n, tasks.act_dim)), -np.ones(n, np.float32), obs.copy(),
         np.zeros(n, np.float32), task=task,
     )  # fmt: skip
+    buffers = GradientBuffers()  # as the learner writes its gradients (learner/worker.py)
     updates, cpu0, deadline = 0, time.process_time(), time.monotonic() + seconds
     while time.monotonic() < deadline:
-        result = compute_gradients(model, batch, hp)
+        result = compute_gradients(model, batch, hp, out=buffers.next())
         for g in GRADIENT_GROUPS if adam else ():
             flat = torch.from_numpy(result.grads[g])
             offset = 0
