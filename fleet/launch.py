@@ -17,6 +17,7 @@ Topology (one comment per edge):
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -58,6 +59,32 @@ def local_security(config: RunConfig) -> Security:
     )
 
 
+def learner_cpus(allowed: set[int] | frozenset[int], learners: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """learner.own_cpu: (the learners' CPUs, everyone else's) out of this process's `allowed`
+    CPUs, the learners taking the highest; ((), ()) where fewer CPUs than learners + 1 are
+    allowed (nothing is pinned then). The learner is a single hot thread that every other role
+    otherwise preempts now and then (on 2 cores, the aggregator, evaluator and sampler)."""
+    ordered = sorted(allowed)
+    if len(ordered) <= learners:
+        return (), ()
+    return tuple(ordered[-learners:]), tuple(ordered[:-learners])
+
+
+@contextlib.contextmanager
+def confined_to(cpus: tuple[int, ...]):
+    """This process (and what it starts meanwhile) on `cpus`; the old affinity restored after.
+    () changes nothing."""
+    if not cpus:
+        yield
+        return
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, cpus)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
+
+
 class LocalFleet:
     def __init__(
         self, config: RunConfig, started_at: float, num_redis_primaries: int = 3, redis_replicas: int = 0
@@ -74,6 +101,10 @@ class LocalFleet:
         self._cpu_sampled = -CPU_SAMPLE_SEC
         # A local run needs no set-up: without a token or Redis password given, one is made.
         self.security = local_security(config)
+        # learner.own_cpu: (the learners' CPUs, the rest's); ((), ()) when off or too few CPUs
+        self.cpus = (
+            learner_cpus(os.sched_getaffinity(0), config.learner.num_learners) if config.learner.own_cpu else ((), ())
+        )
 
     def make_cluster(self) -> LocalRedisCluster:
         """The run's local Redis Cluster on ports chosen now (the roles' spec names them before
@@ -87,12 +118,13 @@ class LocalFleet:
         """This run as a fleet of one host on loopback: what `fleetrl fleet up` would start."""
         c = self.config
         workers = {"sampler": c.sampler.num_samplers, "learner": c.learner.num_learners, "evaluator": 1}
+        pinned = {"learner": self.cpus[0]}  # learner.own_cpu; () when off
         host = HostSpec(
             "local",
             "127.0.0.1",
             redis=tuple(cluster.ports or ()),
             services={"aggregator": free_port(), "buffer": free_port()},
-            workers={role: Workers(count) for role, count in workers.items()},
+            workers={role: Workers(count, pinned.get(role, ())) for role, count in workers.items()},
         )
         return FleetSpec(c.run_id, str(self.run_dir), (), (host,), self.redis_replicas)
 
@@ -160,10 +192,20 @@ class LocalFleet:
         self._stop = stop_event()
         self.prepare()
         progress = Progress(self.config, self.run_dir, self.started_at)
+        if self.cpus[0]:
+            progress.note(
+                f"learner.own_cpu: learners on CPU {list(self.cpus[0])}, every other role on {list(self.cpus[1])}"
+            )
         try:
             cluster = self.make_cluster()
             events = self.run_dir / "events.jsonl"  # every restart: what, when, why
-            with closing(cluster), Watchdog(self.run_dir / "logs", events_path=events) as dog:  # roles stop first
+            # every role (and Redis) started or restarted meanwhile inherits the rest's CPUs;
+            # learners pin themselves to theirs (taskset in their argv, fleet/spec.py)
+            with (
+                confined_to(self.cpus[1]),
+                closing(cluster),
+                Watchdog(self.run_dir / "logs", events_path=events) as dog,  # roles stop first
+            ):
                 buffer, aggregator = self.start_roles(dog, cluster)
                 progress.note(
                     f"fleet up: {len(dog.roles)} roles started (redis {cluster.addresses}, buffer {buffer}, "

@@ -37,6 +37,11 @@ class LearnerConfig:
     torch_threads: int = config_field(
         1, "torch intra-op threads in the learner (2 made 0.75x the updates/s of 1 in a 2-core Push fleet: fleet_arms)"
     )
+    own_cpu: bool = config_field(
+        False,
+        "local fleet (fleetrl train) with more CPUs than learners: each learner runs on a CPU of its "
+        "own, every other role and Redis on the rest (fleet/launch.py learner_cpus)",
+    )
     device: str = config_field("auto", "where the learner computes: 'cpu', 'cuda', or 'auto' (cuda when available)")
     autocast: str = config_field(
         "off",

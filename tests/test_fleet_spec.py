@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -125,6 +126,30 @@ def test_the_local_run_is_a_fleet_of_one_host_built_by_the_same_code(tmp_path):
     )
     assert all("--metrics" in argv for argv in roles.values())
     assert sorted(json.loads((tmp_path / "metrics.json").read_text())) == sorted(roles)
+
+
+def test_learner_own_cpu_gives_the_learners_the_highest_cpus_and_everyone_else_the_rest(tmp_path):
+    from fleet.launch import confined_to, learner_cpus
+
+    assert learner_cpus({0, 1}, 1) == ((1,), (0,))
+    assert learner_cpus({2, 5, 7, 9}, 2) == ((7, 9), (2, 5))
+    assert learner_cpus({3}, 1) == ((), ())  # nothing left for the rest: nothing pinned
+    allowed = os.sched_getaffinity(0)
+    config = with_overrides(RunConfig(), [f'run_dir="{tmp_path}"', "learner.own_cpu=true"])
+    fleet = LocalFleet(config, started_at=0.0)
+    host = FleetHost(
+        fleet.spec(fleet.make_cluster()), "local", config, None, host_dir=tmp_path, security=fleet.security
+    )  # type: ignore[arg-type]
+    roles = {r.name: r.argv for r in host.roles("c.json")}
+    if len(allowed) < 2:
+        assert fleet.cpus == ((), ()) and roles["learner-0"][0] != "taskset"
+        return
+    mine = str(max(allowed))
+    assert roles["learner-0"][:3] == ("taskset", "-c", mine)
+    assert all(argv[0] != "taskset" for name, argv in roles.items() if name != "learner-0")
+    with confined_to(fleet.cpus[1]):  # what the launcher's children inherit
+        assert os.sched_getaffinity(0) == set(fleet.cpus[1]) and int(mine) not in fleet.cpus[1]
+    assert os.sched_getaffinity(0) == allowed
 
 
 README_SPEC = """\
