@@ -125,13 +125,12 @@ class MoELinear(nn.Module):
         kth = logits.topk(self.top_k, dim=-1).values[..., -1:]
         return torch.softmax(logits.masked_fill(logits < kth, float("-inf")), dim=-1)
 
-    def _routed(self, gate_in: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
-        """Gates of `gate_in`; kept for metrics in training. `rows` spreads per-task gates
-        (gate_in = the task embeddings) over the batch's rows for the metrics."""
+    def _routed(self, gate_in: torch.Tensor) -> torch.Tensor:
+        """Gates of `gate_in` (one row per batch row); kept for metrics in training."""
         logits = self.gate(gate_in)
         gates = self._gates(logits)
         if self.training:  # an exported (eval) module stores nothing
-            self._last_gates, self._last_logits = (gates, logits) if rows is None else (gates[rows], logits[rows])
+            self._last_gates, self._last_logits = gates, logits
             self.last_task_logits = self._task_gates = self._task_rows = None
         return gates
 

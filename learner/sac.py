@@ -157,6 +157,14 @@ class FlatSet:
         self.flat: dict[str, torch.Tensor] = {}
         self.rows: dict[tuple[str, int], torch.Tensor] = {}  # (group, offset): rows written there
 
+    def vector(self, group: str, size: int) -> torch.Tensor:
+        """The group's vector of `size` values, made (zeros, no rows held) on first use or a new size."""
+        flat = self.flat.get(group)
+        if flat is None or flat.numel() != size:
+            flat = self.flat[group] = torch.zeros(size)
+            self.rows = {key: rows for key, rows in self.rows.items() if key[0] != group}
+        return flat
+
 
 class GradientBuffers:
     """Two FlatSets used in turn: a learner with one push in flight computes the next gradient
@@ -190,22 +198,16 @@ def _flat(
     if any(g is None for g in grads):
         raise ValueError("a gradient is None: pass the parameters to fill it with zeros")
     present = [g for g in grads if g is not None]
-    size = sum(g.numel() for g in present)
-    if out is not None and not (present and present[0].device.type == "cpu"):
-        out = None  # on an accelerator: one copy to the host, as without
-    flat = out.flat.get(group) if out is not None else None
-    if flat is not None and flat.numel() != size:
-        flat = None
     sparse = any(g.is_sparse for g in present)
-    if flat is None and out is not None:
-        flat = out.flat[group] = torch.zeros(size)
-        out.rows = {key: rows for key, rows in out.rows.items() if key[0] != group}
-    if not sparse:
-        if flat is None:
+    if out is None or not (present and present[0].device.type == "cpu"):  # on an accelerator: one copy to the host
+        out = None
+        if not sparse:
             return torch.cat([g.reshape(-1) for g in present]).cpu().numpy().astype(np.float32, copy=False)
-        return torch.cat([g.reshape(-1) for g in present], out=flat).numpy()
-    if flat is None:
-        flat = torch.zeros(size)
+        flat = torch.zeros(sum(g.numel() for g in present))
+    else:
+        flat = out.vector(group, sum(g.numel() for g in present))
+        if not sparse:
+            return torch.cat([g.reshape(-1) for g in present], out=flat).numpy()
     offset = 0
     for g in present:
         part = flat[offset : offset + g.numel()]
