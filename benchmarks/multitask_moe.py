@@ -2,6 +2,7 @@
 
     python3 benchmarks/multitask_moe.py run --arms dense,moe --seeds 0,1,2 [--minutes 45] [--root R]
     python3 benchmarks/multitask_moe.py score R/moe-seed0 R/dense-seed0 ... [--json out.json]
+    python3 benchmarks/multitask_moe.py combine A.json B.json ... [--json out.json]
 
 `run`: one `fleetrl train --tasks ...` per arm and seed, one after another (this machine has 2
 cores: runs side by side would share them), each capped at --minutes, checkpoints kept every
@@ -15,6 +16,13 @@ task (`fleetrl evaluate`), live weights; at the last mark also the layered and p
 Per task, the wall-clock to 90% is the first curve score (eval.curve_episodes per task) at or
 above 0.9 (evals.jsonl). Then per arm and mark: each task's mean, min and max over seeds, and
 the mean over the tasks. Figures come last.
+
+`combine`: joins raw results of `score` (runs scored one by one, as they finished) into one
+table per arm, and checks the issue's goals: in the MoE arm FetchReach and FetchPush >= 0.9 on
+held-out episodes at the last mark on every seed; MoE's mean over the tasks at the last mark >=
+dense's (means over seeds); the cost of sharing, FetchPush's minutes to 0.9 in the multi-task
+run / --single-task-minutes (FetchPush alone, median of 3 seeds), <= 2 on every seed. Each run
+keeps the commit it was scored at and the `runs_command` its record names.
 
 The arms (override any with --set, applied to every arm):
     dense         learner.hidden_sizes 256x256
@@ -42,6 +50,8 @@ ARMS = {
     "moe-success": ['model.kind="moe"', 'learner.task_sampling="success"'],
 }
 TARGET = 0.9
+SINGLE_TASK_PUSH_MINUTES = 12.3  # FetchPush-v4 alone to 0.9, median of 3 seeds (README)
+SHARING_GOAL = 2.0
 
 
 def train(arm: str, seed: int, args: argparse.Namespace) -> pathlib.Path:
@@ -129,6 +139,67 @@ def summarize(runs: list[dict]) -> dict:
     }
 
 
+def _minutes_spread(values: list[float | None]) -> dict:
+    reached = [v for v in values if v is not None]
+    median = round(statistics.median(reached), 2) if reached and len(reached) == len(values) else None  # a miss: none
+    return {"reached": len(reached), "of": len(values), "median": median, "values": values}
+
+
+def combine(records: list[dict], single_task_minutes: float) -> dict:
+    """One table per arm from several `score` records, with the issue's goals checked."""
+    runs = []
+    for rec in records:
+        for run in rec["figures"]["runs"]:
+            runs.append(run | {"scored_at": rec.get("commit"), "runs_command": rec["figures"].get("runs_command")})
+    last = f"{max(m for rec in records for m in rec['figures']['marks_min']):g}"
+    arms: dict[str, dict] = {}
+    for run in runs:
+        arm = arms.setdefault(pathlib.Path(run["run_dir"]).name.rsplit("-seed", 1)[0], {"runs": []})
+        arm["runs"].append(run)
+    out: dict = {"last_mark_min": float(last), "single_task_push_minutes": single_task_minutes, "arms": {}}
+    for name, arm in arms.items():
+        tasks = sorted({t for run in arm["runs"] for t in run["minutes_to_90"]})
+        push = [run["minutes_to_90"].get("FetchPush-v4") for run in arm["runs"]]
+        final = [run["marks"].get(last, {}).get("live", {}) for run in arm["runs"]]
+        out["arms"][name] = {
+            "seeds": [pathlib.Path(run["run_dir"]).name for run in arm["runs"]],
+            "minutes_to_90": {t: _minutes_spread([run["minutes_to_90"].get(t) for run in arm["runs"]]) for t in tasks},
+            "cost_of_sharing": [None if m is None else round(m / single_task_minutes, 2) for m in push],
+            "updates_per_sec": _spread([run["updates_per_sec"] for run in arm["runs"] if run.get("updates_per_sec")]),
+            "reach_and_push_at_last_mark": [
+                min(f.get("task_success", {}).get(t, 0.0) for t in ("FetchReach-v4", "FetchPush-v4")) for f in final
+            ],
+            "mean_at_last_mark": [f.get("success_rate") for f in final],
+        }
+    out["by_mark"] = summarize(runs)
+    moe, dense = out["arms"].get("moe"), out["arms"].get("dense")
+    goals: dict = {}
+    if moe:
+        goals["moe_reach_and_push_ge_0.9_every_seed"] = all(v >= TARGET for v in moe["reach_and_push_at_last_mark"])
+        goals["moe_cost_of_sharing_le_2_every_seed"] = all(
+            c is not None and c <= SHARING_GOAL for c in moe["cost_of_sharing"]
+        )
+    if moe and dense:
+        means = {a: statistics.fmean(out["arms"][a]["mean_at_last_mark"]) for a in ("moe", "dense")}
+        goals["mean_over_tasks_at_last_mark"] = {a: round(v, 3) for a, v in means.items()}
+        goals["moe_mean_ge_dense_mean"] = means["moe"] >= means["dense"]
+    out["goals"] = goals
+    out["runs"] = runs
+    return out
+
+
+def _print_combined(figures: dict) -> None:
+    last = f"{figures['last_mark_min']:g}"
+    for name, arm in figures["arms"].items():
+        print(f"\n{name} ({len(arm['seeds'])} seeds: {', '.join(arm['seeds'])})")
+        print(f"  updates/s {arm['updates_per_sec']}")
+        for task, m in arm["minutes_to_90"].items():
+            print(f"  {task}: minutes to {TARGET:g} {m['values']} (median {m['median']})")
+        print(f"  cost of sharing (FetchPush / {figures['single_task_push_minutes']:g} min): {arm['cost_of_sharing']}")
+        print(f"  mean over tasks at {last} min: {arm['mean_at_last_mark']}")
+    print(f"\ngoals: {json.dumps(figures['goals'])}")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -145,7 +216,21 @@ def main(argv: list[str] | None = None) -> int:
     score.add_argument("--marks", default="15,30,45", help="minutes")
     score.add_argument("--episodes", type=int, default=50, help="held-out episodes per task")
     score.add_argument("--json", help="write the raw result (figures, commit, command) here")
+    comb = sub.add_parser("combine", help="join raw results of `score` into one table per arm, goals checked")
+    comb.add_argument("results", nargs="+", help="raw results written by `score --json`")
+    comb.add_argument("--single-task-minutes", type=float, default=SINGLE_TASK_PUSH_MINUTES)
+    comb.add_argument("--json", help="write the raw result (figures, commit, command) here")
     args = p.parse_args(argv)
+    if args.command == "combine":
+        records = [json.loads(pathlib.Path(r).read_text()) for r in args.results]
+        bad = [r for r, rec in zip(args.results, records, strict=True) if rec.get("benchmark") != "multitask_moe"]
+        if bad:
+            p.error(f"results: not raw results of `multitask_moe.py score`: {bad}")
+        figures = combine(records, args.single_task_minutes)
+        if args.json:
+            write_result(result_record("multitask_moe_combined", figures), args.json)
+        _print_combined(figures)
+        return 0
     if args.command == "run":
         unknown = set(args.arms.split(",")) - set(ARMS)
         if unknown:

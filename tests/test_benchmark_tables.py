@@ -1,0 +1,65 @@
+"""The tables benchmarks build from raw results: pure logic over synthetic records."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import pathlib
+
+import pytest
+
+BENCHMARKS = pathlib.Path(__file__).resolve().parent.parent / "benchmarks"
+
+
+@pytest.fixture
+def multitask_moe(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    return importlib.import_module("multitask_moe")
+
+
+def _record(run_dir: str, push_min: float | None, final: dict[str, float], commit: str) -> dict:
+    live = {"task_success": final, "success_rate": sum(final.values()) / len(final)}
+    run = {
+        "run_dir": run_dir,
+        "minutes_to_90": {"FetchPush-v4": push_min, "FetchReach-v4": 1.0},
+        "updates_per_sec": 40.0,
+        "marks": {"15": {"checkpoint": "a.pt", "live": live}, "45": {"checkpoint": "b.pt", "live": live}},
+    }
+    return {"benchmark": "multitask_moe", "commit": commit, "figures": {"marks_min": [15.0, 45.0], "runs": [run]}}
+
+
+def test_combine_checks_each_goal_on_every_seed_and_a_missed_target_has_no_median(multitask_moe):
+    good = {"FetchReach-v4": 1.0, "FetchPush-v4": 0.96}
+    records = [
+        _record("r/moe-seed0", 20.0, good, "c0"),
+        _record("r/moe-seed1", None, {"FetchReach-v4": 1.0, "FetchPush-v4": 0.5}, "c1"),
+        _record("r/dense-seed0", 18.0, {"FetchReach-v4": 1.0, "FetchPush-v4": 1.0}, "c2"),
+    ]
+    figures = multitask_moe.combine(records, single_task_minutes=10.0)
+    moe = figures["arms"]["moe"]
+    assert moe["seeds"] == ["moe-seed0", "moe-seed1"]
+    assert moe["cost_of_sharing"] == [2.0, None]
+    assert moe["minutes_to_90"]["FetchPush-v4"] == {"reached": 1, "of": 2, "median": None, "values": [20.0, None]}
+    assert moe["reach_and_push_at_last_mark"] == [0.96, 0.5]
+    assert figures["goals"]["moe_reach_and_push_ge_0.9_every_seed"] is False
+    assert figures["goals"]["moe_cost_of_sharing_le_2_every_seed"] is False
+    assert figures["goals"]["mean_over_tasks_at_last_mark"] == {"moe": 0.865, "dense": 1.0}
+    assert figures["goals"]["moe_mean_ge_dense_mean"] is False
+    assert [r["scored_at"] for r in figures["runs"]] == ["c0", "c1", "c2"]
+    assert figures["by_mark"]["moe"]["45min/live"]["FetchPush-v4"] == {"mean": 0.73, "min": 0.5, "max": 0.96, "n": 2}
+
+    records[1] = _record("r/moe-seed1", 19.0, good, "c1")
+    records[2] = _record("r/dense-seed0", 18.0, {"FetchReach-v4": 1.0, "FetchPush-v4": 0.9}, "c2")
+    figures = multitask_moe.combine(records, single_task_minutes=10.0)
+    assert figures["arms"]["moe"]["minutes_to_90"]["FetchPush-v4"]["median"] == 19.5
+    assert figures["goals"]["moe_reach_and_push_ge_0.9_every_seed"] is True
+    assert figures["goals"]["moe_cost_of_sharing_le_2_every_seed"] is True
+    assert figures["goals"]["moe_mean_ge_dense_mean"] is True
+
+
+def test_combine_refuses_a_file_that_is_not_a_score_result(multitask_moe, tmp_path, capsys):
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({"benchmark": "learner_throughput", "figures": {}}))
+    with pytest.raises(SystemExit):
+        multitask_moe.main(["combine", str(other)])
+    assert "not raw results of `multitask_moe.py score`" in capsys.readouterr().err
