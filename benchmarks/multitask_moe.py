@@ -102,6 +102,7 @@ def score_run(run_dir: pathlib.Path, marks: list[float], episodes: int) -> dict:
     out: dict = {"run_dir": str(run_dir), "minutes_to_90": minutes_to_target(run_dir), "marks": {}}
     summary = json.loads((run_dir / "summary.json").read_text())
     out["updates_per_sec"], out["final_env_steps"] = summary.get("updates_per_sec"), summary.get("final_env_steps")
+    out["trained_at"] = summary.get("code", {}).get("commit")  # None: a run from before summary.json named it
     out["expert_routing_overlap"] = {
         layer: row["overlap"] for layer, row in summary.get("expert_routing", {}).get("actor", {}).items()
     }
@@ -163,6 +164,7 @@ def combine(records: list[dict], single_task_minutes: float) -> dict:
         final = [run["marks"].get(last, {}).get("live", {}) for run in arm["runs"]]
         out["arms"][name] = {
             "seeds": [pathlib.Path(run["run_dir"]).name for run in arm["runs"]],
+            "trained_at": [run.get("trained_at") for run in arm["runs"]],
             "minutes_to_90": {t: _minutes_spread([run["minutes_to_90"].get(t) for run in arm["runs"]]) for t in tasks},
             "cost_of_sharing": [None if m is None else round(m / single_task_minutes, 2) for m in push],
             "updates_per_sec": _spread([run["updates_per_sec"] for run in arm["runs"] if run.get("updates_per_sec")]),

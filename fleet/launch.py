@@ -33,6 +33,7 @@ from buffer.ingest_client import IngestClient
 from fleet.local_cluster import LocalRedisCluster, free_port_pair
 from fleet.observer import FleetObserver, Unobserved
 from fleet.progress import Progress, Snapshot
+from fleet.provenance import write_code_json
 from fleet.spec import FleetHost, FleetSpec, HostSpec, Workers
 from fleet.summary import INTERRUPTED, Ending, Summary, final_score, stop_reason, write_summary
 from fleet.watchdog import RoleSpec, Watchdog
@@ -143,6 +144,7 @@ class LocalFleet:
         """Create the run directory and write the resolved config every role process reads."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "config.json").write_text(self.config.to_json())
+        write_code_json(self.run_dir)  # the code as it is now, before any role starts
 
     def start_roles(
         self,

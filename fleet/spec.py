@@ -40,6 +40,7 @@ import yaml
 
 from fleet.cluster_admin import cluster_ok, form_cluster, nodes_answer
 from fleet.local_cluster import LocalRedisCluster
+from fleet.provenance import write_code_json
 from fleet.spec_checks import check_fleet
 from fleet.spec_schema import check_schema, key_lines, where
 from fleet.watchdog import RoleSpec, Watchdog, role_spec
@@ -217,6 +218,7 @@ class FleetHost:
         self.host_dir.mkdir(parents=True, exist_ok=True)
         config_path = self.host_dir / "config.json"
         config_path.write_text(self.config.to_json())
+        write_code_json(self.host_dir)  # each host's own: hosts may run different checkouts
         board = StopBoard(self.spec.redis, self.security, self.spec.run_id)
         nodes = None
         if self.host.redis:

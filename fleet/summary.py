@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from fleet.progress import Progress, Snapshot
+from fleet.provenance import code_provenance
 from foundation.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint
 from foundation.config import RunConfig
 from foundation.policy import ModelSpec
@@ -69,6 +70,7 @@ class Summary:
     # final (the final score) success.
     task_success: dict = field(default_factory=dict)
     task_env_steps: dict = field(default_factory=dict)  # a multi-task run: env steps acked per task
+    code: dict = field(default_factory=dict)  # which code ran: version, git commit, libraries (fleet/provenance.py)
 
 
 @dataclass(frozen=True)
@@ -139,6 +141,7 @@ def write_summary(
         fleet_overhead_share=run.cpu.get("overhead_share"),
         counters=last_counters(host_dir / "heartbeats"),
         checkpoints=sorted(str(p) for p in (run_dir / "checkpoints").glob("ckpt_*.pt")),
+        code=code_provenance(),
     )
     load = run_dir / "expert_load.json"
     if load.exists():  # a MoE run: beta, balancing loss and each layer's expert shares

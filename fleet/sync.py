@@ -26,6 +26,7 @@ import torch
 
 from aggregator.core import AggregatorCore
 from buffer.ratelimit import rate_limit
+from fleet.provenance import code_provenance, write_code_json
 from fleet.summary import Summary
 from foundation.acting import Policy, WeightsSnapshot, rollout
 from foundation.checkpoint import save_checkpoint
@@ -85,6 +86,7 @@ class SyncRun:
         self.run_dir = pathlib.Path(config.run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "config.json").write_text(config.to_json())
+        write_code_json(self.run_dir)
         torch.set_num_threads(config.learner.torch_threads)
         task = self.task = get_task(config.sim.task)
         self.spec = model_spec(config, task)
@@ -208,6 +210,7 @@ class SyncRun:
         s.transitions_stored = self.replay.size
         s.updates_per_sec = round(self.core.version / s.wall_sec, 2)
         s.train_success = self.successes / self.episodes if self.episodes else None
+        s.code = code_provenance()
         s.cpu = {"cores": len(os.sched_getaffinity(0)), "train_share": round(self.train_sec / s.wall_sec, 3)}
         state = self.core.state() | {"clean_shutdown": True}  # fleetrl evaluate and export read it
         s.checkpoints = [str(save_checkpoint(self.run_dir / "checkpoints", state, keep=1))]

@@ -154,6 +154,8 @@ def test_train_reaches_target_and_leaves_a_run_directory(tmp_path: pathlib.Path)
     assert summary["env_steps_to_target"] > 0 and summary["final_version"] > 0
     assert summary["transitions_stored"] > summary["final_env_steps"]  # HER copies stored too
     assert RunConfig.load(run_dir / "config.json").sim.task == TASK
+    code = json.loads((run_dir / "code.json").read_text())  # written before the roles started
+    assert summary["code"] == code and code["libraries"]["torch"], code
     assert list((run_dir / "checkpoints").glob("ckpt_*.pt")), "no checkpoint written"
     assert list((run_dir / "tb").rglob("events.out.tfevents.*")), "no TensorBoard events"
     evals = [json.loads(line) for line in (run_dir / "evals.jsonl").read_text().splitlines()]

@@ -52,6 +52,7 @@ def test_sync_mode_learns_fetch_reach_and_leaves_a_checkpoint(tmp_path):
     subprocess.run(cmd, check=True, cwd=REPO, timeout=600, capture_output=True)
     summary = json.loads((run_dir / "summary.json").read_text())
     assert (summary["mode"], summary["reached_target"]) == ("sync", True), summary["stop_reason"]
+    assert summary["code"] == json.loads((run_dir / "code.json").read_text())
     rows = [json.loads(line) for line in (run_dir / "evals.jsonl").read_text().splitlines()]
     assert rows[-1]["kind"] == "full" and rows[-1]["success_rate"] >= 0.9 and rows[-1]["episodes"] == 50
     config = RunConfig.from_json((run_dir / "config.json").read_text())
