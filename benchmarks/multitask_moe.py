@@ -24,7 +24,8 @@ dense's (means over seeds); the cost of sharing, FetchPush's minutes to 0.9 in t
 run / --single-task-minutes (FetchPush alone, median of 3 seeds), <= 2 on every seed. Each run
 keeps the commit it was scored at and the `runs_command` its record names.
 
-The arms (override any with --set, applied to every arm):
+The arms start from the multi-task preset (fleet/presets.py: "focus" task sampling, a temperature
+per task and, for a task-routed MoE, its switches); override any with --set, applied to every arm:
     dense         learner.hidden_sizes 256x256
     moe           the default MoE: 32 experts, top-2, 128 wide, task router, router decay 1
     moe-nodecay   the same, router decay 0 (the balancing loss at full weight throughout)

@@ -43,7 +43,7 @@ STARTED_AT = time.monotonic()  # wall-clock figures count from the command's sta
 
 
 def _config(args: argparse.Namespace):
-    from fleet.presets import preset_config, preset_task
+    from fleet.presets import preset_for
     from foundation.config import RunConfig, with_overrides
 
     overrides = list(args.set)
@@ -68,9 +68,9 @@ def _config(args: argparse.Namespace):
         overrides.append(f"run_dir={json.dumps(args.run_dir)}")
     if args.config:  # a resolved config (presets included) from `fleetrl config --json`
         return with_overrides(RunConfig.load(args.config), overrides)
-    # The task's preset goes under the overrides, so a user's --set always wins.
-    sim = with_overrides(RunConfig(), overrides).sim
-    return with_overrides(preset_config(preset_task(list(sim.tasks) or [sim.task])), overrides)
+    # The presets go under the overrides, so a user's --set always wins; what the user set
+    # (the tasks, the model) picks them.
+    return with_overrides(preset_for(with_overrides(RunConfig(), overrides)), overrides)
 
 
 def _train(args: argparse.Namespace) -> int:

@@ -2,10 +2,13 @@
 
     config = preset_config("FetchPush-v4")                 # RunConfig with the preset applied
     config = with_overrides(config, ["learner.batch_size=512"])   # the user's overrides still win
+    config = with_overrides(preset_for(user), overrides)   # what the CLI does: user = defaults + overrides
 
 A preset is a set of `section.field` overrides on the built-in defaults (which are the
 FetchReach preset). Each entry says why; the figures behind them are in
-docs/presets.md and benchmarks/results/. `fleetrl config --task X` prints the preset in force.
+docs/presets.md and benchmarks/results/. A run of several tasks adds the multi-task recipe
+(MULTITASK, and TASK_ROUTED_MOE when the user chose a task-routed MoE). `fleetrl config --task X`
+(or `--tasks A,B`) prints the preset in force.
 """
 
 from __future__ import annotations
@@ -49,6 +52,38 @@ TASK_PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
+# A run of several tasks: the recipe of every 4-task run (FetchReach, FetchPush, MetaWorld-reach,
+# MetaWorld-push) that pushed; no run without it did (docs/presets.md, "Multi-task"):
+#   task_sampling "focus"  each task keeps learner.task_min_share, the rest goes to the first task
+#                       in --tasks order still below target_success. With "success" shares the
+#                       never-solved MetaWorld-push took as much as FetchPush, which scored 0.00 on
+#                       every curve score (MoE, 19 min; dense and MoE at 45 min: 0.30 and 0.18);
+#                       with "focus" FetchPush reached 90% in the dense run and every MoE run.
+#   task_alpha true     one SAC temperature per task: a solved task's near-deterministic actor
+#                       otherwise holds the shared temperature where an unsolved task's policy
+#                       stays noisier than its target (FetchReach + FetchPush: 0.1-0.2 at 42-45k
+#                       updates against 0.00).
+#   min_replay_transitions 2000: the learner's first batch has rows of every task.
+MULTITASK: dict[str, Any] = {
+    "learner.task_sampling": "focus",
+    "model.task_alpha": True,
+    "learner.min_replay_transitions": 2000,
+}
+# ... and with a task-routed MoE (model.kind "moe", model.router "task"), tasks share no weight:
+#   task_onehot false   a one-hot constant within a task is a second first-layer bias; FetchPush
+#                       alone through the multi-task path learned with it hidden (0.8 at 28k
+#                       updates) and not with it read (0.0-0.1 through 25-35k).
+#   task_heads true     one output layer per task: a shared one carried FetchReach's habit (the
+#                       gripper to the goal) into FetchPush's policy.
+#   gate_grad false     the task losses drove each task's gates to one expert within 4k updates,
+#                       turning its layers toward another random matrix each time.
+TASK_ROUTED_MOE: dict[str, Any] = {
+    "model.task_onehot": False,
+    "model.task_heads": True,
+    "model.gate_grad": False,
+}
+
+
 def preset_task(tasks: list[str]) -> str:
     """The task whose preset a run starts from: a multi-task run takes the first of its tasks
     with a non-empty preset, so `--tasks FetchReach-v4,FetchPush-v4` trains Push with the
@@ -58,9 +93,35 @@ def preset_task(tasks: list[str]) -> str:
     return next((t for t in tasks if TASK_PRESETS.get(t)), tasks[0])
 
 
+def _as_overrides(preset: dict[str, Any]) -> list[str]:
+    return [f"{key}={json.dumps(value)}" for key, value in preset.items()]
+
+
 def preset_overrides(task: str) -> list[str]:
     """The preset as `section.field=json` override strings ([] for a task without one)."""
-    return [f"{key}={json.dumps(value)}" for key, value in TASK_PRESETS.get(task, {}).items()]
+    return _as_overrides(TASK_PRESETS.get(task, {}))
+
+
+def multitask_overrides(user: RunConfig) -> list[str]:
+    """The multi-task recipe for a run the user set up as `user` ([] for a one-task run): MULTITASK,
+    and TASK_ROUTED_MOE when the user chose a MoE with the task router."""
+    if len(user.sim.tasks) < 2:
+        return []
+    moe = user.model.kind == "moe" and user.model.router == "task"
+    return _as_overrides(MULTITASK | (TASK_ROUTED_MOE if moe else {}))
+
+
+def preset_for(user: RunConfig) -> RunConfig:
+    """What a run starts from, chosen by what the user set (`user`: the built-in defaults with the
+    user's overrides): its task's preset (preset_task) and, with several tasks, the multi-task
+    recipe. The user's overrides go on top of it and win."""
+    config = preset_config(preset_task(list(user.sim.tasks) or [user.sim.task]))
+    extra = multitask_overrides(user)
+    if not extra:
+        return config
+    recipe = "multi-task" if len(extra) == len(MULTITASK) else "multi-task MoE"
+    label = f"{config.preset} + {recipe}" if config.preset else recipe
+    return dataclasses.replace(with_overrides(config, extra), preset=label)
 
 
 def preset_config(task: str, base: RunConfig | None = None) -> RunConfig:

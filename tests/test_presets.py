@@ -7,7 +7,7 @@ import json
 import pytest
 
 from fleet.cli import main
-from fleet.presets import TASK_PRESETS, preset_config
+from fleet.presets import MULTITASK, TASK_PRESETS, TASK_ROUTED_MOE, preset_config
 from foundation.config import RunConfig, help_lines, with_overrides
 from sim.registry import get_task
 
@@ -73,7 +73,52 @@ def test_a_multi_task_run_takes_the_first_preset_among_its_tasks_whatever_their_
     push_first = _cli_config(capsys, "--tasks", "FetchPush-v4,FetchReach-v4")
     reach_first = _cli_config(capsys, "--tasks", "FetchReach-v4,MetaWorld-reach-v3,FetchPush-v4")
     for config in (push_first, reach_first):
-        assert config["preset"] == "FetchPush-v4"
+        assert config["preset"] == "FetchPush-v4 + multi-task"
         assert config["sampler"]["random_action_prob"] == TASK_PRESETS["FetchPush-v4"]["sampler.random_action_prob"]
     assert reach_first["sim"]["task"] == "FetchReach-v4"  # the first task still names the run
-    assert _cli_config(capsys, "--tasks", "FetchReach-v4,MetaWorld-reach-v3")["preset"] == "FetchReach-v4"
+    assert _cli_config(capsys, "--tasks", "FetchReach-v4,MetaWorld-reach-v3")["preset"] == "FetchReach-v4 + multi-task"
+
+
+def _differs(config: dict, dotted: str) -> bool:
+    section, name = dotted.split(".")
+    return config[section][name] != getattr(getattr(RunConfig(), section), name)
+
+
+def test_a_multi_task_run_adds_the_multitask_recipe_and_a_task_routed_moe_its_switches(capsys):
+    dense = _cli_config(capsys, "--tasks", "FetchReach-v4,FetchPush-v4")
+    moe = _cli_config(capsys, "--tasks", "FetchReach-v4,FetchPush-v4", "--set", 'model.kind="moe"')
+    state = _cli_config(
+        capsys, "--tasks", "FetchReach-v4,FetchPush-v4", "--set", 'model.kind="moe"', "--set", 'model.router="state"'
+    )
+    for config in (dense, moe, state):
+        for dotted, value in MULTITASK.items():
+            assert config[dotted.split(".")[0]][dotted.split(".")[1]] == value and _differs(config, dotted), dotted
+    for dotted, value in TASK_ROUTED_MOE.items():
+        assert moe[dotted.split(".")[0]][dotted.split(".")[1]] == value and _differs(moe, dotted), dotted
+        assert not _differs(dense, dotted) and not _differs(state, dotted), (
+            dotted
+        )  # a dense or state-routed run keeps them
+    assert (dense["preset"], moe["preset"], state["preset"]) == (
+        "FetchPush-v4 + multi-task",
+        "FetchPush-v4 + multi-task MoE",
+        "FetchPush-v4 + multi-task",
+    )
+    RunConfig.from_json(json.dumps(moe)).validate()
+
+
+def test_a_one_task_run_gets_no_multitask_recipe_and_the_users_set_wins_over_it(capsys):
+    alone = _cli_config(capsys, "--task", "FetchPush-v4", "--set", 'model.kind="moe"')
+    assert not any(_differs(alone, d) for d in (*MULTITASK, *TASK_ROUTED_MOE))
+    mine = _cli_config(
+        capsys,
+        "--tasks",
+        "FetchReach-v4,FetchPush-v4",
+        "--set",
+        'model.kind="moe"',
+        "--set",
+        'learner.task_sampling="success"',
+        "--set",
+        "model.task_heads=false",
+    )
+    assert (mine["learner"]["task_sampling"], mine["model"]["task_heads"]) == ("success", False)
+    assert mine["model"]["gate_grad"] is False  # the rest of the recipe stays
