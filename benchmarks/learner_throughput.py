@@ -108,6 +108,8 @@ MODEL_ARMS: dict[str, list[str]] = {
     "moe-e8-state": ['model.kind="moe"', "model.experts=8", 'model.router="state"'],
     "moe-e32-state": ['model.kind="moe"', "model.experts=32", 'model.router="state"'],
     "dense-bf16": ['model.kind="dense"', 'learner.autocast="bf16"'],  # issue 19: the CPU's BF16 instructions
+    # issue 19: TQC (sb3-contrib's, rl-zoo's choice for Fetch): two critics of 25 quantiles, 2 dropped each
+    "dense-tqc": ['model.kind="dense"', 'learner.algo="tqc"'],
     "moe-e32-bf16": ['model.kind="moe"', "model.experts=32", 'learner.autocast="bf16"'],
 }
 MODEL_TASKS = ["FetchReach-v4", "FetchPush-v4", "MetaWorld-reach-v3", "MetaWorld-push-v3"]
@@ -237,6 +239,8 @@ def main_models(args: argparse.Namespace) -> int:
         ratios["moe-e32 / moe-e8"] = med["moe-e32"] / med["moe-e8"]  # issue 18 goal >= 0.8
     if {"moe-e32", "dense"} <= med.keys():
         ratios["moe-e32 / dense (equal active width)"] = med["moe-e32"] / med["dense"]  # goal >= 0.67
+    if {"dense-tqc", "dense"} <= med.keys():
+        ratios["dense-tqc / dense"] = med["dense-tqc"] / med["dense"]
     if {"moe-e32-w256", "dense"} <= med.keys():
         ratios["moe-e32-w256 / dense (twice the active width)"] = med["moe-e32-w256"] / med["dense"]
     figures["ratios"] = {k: round(v, 3) for k, v in ratios.items()}

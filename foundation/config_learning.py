@@ -16,7 +16,7 @@ TASK_SAMPLING = ("even", "success", "focus")  # learner.task_sampling: foundatio
 SCORED_SAMPLING = ("success", "focus")  # the modes that follow the evaluator's curve scores
 SWA_MODES = ("off", "plain", "layered")  # aggregator.swa: aggregator/swa.py
 DEVICES = ("auto", "cpu", "cuda")  # learner.device
-ALGOS = ("sac", "ddpg")
+ALGOS = ("sac", "ddpg", "tqc")
 
 
 @dataclass(frozen=True)
@@ -29,10 +29,17 @@ class LearnerConfig:
     max_grad_staleness: int = config_field(1, "learner waits for fresher weights past this many versions behind")
     algo: str = config_field(
         "sac",
-        "'sac', or 'ddpg' (the HER paper's: deterministic actor, one critic, action penalty, "
-        "samplers add sampler.action_noise_std Gaussian noise); same networks and weight groups",
+        "'sac', 'ddpg' (the HER paper's: deterministic actor, one critic, action penalty, "
+        "samplers add sampler.action_noise_std Gaussian noise), or 'tqc' (SAC with distributional critics "
+        "whose largest target quantiles are dropped: sb3-contrib's TQC, rl-zoo's choice for Fetch); same weight groups",
     )
     action_l2: float = config_field(1.0, "'ddpg': weight of the actor's penalty on the squared action")
+    tqc_quantiles: int = config_field(
+        25, "'tqc': quantiles each of the two critics predicts (Kuznetsov et al. 2020; sb3-contrib's 25)"
+    )
+    tqc_drop: int = config_field(
+        2, "'tqc': the largest target quantiles dropped per critic, against overestimation (sb3-contrib's 2)"
+    )
     target_entropy: float | None = config_field(None, "SAC target entropy; None = -action_dim")
     torch_threads: int = config_field(
         1, "torch intra-op threads in the learner (2 made 0.75x the updates/s of 1 in a 2-core Push fleet: fleet_arms)"
@@ -110,6 +117,8 @@ class LearnerConfig:
             (self.max_policy_lag >= 0, "max_policy_lag", ">= 0"),
             (0.0 < self.gamma < 1.0, "gamma", "in (0, 1)"),
             (self.algo in ALGOS, "algo", f"one of {ALGOS}"),
+            (self.tqc_quantiles >= 1, "tqc_quantiles", ">= 1"),
+            (0 <= self.tqc_drop < self.tqc_quantiles, "tqc_drop", "in 0..learner.tqc_quantiles - 1"),
         ]
 
 

@@ -66,6 +66,8 @@ class ModelSpec:
     task_onehot: bool = True
     # A MoE with the task router: one output layer per task (model.task_heads); False in older specs.
     task_heads: bool = False
+    # Outputs per critic: 1 (a Q value), or learner.tqc_quantiles with algo 'tqc' (1 in older specs).
+    critic_quantiles: int = 1
 
     def __post_init__(self) -> None:
         if self.kind not in MODEL_KINDS:
@@ -180,6 +182,7 @@ def model_spec(config: RunConfig, task: TaskDims) -> ModelSpec:
         task_alpha=m.task_alpha,
         task_onehot=m.task_onehot,
         task_heads=m.task_heads,
+        critic_quantiles=config.learner.tqc_quantiles if config.learner.algo == "tqc" else 1,
     )
 
 

@@ -251,20 +251,24 @@ class SquashedGaussianActor(nn.Module):
 
 
 class TwinCritic(nn.Module):
-    """Q1, Q2(s, g, a): the min of two critics curbs overestimation (TD3, Fujimoto et al. 2018)."""
+    """Q1, Q2(s, g, a): the min of two critics curbs overestimation (TD3, Fujimoto et al. 2018).
+    With spec.critic_quantiles > 1 (algo 'tqc') each predicts that many quantiles of the return
+    [batch, quantiles] instead of its mean [batch]."""
 
     def __init__(self, spec: ModelSpec) -> None:
         super().__init__()
         self.norm = Normalizer.for_spec(spec)
-        self.q1 = Body(spec, spec.input_dim + spec.act_dim, 1)
-        self.q2 = Body(spec, spec.input_dim + spec.act_dim, 1)
+        self.quantiles = spec.critic_quantiles
+        self.q1 = Body(spec, spec.input_dim + spec.act_dim, spec.critic_quantiles)
+        self.q2 = Body(spec, spec.input_dim + spec.act_dim, spec.critic_quantiles)
 
     def forward(
         self, obs_goal: torch.Tensor, action: torch.Tensor, task: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         state = self.norm(obs_goal)
         x = torch.cat([state, action], dim=-1)
-        return self.q1(x, state, task).squeeze(-1), self.q2(x, state, task).squeeze(-1)
+        q1, q2 = self.q1(x, state, task), self.q2(x, state, task)
+        return (q1.squeeze(-1), q2.squeeze(-1)) if self.quantiles == 1 else (q1, q2)
 
     def q1_value(self, obs_goal: torch.Tensor, action: torch.Tensor, task: torch.Tensor | None = None) -> torch.Tensor:
         """Q1 alone (DDPG's one critic), at half the cost of forward()."""

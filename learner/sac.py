@@ -25,6 +25,18 @@ The actor's log_std head, the second critic and the temperature get zero gradien
 layout for both algorithms, so every other role is unchanged); samplers act with tanh(mu) plus
 Gaussian noise (sampler.action_noise_std). One critic and no log-probabilities make an update
 about 1.7x cheaper than SAC's on these CPUs.
+
+`algo = "tqc"` is SAC with distributional critics (Kuznetsov et al. 2020, "Controlling
+Overestimation Bias with Truncated Mixture of Continuous Distributional Quantile Critics"; read
+beside sb3-contrib's tqc.py, rl-zoo's choice for the Fetch tasks). Each critic predicts M
+quantiles Z_i^m (tau_m = (m + 1/2) / M); the targets are the 2M atoms of both target critics at
+(s', a') but the largest 2 * tqc_drop, each y_k = r + gamma (1 - d) (z_k - alpha log pi):
+
+    critic:  J_Z  = sum_i mean_{m,k} |tau_m - 1{y_k < Z_i^m}| huber_1(y_k - Z_i^m)
+    actor:   J_pi = E[alpha log pi(a|s,g) - mean_{i,m} Z_i^m(s,g,a)]
+
+The truncation, not the min of two critics, curbs overestimation; the temperature is SAC's.
+Actor, samplers, evaluator and export are SAC's: only the critics' output width differs.
 """
 
 from __future__ import annotations
@@ -33,6 +45,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from torch.nn import functional as F
 
 from foundation.config import RunConfig
 from learner.models import SACModel, norm_stats
@@ -76,7 +89,8 @@ class SACHyperparams:
     clip_return: bool = True
     balance_coef: float = 0.01  # MoE: weight of the load-balancing loss (Switch Transformer's alpha)
     router_decay: float = 1.0  # MoE: lambda of beta_t = exp(-lambda * ||grad J||)
-    algo: str = "sac"  # or "ddpg"
+    algo: str = "sac"  # or "ddpg" or "tqc"
+    tqc_drop: int = 2  # tqc: the largest target quantiles dropped per critic
     action_l2: float = 1.0  # ddpg: weight of the actor's action penalty (the HER paper's)
     autocast: str = "off"  # or "bf16": losses under torch.autocast (learner.autocast)
 
@@ -89,6 +103,7 @@ class SACHyperparams:
             balance_coef=config.model.balance_coef,
             router_decay=config.model.router_decay,
             algo=config.learner.algo,
+            tqc_drop=config.learner.tqc_drop,
             action_l2=config.learner.action_l2,
             autocast=config.learner.autocast,
         )
@@ -122,11 +137,44 @@ def critic_loss(model: SACModel, batch: Batch, hp: SACHyperparams) -> torch.Tens
     return ((q1 - target) ** 2).mean() + ((q2 - target) ** 2).mean()
 
 
+def quantile_huber_loss(current: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Quantile regression with the Huber loss (kappa 1) of `current` quantiles [batch, M] (tau_m =
+    (m + 1/2) / M) toward `target` atoms [batch, K]: the mean over rows and (m, k) pairs."""
+    quantiles = current.shape[-1]
+    tau = ((torch.arange(quantiles, device=current.device, dtype=current.dtype) + 0.5) / quantiles).view(1, -1, 1)
+    pairs = (len(current), quantiles, target.shape[-1])
+    z, y = current.unsqueeze(2).expand(pairs), target.unsqueeze(1).expand(pairs)
+    # torch's fused Huber kernels, forward and backward: 3.3x faster than the same arithmetic in
+    # elementwise ops (both critics at batch 256, 25 quantiles, 46 atoms: 3.7 against 12 ms here)
+    huber = F.huber_loss(z, y, reduction="none", delta=1.0)
+    weight = torch.where(y < z.detach(), 1.0 - tau, tau)  # |tau - 1{y - z < 0}|
+    return (weight * huber).mean()
+
+
+def tqc_critic_loss(model: SACModel, batch: Batch, hp: SACHyperparams) -> torch.Tensor:
+    alpha = row_log_alpha(model, batch).detach().exp().reshape(-1, 1)  # [1, 1] or per row [batch, 1]
+    with torch.no_grad():
+        next_action, next_log_prob = model.actor.sample(batch.next_obs_goal, batch.task)
+        z1, z2 = model.critic_target(batch.next_obs_goal, next_action, batch.task)
+        atoms = torch.cat([z1, z2], dim=1)
+        # The largest 2 * tqc_drop dropped; the loss takes the rest in any order (unsorted topk:
+        # 0.09 against 0.25 ms for a sort of 256 x 50 here).
+        atoms = atoms.topk(atoms.shape[1] - 2 * hp.tqc_drop, dim=1, largest=False, sorted=False).values
+        soft = atoms - alpha * next_log_prob.unsqueeze(1)
+        target = batch.reward.unsqueeze(1) + hp.gamma * (1.0 - batch.done.unsqueeze(1)) * soft
+        if hp.clip_return:
+            target = target.clamp(-1.0 / (1.0 - hp.gamma), 0.0)
+    q1, q2 = model.critic(batch.obs_goal, batch.action, batch.task)
+    return quantile_huber_loss(q1, target) + quantile_huber_loss(q2, target)
+
+
 def actor_and_alpha_loss(model: SACModel, batch: Batch, hp: SACHyperparams) -> tuple[torch.Tensor, torch.Tensor]:
     action, log_prob = model.actor.sample(batch.obs_goal, batch.task)
     q1, q2 = model.critic(batch.obs_goal, action, batch.task)
+    # TQC's actor follows the mean of every quantile of both critics; SAC's the min of the two.
+    q = torch.cat([q1, q2], dim=1).mean(1) if hp.algo == "tqc" else torch.min(q1, q2)
     log_alpha = row_log_alpha(model, batch)
-    actor_loss = (log_alpha.detach().exp() * log_prob - torch.min(q1, q2)).mean()
+    actor_loss = (log_alpha.detach().exp() * log_prob - q).mean()
     alpha_loss = -(log_alpha * (log_prob.detach() + hp.target_entropy)).mean()
     return actor_loss, alpha_loss
 
@@ -252,7 +300,7 @@ def _gradients(model: SACModel, batch: Batch, hp: SACHyperparams, out: FlatSet |
     metrics: dict[str, float] = {}
     if hp.algo == "ddpg":
         return _ddpg_gradients(model, batch, hp, critic_params, actor_params, out)
-    q_loss = critic_loss(model, batch, hp)
+    q_loss = tqc_critic_loss(model, batch, hp) if hp.algo == "tqc" else critic_loss(model, batch, hp)
     critic_grads = _with_balance(q_loss, critic_params, _layers(model.critic), hp, "critic", metrics)
     pi_loss, a_loss = actor_and_alpha_loss(model, batch, hp)
     # The actor's gradient must not flow into the critic: ask autograd for actor params only.

@@ -113,3 +113,20 @@ def test_model_spec_json_roundtrip(spec):
     assert back == spec
     assert isinstance(back.hidden_sizes, tuple)
     assert back.actor_size() == spec.actor_size()
+
+
+def test_a_tqc_run_widens_only_its_critics_and_an_older_spec_reads_as_one_output_per_critic():
+    import json
+
+    from foundation.config import RunConfig, with_overrides
+    from foundation.policy import model_spec
+    from sim.registry import get_task
+
+    task = get_task("FetchReach-v4")
+    sac = model_spec(RunConfig(), task)
+    tqc = model_spec(with_overrides(RunConfig(), ['learner.algo="tqc"', "learner.tqc_quantiles=7"]), task)
+    assert (sac.critic_quantiles, tqc.critic_quantiles) == (1, 7)
+    assert tqc.actor_size() == sac.actor_size()  # samplers, evaluator and export see the same actor
+    older = json.loads(sac.to_json())
+    del older["critic_quantiles"]
+    assert ModelSpec.from_json(json.dumps(older)) == sac

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from learner.models import GRADIENT_GROUPS, GROUPS, ModelSpec, SACModel, norm_stats
-from learner.sac import Batch, SACHyperparams, compute_gradients, critic_loss
+from learner.sac import Batch, SACHyperparams, compute_gradients, critic_loss, quantile_huber_loss, tqc_critic_loss
 
 SPEC = ModelSpec(obs_dim=4, goal_dim=2, act_dim=2, hidden_sizes=(32, 32))
 HP = SACHyperparams(gamma=0.9, target_entropy=-2.0)
@@ -316,3 +316,82 @@ def test_gradients_written_into_reused_buffers_equal_fresh_ones_as_the_task_mix_
             np.testing.assert_array_equal(reused.grads[group], fresh.grads[group])
         kept.append(reused.grads["critic"])
     assert np.shares_memory(kept[0], kept[2]) and not np.shares_memory(kept[0], kept[1])  # two sets, in turn
+
+
+TQC_SPEC = dataclasses.replace(SPEC, critic_quantiles=5)
+TQC = SACHyperparams(gamma=0.9, target_entropy=-2.0, algo="tqc", tqc_drop=1)
+
+
+def test_quantile_huber_loss_is_its_definition_pair_by_pair():
+    rng = np.random.default_rng(0)
+    current, target = rng.normal(size=(3, 4)) * 2, rng.normal(size=(3, 5)) * 2
+    expected = []
+    for row in range(3):
+        for m in range(4):
+            tau = (m + 0.5) / 4
+            for k in range(5):
+                d = target[row, k] - current[row, m]
+                huber = 0.5 * d * d if abs(d) <= 1 else abs(d) - 0.5
+                expected.append(abs(tau - (d < 0)) * huber)
+    got = quantile_huber_loss(torch.tensor(current), torch.tensor(target))
+    assert got.item() == pytest.approx(float(np.mean(expected)), rel=1e-12)
+
+
+def test_tqc_targets_are_both_target_critics_atoms_but_the_largest(monkeypatch):
+    torch.manual_seed(0)
+    model = SACModel(TQC_SPEC, init_log_alpha=-1.0)
+    batch = _batch(8, spec=TQC_SPEC)
+    z1 = -torch.arange(5.0).repeat(8, 1)  # 0, -1, ..., -4
+    z2 = -torch.arange(5.0).repeat(8, 1) - 0.5  # -0.5, ..., -4.5
+    log_prob = torch.full((8,), 2.0)
+    monkeypatch.setattr(model.critic_target, "forward", lambda *a, **k: (z1, z2))
+    monkeypatch.setattr(model.actor, "sample", lambda *a, **k: (torch.zeros(8, 2), log_prob))
+    loss = tqc_critic_loss(model, batch, dataclasses.replace(TQC, clip_return=False))
+    kept = torch.tensor([-4.5, -4.0, -3.5, -3.0, -2.5, -2.0, -1.5, -1.0])  # 0 and -0.5 dropped (1 per critic)
+    alpha = np.exp(-1.0)
+    target = batch.reward[:, None] + 0.9 * (1 - batch.done[:, None]) * (kept - alpha * 2.0)
+    q1, q2 = model.critic(batch.obs_goal, batch.action)
+    assert q1.shape == (8, 5)
+    expected = quantile_huber_loss(q1, target) + quantile_huber_loss(q2, target)
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-6)
+
+
+def test_tqc_gradients_fill_every_group_and_its_critics_predict_quantiles():
+    torch.manual_seed(0)
+    model = SACModel(TQC_SPEC, init_log_alpha=-1.0)
+    sac = SACModel(SPEC).group_sizes()
+    result = compute_gradients(model, _batch(spec=TQC_SPEC), TQC)
+    sizes = model.group_sizes()
+    for group, grad in result.grads.items():
+        assert grad.shape == (sizes[group],) and np.all(np.isfinite(grad)) and np.abs(grad).max() > 0, group
+    # Only the critics' output layers widen: 32 inputs + 1 bias per extra quantile, per critic.
+    assert sizes["critic"] - sac["critic"] == 2 * 4 * (32 + 1)
+    assert sizes["actor"] == sac["actor"]
+
+
+def test_a_few_hundred_tqc_steps_learn_to_move_toward_the_goal(one_thread):
+    spec = ModelSpec(obs_dim=1, goal_dim=1, act_dim=1, hidden_sizes=(32, 32), critic_quantiles=10)
+    hp = SACHyperparams(gamma=0.5, target_entropy=-1.0, algo="tqc", tqc_drop=1)
+    torch.manual_seed(0)
+    rng = np.random.default_rng(0)
+    model = SACModel(spec, init_log_alpha=-3.0)
+    data = _reach_dataset(4096, rng)
+    optims = {g: torch.optim.Adam(model.group_parameters(g), lr=3e-3) for g in GRADIENT_GROUPS}
+    for _ in range(400):
+        idx = rng.integers(0, len(data[0]), 128)
+        result = compute_gradients(model, Batch.from_numpy(*(a[idx] for a in data)), hp)
+        for group, optim in optims.items():
+            params = model.group_parameters(group)
+            grads = torch.from_numpy(result.grads[group]).split([p.numel() for p in params])
+            for param, grad in zip(params, grads, strict=True):
+                param.grad = grad.reshape(param.shape).clone()
+            optim.step()
+        with torch.no_grad():
+            for t, s in zip(model.critic_target.parameters(), model.critic.parameters(), strict=True):
+                t.mul_(0.95).add_(s, alpha=0.05)
+    obs, goal = rng.uniform(-1, 1, (512, 1)), rng.uniform(-1, 1, (512, 1))
+    far = np.abs(goal - obs)[:, 0] > 0.2
+    with torch.no_grad():
+        action = model.actor.deterministic(Batch.from_numpy(obs, goal, obs, obs[:, 0], obs, obs[:, 0]).obs_goal)
+    toward = np.sign(action.numpy()[:, 0]) == np.sign((goal - obs)[:, 0])
+    assert toward[far].mean() > 0.9, toward[far].mean()

@@ -45,10 +45,11 @@ def test_sync_mode_honours_model_gate_grad(tmp_path):
     assert layers and not any(layer.gate_grad for layer in layers)
 
 
-def test_sync_mode_learns_fetch_reach_and_leaves_a_checkpoint(tmp_path):
+@pytest.mark.parametrize("algo", ["sac", "tqc"])
+def test_sync_mode_learns_fetch_reach_and_leaves_a_checkpoint(tmp_path, algo):
     run_dir = tmp_path / "sync"
     cmd = [sys.executable, "-m", "fleet.cli", "train", "--task", "FetchReach-v4", "--mode", "sync"]
-    cmd += ["--run-dir", str(run_dir), "--max-wall-sec", "300"]
+    cmd += ["--run-dir", str(run_dir), "--max-wall-sec", "300", "--set", f'learner.algo="{algo}"']
     subprocess.run(cmd, check=True, cwd=REPO, timeout=600, capture_output=True)
     summary = json.loads((run_dir / "summary.json").read_text())
     assert (summary["mode"], summary["reached_target"]) == ("sync", True), summary["stop_reason"]
