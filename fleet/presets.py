@@ -63,7 +63,7 @@ TASK_PRESETS: dict[str, dict[str, Any]] = {
 #                       otherwise holds the shared temperature where an unsolved task's policy
 #                       stays noisier than its target (FetchReach + FetchPush: 0.1-0.2 at 42-45k
 #                       updates against 0.00).
-#   min_replay_transitions 2000: the learner's first batch has rows of every task.
+#   min_replay_transitions 2000 (or the batch, if larger): the first batch has rows of every task.
 MULTITASK: dict[str, Any] = {
     "learner.task_sampling": "focus",
     "model.task_alpha": True,
@@ -108,7 +108,10 @@ def multitask_overrides(user: RunConfig) -> list[str]:
     if len(user.sim.tasks) < 2:
         return []
     moe = user.model.kind == "moe" and user.model.router == "task"
-    return _as_overrides(MULTITASK | (TASK_ROUTED_MOE if moe else {}))
+    recipe = MULTITASK | (TASK_ROUTED_MOE if moe else {})
+    # never below the user's batch (a check refuses fewer rows than one batch)
+    recipe["learner.min_replay_transitions"] = max(recipe["learner.min_replay_transitions"], user.learner.batch_size)
+    return _as_overrides(recipe)
 
 
 def preset_for(user: RunConfig) -> RunConfig:

@@ -122,3 +122,9 @@ def test_a_one_task_run_gets_no_multitask_recipe_and_the_users_set_wins_over_it(
     )
     assert (mine["learner"]["task_sampling"], mine["model"]["task_heads"]) == ("success", False)
     assert mine["model"]["gate_grad"] is False  # the rest of the recipe stays
+
+
+def test_the_multitask_recipe_never_asks_for_fewer_replay_rows_than_the_users_batch(capsys):
+    big = _cli_config(capsys, "--tasks", "FetchReach-v4,FetchPush-v4", "--set", "learner.batch_size=4096")
+    assert big["learner"]["min_replay_transitions"] == 4096
+    RunConfig.from_json(json.dumps(big)).validate()
