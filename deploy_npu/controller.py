@@ -11,8 +11,10 @@ trained (dynamic routing for a MoE) drives the same episodes under the same dela
 success rates compare what export changed. Each ONNX call is timed: a call longer than one
 tick (1 / hz) is a deadline miss, the controller's real failure on hardware.
 
-A policy trained at another rate than `hz` sees other velocities and hand speeds (sim/rate.py);
-the report says so, and `sim.control_hz` trains one at the rate it will run at.
+A policy trained at another rate than `hz` reads velocities per decision in other units (sim/rate.py):
+by default its graph re-times them (deploy_npu/retime.py: a factor folded into the input
+normalizer, no new op), `retime=False` runs it as trained, and `sim.control_hz` trains one at the
+rate it will run at. The report says which.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from deploy_npu.export import export_onnx
 from deploy_npu.freeze import reference_actor
 from deploy_npu.parity import OnnxPolicy, drive
 from deploy_npu.pipeline import resolve_task
+from deploy_npu.retime import retimed as retimed_checkpoint
 from deploy_npu.routing import calibration_states, freeze_routing
 from foundation.checkpoint import load_policy_checkpoint
 from foundation.config import RunConfig
@@ -49,6 +52,7 @@ class ControllerReport:
     p50_ms: float
     p99_ms: float
     max_ms: float
+    retimed: bool = False  # velocity inputs re-timed from hz to trained_hz (deploy_npu/retime.py)
 
     @property
     def passed(self) -> bool:
@@ -63,10 +67,15 @@ class ControllerReport:
             f"deadline   {'ok  ' if self.passed else 'FAIL'} {self.deadline_misses} of {self.ticks} calls over one "
             f"tick; policy call p50 {self.p50_ms:.4f} ms, p99 {self.p99_ms:.4f} ms, max {self.max_ms:.4f} ms",
         ]
-        if self.trained_hz != self.hz:
+        if self.trained_hz != self.hz and self.retimed:
             lines.append(
-                f"note       the policy was trained at {self.trained_hz:g} Hz: set sim.control_hz={self.hz:g} to "
-                "train one for this rate"
+                f"note       the policy was trained at {self.trained_hz:g} Hz: its velocity inputs re-timed "
+                "to those units in the graph's normalizer (--no-retime: as trained)"
+            )
+        elif self.trained_hz != self.hz:
+            lines.append(
+                f"note       the policy was trained at {self.trained_hz:g} Hz and reads velocities in those units, "
+                f"not re-timed: set sim.control_hz={self.hz:g} to train one for this rate"
             )
         return "\n".join(lines)
 
@@ -95,6 +104,7 @@ def controller_check(
     seed: int = 0,
     onnx_path: str | pathlib.Path | None = None,
     task: str | None = None,
+    retime: bool = True,
 ) -> ControllerReport:
     """Export the run's newest checkpoint (MoE: routing frozen on fresh rollouts) and drive
     the task with it and with the torch policy; see the module docstring. A multi-task run's
@@ -110,6 +120,9 @@ def controller_check(
         tasks = task_input.tasks if task_input is not None else None
         states = calibration_states(ckpt.spec, ckpt.actor, ckpt.obs_norm, spec, 10, seed, tasks)
         routing = freeze_routing(reference_actor(ckpt), spec.name, states, task_index=place)
+    retimed = retime and trained_hz != hz
+    if retimed:  # after routing is frozen: calibration rollouts run at the training rate
+        ckpt = retimed_checkpoint(ckpt, spec, trained_hz, hz, place)
     name = f"{spec.name}.onnx" if task_input is not None else "policy.onnx"
     out = pathlib.Path(onnx_path) if onnx_path else run_dir / "deploy" / name
     export_onnx(ckpt, out, routing=routing, task_input=task_input)
@@ -147,4 +160,5 @@ def controller_check(
         float(np.percentile(ms, 50)),
         float(np.percentile(ms, 99)),
         float(ms.max()),
+        retimed,
     )

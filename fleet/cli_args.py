@@ -188,3 +188,10 @@ def _add_deploy_check(sub: Any) -> None:
     check.add_argument("--seed", type=int, default=0, help="first episode seed")
     check.add_argument("--onnx", help="where to write the graph (default: RUN_DIR/deploy/policy.onnx)")
     check.add_argument("--json", help="also write every task's figures here (JSON), for CI and benchmarks/results")
+    check.add_argument(
+        "--no-retime",
+        dest="retime",
+        action="store_false",
+        help="run a policy trained at another rate as it is; by default its velocity inputs are re-timed to the "
+        "units it was trained on (deploy_npu/retime.py)",
+    )
