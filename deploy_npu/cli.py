@@ -4,6 +4,8 @@
     fleetrl export --checkpoint runs/mt/checkpoints --out deploy/     # a multi-task run: one graph
         per task (<task>.onnx, on the task's own input) and multitask.onnx (task one-hot input)
     fleetrl export --checkpoint ... --task FetchPush-v4 --task FetchReach-v4 --out deploy/
+    fleetrl export --checkpoint runs/r1/checkpoints --out policy.onnx --hz 120   # a 120 Hz controller: a
+        policy trained at 25 Hz gets its velocity inputs re-timed (deploy_npu/retime.py)
 
 Every ONNX file gets a manifest beside it (<file>.manifest.json): tasks, input and output
 spec, normalizer, routing, weight version, check figures and the file's sha256.
@@ -69,6 +71,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=_DEFAULTS.seed, help=_help("seed"))
     parser.add_argument("--weights", choices=WEIGHT_CHOICES, default=_DEFAULTS.weights, help=_help("weights"))
     parser.add_argument("--int8", action="store_true", help=_help("int8"))
+    parser.add_argument("--hz", type=float, default=_DEFAULTS.control_hz, help=_help("control_hz"))
+    parser.add_argument("--trained-hz", type=float, default=_DEFAULTS.trained_hz, help=_help("trained_hz"))
 
 
 def config_from_args(args: argparse.Namespace) -> DeployCheckConfig:
@@ -83,6 +87,8 @@ def config_from_args(args: argparse.Namespace) -> DeployCheckConfig:
         seed=args.seed,
         weights=args.weights,
         int8=args.int8,
+        control_hz=args.hz,
+        trained_hz=args.trained_hz,
     )
 
 
@@ -114,7 +120,9 @@ def _export_all(args: argparse.Namespace) -> list:
         raise ConfigError(f"--out {out}: several tasks export to a directory, not one .onnx file", field="out")
     names = args.task or ckpt.task_names
     reports = [export_and_check(ckpt, out / f"{name}.onnx", dataclasses.replace(config, task=name)) for name in names]
-    if multi:
+    if multi and config.control_hz:  # re-timing is per task: each task's rows, its own velocity columns
+        print("fleetrl export: multitask.onnx is not written with --hz; the per-task graphs are", file=sys.stderr)
+    elif multi:
         from deploy_npu.multitask import export_multitask
 
         reports.append(export_multitask(ckpt, out / "multitask.onnx", config))

@@ -196,13 +196,16 @@ class ClosedLoopReport:
         return self.successes / self.episodes if self.episodes else 0.0
 
 
-def closed_loop(policy: OnnxPolicy, task: TaskSpec, *, episodes: int = 5, seed: int = 0) -> ClosedLoopReport:
-    """Drive the nominal env with the ONNX policy; an episode succeeds if its last state reaches the goal."""
+def closed_loop(
+    policy: OnnxPolicy, task: TaskSpec, *, episodes: int = 5, seed: int = 0, hz: float = 0.0
+) -> ClosedLoopReport:
+    """Drive the nominal env with the ONNX policy; an episode succeeds if its last state reaches
+    the goal. `hz`: the controller's rate (0: the task's own)."""
     if episodes < 0:
         raise ConfigError(f"episodes ({episodes}) must be >= 0", field="episodes")
-    # No randomization, the task's own rate, no delay: the nominal task, as the evaluator scores it.
+    # No randomization, no delay: the nominal task, as the evaluator scores it.
     nominal = RandomizationConfig(enabled=False)
-    successes, _ = drive(lambda x: policy(x)[0], task, 0.0, nominal, episodes=episodes, delay_ticks=0, seed=seed)
+    successes, _ = drive(lambda x: policy(x)[0], task, hz, nominal, episodes=episodes, delay_ticks=0, seed=seed)
     return ClosedLoopReport(task.name, episodes, successes)
 
 

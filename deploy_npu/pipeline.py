@@ -11,6 +11,7 @@ checkpoint legitimately scores ~0, and the evaluator owns the success targets.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -38,10 +39,12 @@ from deploy_npu.parity import (
     task_for_spec,
 )
 from deploy_npu.quantize import Int8Report, audit_int8, quantize_int8
+from deploy_npu.retime import retimed
 from deploy_npu.routing import RoutingTable, calibration_states, freeze_routing
 from foundation.checkpoint import CheckpointSource, PolicyCheckpoint, load_policy_checkpoint
-from foundation.config import ConfigError
+from foundation.config import ConfigError, RunConfig
 from foundation.config_base import config_field
+from sim.rate import NATIVE_HZ
 from sim.registry import TaskSpec, get_task
 from sim.tasks import TaskSet
 
@@ -69,6 +72,37 @@ class DeployCheckConfig:
     int8: bool = config_field(
         False, "also write <out>.int8.onnx (onnxruntime static quantization) with its own parity and success"
     )
+    control_hz: float = config_field(
+        0.0,
+        "the controller's rate; 0: the policy's training rate. Otherwise a Fetch policy's velocity inputs are "
+        "re-timed from it to trained_hz in the graph's normalizer (deploy_npu/retime.py) and the closed-loop "
+        "episodes run at it",
+    )
+    trained_hz: float = config_field(
+        0.0, "the rate the policy was trained at; 0: its run's sim.control_hz (its config.json), else 25"
+    )
+
+
+@dataclass(frozen=True)
+class ControlRate:
+    """The rate an exported graph is for: `hz` decisions per second, the policy trained at
+    `trained_hz`; `retimed`: its velocity inputs scaled to the training units (deploy_npu/retime.py)."""
+
+    hz: float
+    trained_hz: float
+    retimed: bool
+
+
+def run_control_hz(source: str) -> float:
+    """The rate a checkpoint's run trained at: sim.control_hz of the config.json beside its
+    checkpoints/ directory (`source`: the checkpoint file or that directory), else Fetch's own
+    25 Hz (a checkpoint moved out of its run)."""
+    path = pathlib.Path(source)
+    if path.exists():
+        run_dir = path.parent if path.is_dir() else path.parent.parent
+        if (run_dir / "config.json").exists():
+            return RunConfig.load(run_dir / "config.json").sim.control_hz or NATIVE_HZ
+    return NATIVE_HZ
 
 
 @dataclass(frozen=True)
@@ -81,6 +115,7 @@ class DeployReport:
     routing: RoutingTable | None = None  # a MoE policy's frozen routing and how faithful it is
     input_layout: str = "observation ++ desired_goal"
     int8: Int8Report | None = None  # the optional int8 graph's figures (reported, never gated)
+    rate: ControlRate | None = None  # the rate the graph is for, and whether its inputs were re-timed
 
     @property
     def passed(self) -> bool:
@@ -105,7 +140,9 @@ class DeployReport:
             f"calls (budget {la.budget_ms:.2f} ms, 1 thread, onnxruntime CPU)",
             *self._routing_lines(),
             *self._int8_lines(),
-            f"closed    info success rate {cl.success_rate:.2f} ({cl.successes}/{cl.episodes} episodes, {cl.task})",
+            f"closed    info success rate {cl.success_rate:.2f} ({cl.successes}/{cl.episodes} episodes, {cl.task}"
+            + (f", {self.rate.hz:g} Hz)" if self.rate is not None else ")"),
+            *self._rate_lines(),
             f"result    {'PASS' if self.passed else 'FAIL'}",
         ]
         return "\n".join(lines)
@@ -125,6 +162,7 @@ class DeployReport:
             "model_spec": json.loads(spec.to_json()),
             "normalizer": _normalizer(spec, ckpt.obs_norm),
             "routing": json.loads(self.routing.to_json()) if self.routing is not None else None,
+            "control_rate": None if self.rate is None else dataclasses.asdict(self.rate),
             "checks": {
                 "audit_passed": self.audit.passed,
                 "ops": self.audit.op_histogram,
@@ -154,6 +192,13 @@ class DeployReport:
         path = self.export.onnx_path.with_name(self.export.onnx_path.name + ".manifest.json")
         path.write_text(json.dumps(self.manifest(ckpt, tasks), indent=2))
         return path
+
+    def _rate_lines(self) -> list[str]:
+        r = self.rate
+        if r is None or r.hz == r.trained_hz:
+            return []
+        how = "re-timed to those units in the normalizer" if r.retimed else "not re-timed (not a Fetch task)"
+        return [f"rate      info a {r.hz:g} Hz controller; trained at {r.trained_hz:g} Hz, velocity inputs {how}"]
 
     def _int8_lines(self) -> list[str]:
         q = self.int8
@@ -214,6 +259,10 @@ def export_and_check(
             ckpt.spec, ckpt.actor, ckpt.obs_norm, task, config.calibration_episodes, config.seed, tasks
         )
         routing = freeze_routing(reference_actor(ckpt), task.name, states, task_index=place)
+    trained_hz = config.trained_hz or run_control_hz(ckpt.source)
+    retimed_from = None
+    if config.control_hz and config.control_hz != trained_hz and task.gym_id.startswith("Fetch"):
+        ckpt, retimed_from = retimed(ckpt, task, trained_hz, config.control_hz, place), trained_hz
     exported = export_onnx(
         ckpt, out_path, opset=config.opset, batch_size=config.batch_size, routing=routing, task_input=task_input
     )
@@ -241,7 +290,7 @@ def export_and_check(
 
     parity = check_parity(policy, reference, inputs, tolerance=config.tolerance)
     latency = measure_latency(policy, num_calls=config.latency_calls, budget_ms=config.budget_ms)
-    loop = closed_loop(policy, task, episodes=config.episodes, seed=config.seed)
+    loop = closed_loop(policy, task, episodes=config.episodes, seed=config.seed, hz=config.control_hz)
     layout = f"{task.name}: observation ({task.obs_dim}) ++ desired_goal ({task.goal_dim})"
     int8 = None
     if config.int8:  # calibrated on the env's own inputs; judged against the float torch policy
@@ -254,7 +303,8 @@ def export_and_check(
         timed = measure_latency(quantized, num_calls=config.latency_calls, budget_ms=config.budget_ms)
         figures = (error, len(inputs), won.success_rate, won.episodes, timed.p50_ms, timed.p99_ms)
         int8 = Int8Report(path, audit_int8(path, static), *figures)
-    report = DeployReport(exported, audit, parity, latency, loop, routing, layout, int8)
+    rate = ControlRate(config.control_hz or trained_hz, trained_hz, retimed_from is not None)
+    report = DeployReport(exported, audit, parity, latency, loop, routing, layout, int8, rate)
     report.write_manifest(ckpt, [task.name])
     return report
 

@@ -317,3 +317,25 @@ def test_int8_is_reported_beside_the_float_graph(checkpoint_path, tmp_path):
     assert "int8" in report.summary()
     manifest = json.loads((tmp_path / "policy.onnx.manifest.json").read_text())
     assert manifest["int8"]["max_abs_error_vs_float"] == q.max_abs_error
+
+
+def test_export_for_another_rate_retimes_the_velocity_inputs_in_the_normalizer(checkpoint_path, tmp_path, capsys):
+    """--hz 120 on a policy of a 25 Hz run (no config.json beside this checkpoint: Fetch's own rate):
+    the graph at x acts as the 25 Hz graph at x with its velocity columns re-timed, and says so."""
+    import json
+
+    from deploy_npu.retime import retime_factor
+    from sim.rate import velocity_columns
+
+    native, fast = tmp_path / "native.onnx", tmp_path / "fast.onnx"
+    common = ["--checkpoint", str(checkpoint_path.parent), "--episodes", "1", "--budget-ms", "1000"]
+    assert cli.main([*common, "--out", str(native)]) == 0
+    assert cli.main([*common, "--out", str(fast), "--hz", "120"]) == 0
+    assert "a 120 Hz controller; trained at 25 Hz, velocity inputs re-timed" in capsys.readouterr().out
+    manifest = json.loads(fast.with_name(fast.name + ".manifest.json").read_text())
+    assert manifest["control_rate"] == {"hz": 120.0, "trained_hz": 25.0, "retimed": True}
+    x = np.random.default_rng(0).normal(0.5, 0.2, (1, SPEC.input_dim)).astype(np.float32)
+    scaled = x.copy()
+    scaled[:, velocity_columns(REACH.obs_dim)] *= retime_factor(REACH, 25.0, 120.0)
+    np.testing.assert_allclose(OnnxPolicy(fast)(x), OnnxPolicy(native)(scaled), rtol=1e-5, atol=1e-6)
+    assert not np.allclose(OnnxPolicy(fast)(x), OnnxPolicy(native)(x), atol=1e-4)

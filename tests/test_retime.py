@@ -95,3 +95,15 @@ def test_equal_rates_change_nothing_and_only_fetch_tasks_are_retimed(tmp_path):
         retimed(ckpt, get_task("MetaWorld-reach-v3"), 25.0, 120.0)
     with pytest.raises(ValueError, match="must be > 0"):
         retime_factor(get_task("FetchPush-v4"), 0.0, 120.0)
+
+
+def test_an_export_finds_its_runs_training_rate_beside_the_checkpoints(tmp_path):
+    from deploy_npu.pipeline import run_control_hz
+
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "checkpoints" / "ckpt_0000000001.pt").write_bytes(b"")
+    assert run_control_hz(str(run / "checkpoints")) == 25.0  # no config.json: Fetch's own rate
+    (run / "config.json").write_text(with_overrides(RunConfig(), ["sim.control_hz=120"]).to_json())
+    assert run_control_hz(str(run / "checkpoints")) == 120.0
+    assert run_control_hz(str(run / "checkpoints" / "ckpt_0000000001.pt")) == 120.0
