@@ -63,3 +63,42 @@ def test_combine_refuses_a_file_that_is_not_a_score_result(multitask_moe, tmp_pa
     with pytest.raises(SystemExit):
         multitask_moe.main(["combine", str(other)])
     assert "not raw results of `multitask_moe.py score`" in capsys.readouterr().err
+
+
+@pytest.fixture
+def chaos_table(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    return importlib.import_module("chaos_soak_table")
+
+
+def _soak_record(seed: int, every: float | None, sec_to_target: float | None, lost: int = 0) -> dict:
+    summary = {"reached_target": sec_to_target is not None, "wall_sec_to_target": sec_to_target}
+    figures = {
+        "task": "FetchPush-v4",
+        "seed": seed,
+        "every_sec": every,
+        "summary": summary,
+        "faults": [{}] * (0 if every is None else 12),
+        "batches": {"lost": lost, "doubled": 0},
+        "gradients": {"applied_twice": 0, "versions_reused": 0},
+        "problems": lost,
+    }
+    return {"benchmark": "chaos_soak", "commit": "c", "figures": figures}
+
+
+def test_the_chaos_table_pairs_each_soak_with_its_seeds_baseline(chaos_table):
+    records = [
+        _soak_record(0, None, 600.0),
+        _soak_record(0, 60.0, 840.0),
+        _soak_record(1, None, 720.0),
+        _soak_record(1, 60.0, 1200.0),
+        _soak_record(2, 15.0, None, lost=3),  # no baseline, never reached, lost 3
+    ]
+    figures = chaos_table.table(records)
+    rows = {(r["seed"], r["every_sec"]): r for r in figures["rows"]}
+    assert (rows[(0, 60.0)]["ratio"], rows[(0, 60.0)]["baseline_minutes"]) == (1.4, 10.0)
+    assert rows[(1, 60.0)]["ratio"] == pytest.approx(1.667, abs=1e-3)
+    assert rows[(2, 15.0)]["ratio"] is None and rows[(2, 15.0)]["faults"] == 12
+    assert figures["goals"] == {"ratio_le_1.5_every_paired_soak": False, "nothing_lost_doubled_or_applied_twice": False}
+    figures = chaos_table.table(records[:2])
+    assert figures["goals"] == {"ratio_le_1.5_every_paired_soak": True, "nothing_lost_doubled_or_applied_twice": True}

@@ -1,0 +1,89 @@
+"""The chaos soak's table (issue 22): faulted soaks against the same seeds without faults.
+
+    python3 benchmarks/chaos_soak_table.py R1.json R2.json ... [--json out.json]
+
+Each input is a raw result of `benchmarks/chaos_soak.py --out` (a soak, or with --no-faults its
+baseline). Per task and seed, each faulted soak is paired with the baseline of the same task and
+seed: wall-clock to the target with faults / without (goal <= 1.5), and per soak the faults
+injected and what the audit found (acked transitions lost or doubled, gradients applied twice,
+versions reused: goal 0 each). A faulted soak without a baseline is listed, unpaired. Figures
+come last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import sys
+
+from common import result_record, write_result  # benchmarks/common.py (this script's folder)
+
+RATIO_GOAL = 1.5
+
+
+def _soak(record: dict) -> dict:
+    f = record["figures"]
+    s, b, g = f["summary"], f.get("batches") or {}, f.get("gradients") or {}
+    return {
+        "task": f["task"],
+        "seed": f["seed"],
+        "every_sec": f["every_sec"],
+        "reached": bool(s.get("reached_target")),
+        "minutes_to_target": None if s.get("wall_sec_to_target") is None else round(s["wall_sec_to_target"] / 60, 2),
+        "faults": len(f.get("faults", [])),
+        "lost": b.get("lost"),
+        "doubled": b.get("doubled"),
+        "applied_twice": g.get("applied_twice"),
+        "versions_reused": g.get("versions_reused"),
+        "problems": f.get("problems"),
+        "commit": record.get("commit"),
+    }
+
+
+def table(records: list[dict]) -> dict:
+    soaks = [_soak(r) for r in records]
+    baselines = {(s["task"], s["seed"]): s for s in soaks if s["every_sec"] is None}
+    rows = []
+    for soak in (s for s in soaks if s["every_sec"] is not None):
+        base = baselines.get((soak["task"], soak["seed"]))
+        ratio = None
+        if base and base["minutes_to_target"] and soak["minutes_to_target"]:
+            ratio = round(soak["minutes_to_target"] / base["minutes_to_target"], 3)
+        rows.append(soak | {"baseline_minutes": base["minutes_to_target"] if base else None, "ratio": ratio})
+    paired = [r for r in rows if r["baseline_minutes"] is not None]
+    return {
+        "rows": rows,
+        "baselines": list(baselines.values()),
+        "goals": {
+            "ratio_le_1.5_every_paired_soak": bool(paired)
+            and all(r["ratio"] is not None and r["ratio"] <= RATIO_GOAL for r in paired),
+            "nothing_lost_doubled_or_applied_twice": all(r["problems"] == 0 for r in rows),
+        },
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("results", nargs="+", help="raw results of benchmarks/chaos_soak.py --out")
+    p.add_argument("--json", help="write the raw result (figures, commit, command) here")
+    args = p.parse_args(argv)
+    records = [json.loads(pathlib.Path(r).read_text()) for r in args.results]
+    bad = [r for r, rec in zip(args.results, records, strict=True) if rec.get("benchmark") != "chaos_soak"]
+    if bad:
+        p.error(f"results: not raw results of benchmarks/chaos_soak.py: {bad}")
+    figures = table(records)
+    if args.json:
+        write_result(result_record("chaos_soak_table", figures), args.json)
+    print(f"\n{'task':<14} {'seed':>4} {'every':>6} {'faults':>6} {'min to target':>14} {'baseline':>9} {'ratio':>6} "
+          f"{'lost':>5} {'doubled':>7} {'twice':>5} {'reused':>6}")  # fmt: skip
+    for r in figures["rows"]:
+        print(f"{r['task']:<14} {r['seed']:>4} {r['every_sec']:>6g} {r['faults']:>6} {r['minutes_to_target']!s:>14} "
+              f"{r['baseline_minutes']!s:>9} {r['ratio']!s:>6} {r['lost']!s:>5} {r['doubled']!s:>7} "
+              f"{r['applied_twice']!s:>5} {r['versions_reused']!s:>6}")  # fmt: skip
+    print(f"\ngoals: {json.dumps(figures['goals'])}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
