@@ -88,10 +88,16 @@ def controller_checks(run_dir: str | pathlib.Path, **options: Any) -> tuple[list
     ckpt = load_policy_checkpoint(pathlib.Path(run_dir) / "checkpoints")
     if len(ckpt.task_names) < 2:
         return [controller_check(run_dir, **options)], {}
-    options.pop("onnx_path", None)  # one file per task: deploy/<task>.onnx
+    folder = options.pop("onnx_path", None)  # one file per task: <folder or RUN_DIR/deploy>/<task>.onnx
     hz = options.get("hz", 120.0)
     skipped = {name: why for name in ckpt.task_names if (why := control_rate_problem(get_task(name), hz))}
-    reports = [controller_check(run_dir, **options, task=name) for name in ckpt.task_names if name not in skipped]
+    reports = [
+        controller_check(
+            run_dir, **options, task=name, onnx_path=None if folder is None else pathlib.Path(folder) / f"{name}.onnx"
+        )
+        for name in ckpt.task_names
+        if name not in skipped
+    ]
     return reports, skipped
 
 

@@ -186,7 +186,11 @@ def _add_deploy_check(sub: Any) -> None:
     check.add_argument("--delay-ms", type=float, default=10.0, help="actuation delay, rounded to whole ticks")
     check.add_argument("--episodes", type=int, default=20, help="episodes for the ONNX and for the torch policy")
     check.add_argument("--seed", type=int, default=0, help="first episode seed")
-    check.add_argument("--onnx", help="where to write the graph (default: RUN_DIR/deploy/policy.onnx)")
+    check.add_argument(
+        "--onnx",
+        help="where to write the graph (default: RUN_DIR/deploy/policy.onnx); a multi-task run's: a folder, one "
+        "<task>.onnx per task (default: RUN_DIR/deploy/)",
+    )
     check.add_argument("--json", help="also write every task's figures here (JSON), for CI and benchmarks/results")
     check.add_argument(
         "--no-retime",

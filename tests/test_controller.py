@@ -53,6 +53,8 @@ def test_a_multi_task_run_is_checked_task_by_task_on_each_tasks_own_input(tmp_pa
     assert [r.ticks for r in reports] == [50, 100]  # each task's own horizon at its own rate
     for task in tasks:
         assert (tmp_path / "deploy" / f"{task}.onnx").exists()
+    controller_checks(tmp_path, hz=25.0, delay_ms=0.0, episodes=1, onnx_path=tmp_path / "elsewhere")
+    assert sorted(p.name for p in (tmp_path / "elsewhere").glob("*.onnx")) == sorted(f"{t}.onnx" for t in tasks)
     # At 120 Hz the Fetch task is checked and the Meta-World one, which runs only at its own
     # rate, is skipped with the reason (it used to end the whole check in a traceback).
     reports, skipped = controller_checks(tmp_path, hz=120.0, delay_ms=10.0, episodes=1)
