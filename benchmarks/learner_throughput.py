@@ -48,8 +48,9 @@ from fleet.presets import preset_config
 from fleet.watchdog import Watchdog
 from foundation.config import RunConfig, with_overrides
 from foundation.policy import model_spec
+from learner.flat import GradientBuffers
 from learner.models import GRADIENT_GROUPS, SACModel
-from learner.sac import Batch, GradientBuffers, SACHyperparams, compute_gradients
+from learner.sac import Batch, SACHyperparams, compute_gradients
 from sim.tasks import TaskSet
 
 WARMUP_UPDATES = 200

@@ -304,7 +304,7 @@ def test_gradients_written_into_reused_buffers_equal_fresh_ones_as_the_task_mix_
     """A learner writes each gradient into one of two buffer sets in turn; a set's MoE parts
     clear only the experts the last gradient there touched. Batches whose tasks (so experts)
     change from one gradient to the next must still read exactly like fresh vectors."""
-    from learner.sac import GradientBuffers
+    from learner.flat import GradientBuffers
 
     spec = ModelSpec(obs_dim=7, goal_dim=2, act_dim=2, hidden_sizes=(16, 16), kind=kind, tasks=3, experts=6)
     torch.manual_seed(0)
