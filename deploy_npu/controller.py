@@ -29,9 +29,7 @@ import torch
 from deploy_npu.export import export_onnx
 from deploy_npu.freeze import reference_actor
 from deploy_npu.parity import OnnxPolicy, drive
-from deploy_npu.pipeline import resolve_task
-from deploy_npu.retime import retimed as retimed_checkpoint
-from deploy_npu.routing import calibration_states, freeze_routing
+from deploy_npu.pipeline import frozen_and_timed, resolve_task
 from foundation.checkpoint import load_policy_checkpoint
 from foundation.config import RunConfig
 from sim.rate import NATIVE_HZ
@@ -121,14 +119,9 @@ def controller_check(
     spec, task_input = resolve_task(ckpt, task if task is not None else (None if ckpt.task else config.sim.task))
     place = task_input.index if task_input is not None else 0
     trained_hz = config.sim.control_hz or NATIVE_HZ
-    routing = None
-    if ckpt.spec.kind == "moe":
-        tasks = task_input.tasks if task_input is not None else None
-        states = calibration_states(ckpt.spec, ckpt.actor, ckpt.obs_norm, spec, 10, seed, tasks)
-        routing = freeze_routing(reference_actor(ckpt), spec.name, states, task_index=place)
-    retimed = retime and trained_hz != hz
-    if retimed:  # after routing is frozen: calibration rollouts run at the training rate
-        ckpt = retimed_checkpoint(ckpt, spec, trained_hz, hz, place)
+    ckpt, routing, retimed = frozen_and_timed(
+        ckpt, spec, task_input, hz=hz if retime else 0.0, trained_hz=trained_hz, seed=seed
+    )
     name = f"{spec.name}.onnx" if task_input is not None else "policy.onnx"
     out = pathlib.Path(onnx_path) if onnx_path else run_dir / "deploy" / name
     export_onnx(ckpt, out, routing=routing, task_input=task_input)

@@ -245,24 +245,42 @@ def resolve_task(ckpt, named: str | None) -> tuple[TaskSpec, TaskInput | None]:
     return task_for_spec(ckpt.spec, named if named is not None else ckpt.task), None
 
 
+def frozen_and_timed(
+    ckpt: PolicyCheckpoint,
+    task: TaskSpec,
+    task_input: TaskInput | None,
+    *,
+    hz: float,
+    trained_hz: float,
+    seed: int,
+    calibration_episodes: int = 10,
+) -> tuple[PolicyCheckpoint, RoutingTable | None, bool]:
+    """What every export does before tracing: a MoE's routing frozen over fresh rollouts of the
+    task (at its training rate), then, for a Fetch task run at another rate `hz` (0: none), its
+    velocity inputs re-timed (deploy_npu/retime.py). (checkpoint to trace, routing, re-timed)."""
+    place = task_input.index if task_input is not None else 0  # the task's row of per-task tables
+    routing = None
+    if ckpt.spec.kind == "moe":
+        tasks = task_input.tasks if task_input is not None else None
+        states = calibration_states(ckpt.spec, ckpt.actor, ckpt.obs_norm, task, calibration_episodes, seed, tasks)
+        routing = freeze_routing(reference_actor(ckpt), task.name, states, task_index=place)
+    if hz and hz != trained_hz and task.gym_id.startswith("Fetch"):
+        return retimed(ckpt, task, trained_hz, hz, place), routing, True
+    return ckpt, routing, False
+
+
 def export_and_check(
     checkpoint: CheckpointSource, out_path: str | os.PathLike, config: DeployCheckConfig = DeployCheckConfig()
 ) -> DeployReport:
     """Export, then run every check on the written file; a failed audit is reported, not raised."""
     ckpt = load_policy_checkpoint(checkpoint, config.weights)
     task, task_input = resolve_task(ckpt, config.task)
-    tasks = task_input.tasks if task_input is not None else None
     place = task_input.index if task_input is not None else 0  # the task's row of per-task tables
-    routing = None
-    if ckpt.spec.kind == "moe":  # freeze the task's routing over fresh rollouts of it
-        states = calibration_states(
-            ckpt.spec, ckpt.actor, ckpt.obs_norm, task, config.calibration_episodes, config.seed, tasks
-        )
-        routing = freeze_routing(reference_actor(ckpt), task.name, states, task_index=place)
     trained_hz = config.trained_hz or run_control_hz(ckpt.source)
-    retimed_from = None
-    if config.control_hz and config.control_hz != trained_hz and task.gym_id.startswith("Fetch"):
-        ckpt, retimed_from = retimed(ckpt, task, trained_hz, config.control_hz, place), trained_hz
+    ckpt, routing, was_retimed = frozen_and_timed(
+        ckpt, task, task_input, hz=config.control_hz, trained_hz=trained_hz, seed=config.seed,
+        calibration_episodes=config.calibration_episodes,
+    )  # fmt: skip
     exported = export_onnx(
         ckpt, out_path, opset=config.opset, batch_size=config.batch_size, routing=routing, task_input=task_input
     )
@@ -303,7 +321,7 @@ def export_and_check(
         timed = measure_latency(quantized, num_calls=config.latency_calls, budget_ms=config.budget_ms)
         figures = (error, len(inputs), won.success_rate, won.episodes, timed.p50_ms, timed.p99_ms)
         int8 = Int8Report(path, audit_int8(path, static), *figures)
-    rate = ControlRate(config.control_hz or trained_hz, trained_hz, retimed_from is not None)
+    rate = ControlRate(config.control_hz or trained_hz, trained_hz, was_retimed)
     report = DeployReport(exported, audit, parity, latency, loop, routing, layout, int8, rate)
     report.write_manifest(ckpt, [task.name])
     return report
