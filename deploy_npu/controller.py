@@ -134,17 +134,9 @@ def controller_check(
             return actor.deterministic(torch.from_numpy(pad(x[None])), torch.tensor([place])).numpy()[0]
 
     delay_ticks = round(delay_ms * hz / 1000.0)
-    randomization = config.sim.randomization
-    onnx_ok, calls = drive(
-        lambda x: onnx_policy.run_batch(x[None])[0],
-        spec,
-        hz,
-        randomization,
-        episodes=episodes,
-        delay_ticks=delay_ticks,
-        seed=seed,
-    )
-    torch_ok, _ = drive(torch_policy, spec, hz, randomization, episodes=episodes, delay_ticks=delay_ticks, seed=seed)
+    setting = {"episodes": episodes, "delay_ticks": delay_ticks, "seed": seed}  # both policies, the same episodes
+    onnx_ok, calls = drive(lambda x: onnx_policy.run_batch(x[None])[0], spec, hz, config.sim.randomization, **setting)
+    torch_ok, _ = drive(torch_policy, spec, hz, config.sim.randomization, **setting)
     ms = np.array(calls) * 1000.0
     return ControllerReport(
         spec.name,
