@@ -317,7 +317,11 @@ class SACModel(nn.Module):
         params = self.group_parameters(group)
         return torch.nn.utils.parameters_to_vector(params).detach().cpu().numpy().copy()
 
-    def set_flat(self, group: str, flat: np.ndarray) -> None:
+    def set_flat(self, group: str, flat: np.ndarray, share: bool = False) -> None:
+        """Load a group's flat vector. With `share`, CPU parameters become views of `flat` itself
+        when it is a writable float32 array (no copy): the caller hands it over and changes it no
+        more (a learner's snapshots, each its own copy; copying the 2.2M values of a 4-task MoE
+        each version was 6% of its learner's time). Otherwise the values are copied in."""
         if group == "obs_norm":
             for module in (self.actor, self.critic, self.critic_target):
                 module.norm.load_flat(flat)
@@ -328,10 +332,15 @@ class SACModel(nn.Module):
             raise ValueError(f"group {group!r}: flat vector shape {flat.shape}, expected ({expected},)")
         writable = flat.dtype == np.float32 and flat.flags.writeable  # a snapshot's own copy: no second one
         source = torch.from_numpy(flat if writable else np.array(flat, np.float32))
+        share = share and writable and all(p.device.type == "cpu" for p in params)
         offset = 0
         with torch.no_grad():  # copy_ in place: parameters stay on their device (cpu or cuda)
             for p in params:
-                p.copy_(source[offset : offset + p.numel()].view_as(p))
+                part = source[offset : offset + p.numel()].view_as(p)
+                if share:
+                    p.data = part
+                else:
+                    p.copy_(part)
                 offset += p.numel()
 
     def group_sizes(self) -> dict[str, int]:

@@ -46,19 +46,19 @@ class LearnerEndpoints:
 
 
 def _load(model: SACModel, snapshot: WeightsSnapshot, tau: float, versions: int) -> None:
-    """Load a snapshot; without critic_target in it, move the learner's own target critics
-    toward the new critics as the aggregator's Polyak update would over `versions` versions
-    (exact for one version; for several, the same total rate on the newest critics)."""
+    """Load a snapshot (its vectors become the parameters: a snapshot is the learner's own
+    copy); without critic_target in it, move the learner's own target critics toward the new
+    critics as the aggregator's Polyak update would over `versions` versions (the same update
+    to float rounding for one version; for several, the same total rate on the newest critics)."""
     for group in GROUPS:
         if group in snapshot.tensors:
-            model.set_flat(group, snapshot.tensors[group])
+            model.set_flat(group, snapshot.tensors[group], share=group != "critic_target")
     if "critic_target" not in snapshot.tensors and versions > 0:
         rate = 1.0 - (1.0 - tau) ** versions
-        with torch.no_grad():  # one foreach call per op, not two per tensor: the same arithmetic
+        with torch.no_grad():  # target += rate * (critic - target): one pass over both, one call
             targets: list[torch.Tensor] = list(model.critic_target.parameters())
             lives: list[torch.Tensor] = list(model.critic.parameters())
-            torch._foreach_mul_(targets, 1.0 - rate)
-            torch._foreach_add_(targets, lives, alpha=rate)
+            torch._foreach_lerp_(targets, lives, rate)
 
 
 def resolve_device(name: str) -> torch.device:

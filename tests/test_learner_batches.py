@@ -81,6 +81,31 @@ def test_a_learner_keeps_its_own_target_critics_like_the_aggregators_polyak_upda
     np.testing.assert_allclose(learner.get_flat("critic_target"), target * 0.75**3, rtol=1e-5, atol=1e-6)
 
 
+def test_a_learner_takes_a_snapshots_own_vectors_as_its_parameters_and_copies_a_read_only_one():
+    from foundation.acting import WeightsSnapshot
+    from foundation.policy import ModelSpec
+    from learner.models import SACModel
+    from learner.worker import _load
+
+    spec = ModelSpec(3, 2, 2, (8,))
+    source, learner = SACModel(spec), SACModel(spec)
+    tensors = {g: source.get_flat(g) for g in ("actor", "critic", "critic_target", "log_alpha", "obs_norm")}
+    _load(learner, WeightsSnapshot(1, tensors, spec), tau=0.25, versions=0)
+    weight = learner.actor.body.net[0].weight
+    assert np.shares_memory(weight.detach().numpy(), tensors["actor"])  # no copy
+    assert not np.shares_memory(learner.get_flat("critic_target"), tensors["critic_target"])
+    for group in ("actor", "critic", "critic_target", "log_alpha"):
+        np.testing.assert_array_equal(learner.get_flat(group), tensors[group])
+    frozen = {g: v.copy() * 2 for g, v in tensors.items()}
+    for v in frozen.values():
+        v.flags.writeable = False  # a vector decoded from gRPC bytes: read-only, copied in
+    _load(learner, WeightsSnapshot(2, frozen, spec), tau=0.25, versions=0)
+    weight = learner.actor.body.net[0].weight
+    assert not np.shares_memory(weight.detach().numpy(), frozen["actor"])
+    np.testing.assert_array_equal(learner.get_flat("actor"), frozen["actor"])
+    assert weight.requires_grad
+
+
 def test_batches_sample_at_the_learners_version_and_never_past_flow_control():
     source = FakeBatchSource()
     batches = Batches(source, 4, torch.device("cpu"), prefetch=False)
