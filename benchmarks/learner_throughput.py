@@ -63,7 +63,7 @@ def bare_updates_per_cpu_sec(config: RunConfig, seconds: float, adam: bool = Tru
     torch.set_num_threads(config.learner.torch_threads)
     tasks = TaskSet.for_run(config)
     spec = model_spec(config, tasks if tasks.multi else tasks.tasks[0])
-    model = SACModel(spec)
+    model = SACModel(spec).train_gates(config.model.gate_grad).fuse_critics(config.learner.fused_critics)
     hp = SACHyperparams.for_run(config, tasks.act_dim)
     optim = {g: torch.optim.Adam(model.group_parameters(g), lr=1e-3) for g in GRADIENT_GROUPS}
     rng = np.random.default_rng(0)
@@ -112,6 +112,9 @@ MODEL_ARMS: dict[str, list[str]] = {
     # issue 19: TQC (sb3-contrib's, rl-zoo's choice for Fetch): two critics of 25 quantiles, 2 dropped each
     "dense-tqc": ['model.kind="dense"', 'learner.algo="tqc"'],
     "moe-e32-bf16": ['model.kind="moe"', "model.experts=32", 'learner.autocast="bf16"'],
+    # issue 19: the twin critics one after the other (learner.fused_critics false), as before
+    "dense-unfused": ['model.kind="dense"', "learner.fused_critics=false"],
+    "moe-e32-unfused": ['model.kind="moe"', "model.experts=32", "learner.fused_critics=false"],
 }
 MODEL_TASKS = ["FetchReach-v4", "FetchPush-v4", "MetaWorld-reach-v3", "MetaWorld-push-v3"]
 

@@ -55,6 +55,11 @@ class LearnerConfig:
         "'off', or 'bf16': losses and their backward under torch.autocast bfloat16 (on CPUs with BF16 "
         "instructions); weights, gradients and Adam stay float32. An option until a learning comparison",
     )
+    fused_critics: bool = config_field(
+        True,
+        "both critics of the twin pair in one pass, each layer's two matmuls one (learner/twin.py); "
+        "false: one critic after the other, as before",
+    )
     prefetch: bool = config_field(
         False,
         "sample the next batch in a background thread while the current gradient is computed (off: on "

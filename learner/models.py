@@ -35,6 +35,7 @@ from foundation.policy import (  # noqa: F401 - re-exported for the learner side
     ModelSpec,
 )
 from learner.moe import MoELinear, TaskLayout, exporting, stacked_linear
+from learner.twin import twin_forward
 
 NORM_MIN_STD = 0.01
 
@@ -261,13 +262,18 @@ class TwinCritic(nn.Module):
         self.quantiles = spec.critic_quantiles
         self.q1 = Body(spec, spec.input_dim + spec.act_dim, spec.critic_quantiles)
         self.q2 = Body(spec, spec.input_dim + spec.act_dim, spec.critic_quantiles)
+        self.fused = True  # both critics in one pass (learner/twin.py); False: one after the other
 
     def forward(
         self, obs_goal: torch.Tensor, action: torch.Tensor, task: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         state = self.norm(obs_goal)
         x = torch.cat([state, action], dim=-1)
-        q1, q2 = self.q1(x, state, task), self.q2(x, state, task)
+        q1, q2 = (
+            twin_forward(self.q1, self.q2, x, state, task)
+            if self.fused
+            else (self.q1(x, state, task), self.q2(x, state, task))
+        )
         return (q1.squeeze(-1), q2.squeeze(-1)) if self.quantiles == 1 else (q1, q2)
 
     def q1_value(self, obs_goal: torch.Tensor, action: torch.Tensor, task: torch.Tensor | None = None) -> torch.Tensor:
@@ -295,6 +301,11 @@ class SACModel(nn.Module):
         for module in self.modules():
             if isinstance(module, MoELinear):
                 module.gate_grad = on
+        return self
+
+    def fuse_critics(self, on: bool) -> SACModel:
+        """learner.fused_critics: both critics of each twin pair in one pass (learner/twin.py)."""
+        self.critic.fused = self.critic_target.fused = on
         return self
 
     def group_parameters(self, group: str) -> list[torch.Tensor]:

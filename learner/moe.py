@@ -167,6 +167,12 @@ class MoELinear(nn.Module):
         """The task router's form: chunks[i], the rows of task i (embedding `embeds[i]`), through
         that task's mixed Linear. `rows` [batch] maps the batch's rows to their task's place
         (for the metrics only)."""
+        weight, bias = self.task_mix(embeds, rows)
+        return [torch.addmm(b, h, w.t()) for h, w, b in zip(chunks, weight.unbind(0), bias.unbind(0), strict=True)]
+
+    def task_mix(self, embeds: torch.Tensor, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each task's k experts mixed into one Linear (weight [tasks, out, in], bias [tasks,
+        out]) for the tasks of `embeds`; in training, keeps this routing for the metrics."""
         logits = self.gate(embeds)
         top, idx = logits.topk(self.top_k, dim=-1)  # ties at the k-th logit (measure zero): k kept
         g = torch.softmax(top, dim=-1)  # = the masked softmax over all experts, at the top k
@@ -174,8 +180,7 @@ class MoELinear(nn.Module):
             self._task_gates = torch.zeros_like(logits).scatter(-1, idx, g.detach())
             self.last_task_logits, self._task_rows = logits, rows
             self._last_gates = self._last_logits = None
-        weight, bias = self.task_weights(g if self.gate_grad else g.detach(), idx)
-        return [torch.addmm(b, h, w.t()) for h, w, b in zip(chunks, weight.unbind(0), bias.unbind(0), strict=True)]
+        return self.task_weights(g if self.gate_grad else g.detach(), idx)
 
 
 class TaskLayout(NamedTuple):

@@ -229,7 +229,8 @@ class _GradientLoop:
         self.buffers = GradientBuffers()
 
     def run(self, snapshot: WeightsSnapshot, stop: threading.Event) -> int:
-        model = SACModel(snapshot.spec).train_gates(self.config.model.gate_grad).to(self.batches.device)
+        model = SACModel(snapshot.spec).train_gates(self.config.model.gate_grad)
+        model = model.fuse_critics(self.config.learner.fused_critics).to(self.batches.device)
         tau = self.config.aggregator.tau
         _load(model, snapshot, tau, 0)
         loaded, need, pushed = snapshot.version, snapshot.version, 0

@@ -1,0 +1,88 @@
+"""Both critics of a TwinCritic in one pass: each layer's two matmuls made one.
+
+    q1, q2 = twin_forward(critic.q1, critic.q2, x, state, task)   # = critic.q1(x, ...), critic.q2(x, ...)
+
+Q1 and Q2 read the same input and have the same shapes, so their first layers are one Linear
+of twice the width (the two weights stacked), and every later layer one batched matmul over
+the pair ([2, rows, width]). The parameters stay where they are (each critic its own, the
+flat layout unchanged): the stacking happens in the forward pass and its backward splits the
+gradient again. The task-routed MoE does the same per task, on each task's mixed weights.
+A state-routed MoE, and any traced or exported module, runs the two bodies as before.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from learner.moe import TaskLayout, exporting
+
+if TYPE_CHECKING:
+    from learner.models import Body
+
+Layer = tuple[torch.Tensor, torch.Tensor]  # (weight [tasks, ..., out, in], bias [tasks, ..., out])
+
+
+def twin_forward(
+    q1: Body, q2: Body, x: torch.Tensor, state: torch.Tensor, task: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(q1(x, state, task), q2(x, state, task)) of two learner.models.Body of one spec, float32."""
+    if exporting() or (q1.moe and not q1.task_routed):
+        return q1(x, state, task), q2(x, state, task)
+    out = _task_routed(q1, q2, x, task) if q1.moe else _dense(q1.net, q2.net, x)
+    out = out.float()
+    return out[0], out[1]
+
+
+def _linears(net: nn.Sequential) -> list[nn.Linear]:
+    return [m for m in net if isinstance(m, nn.Linear)]
+
+
+def _dense(a: nn.Sequential, b: nn.Sequential, x: torch.Tensor) -> torch.Tensor:
+    """Two mlp()s (Linear, ReLU, ..., Linear) on one input: [2, rows, out]."""
+    la, lb = _linears(a), _linears(b)
+    h = F.linear(x, torch.cat([la[0].weight, lb[0].weight]), torch.cat([la[0].bias, lb[0].bias]))
+    h = h.view(len(x), 2, -1).transpose(0, 1)  # [2, rows, width]
+    for m, n in zip(la[1:], lb[1:], strict=True):
+        weight = torch.stack([m.weight, n.weight]).transpose(1, 2)  # [2, in, out]
+        h = torch.baddbmm(torch.stack([m.bias, n.bias]).unsqueeze(1), torch.relu(h), weight)
+    return h
+
+
+def _task_routed(a: Body, b: Body, x: torch.Tensor, task: torch.Tensor | None) -> torch.Tensor:
+    """Two task-routed MoE bodies (learner.models.Body._task_routed) on one input: [2, rows, out]."""
+    layout = TaskLayout.of(task if task is not None else torch.zeros(len(x), dtype=torch.long))
+    embeds = a.task_embed[layout.present], b.task_embed[layout.present]
+    layers = list(zip(a.moe_layers(), b.moe_layers(), strict=True))
+    first = [layer.task_mix(e, layout.place) for layer, e in zip(layers[0], embeds, strict=True)]
+    weight, bias = torch.cat([first[0][0], first[1][0]], 1), torch.cat([first[0][1], first[1][1]], 1)
+    hs = [
+        torch.addmm(c, h, w.t()).view(len(h), 2, -1).transpose(0, 1)  # [2, task's rows, width]
+        for h, w, c in zip(x[layout.order].split(layout.counts), weight.unbind(0), bias.unbind(0), strict=True)
+    ]
+    stacked = [
+        _stack(*(layer.task_mix(e, layout.place) for layer, e in zip(pair, embeds, strict=True))) for pair in layers[1:]
+    ]
+    stacked.append(_stack(*(_head(body, layout.present) for body in (a, b))))
+    for weight, bias in stacked:
+        hs = [torch.baddbmm(c, torch.relu(h), w) for h, w, c in zip(hs, weight.unbind(0), bias.unbind(0), strict=True)]
+    out = torch.cat(hs, 1)  # rows in task order
+    return out.new_empty(out.shape).index_copy(1, layout.order, out)
+
+
+def _head(body: Body, present: torch.Tensor) -> Layer:
+    """The output layer per present task: (weight [tasks, out, in], bias [tasks, out])."""
+    out = body.out
+    if isinstance(out, nn.Linear):
+        return out.weight.expand(len(present), -1, -1), out.bias.expand(len(present), -1)
+    return out.weight[present], out.bias[present]  # TaskHeads
+
+
+def _stack(
+    a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.Tensor, torch.Tensor]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per task, both critics' layer for a batched matmul: (weight [tasks, 2, in, out], bias [tasks, 2, 1, out])."""
+    return torch.stack([a[0], b[0]], 1).transpose(2, 3), torch.stack([a[1], b[1]], 1).unsqueeze(2)
