@@ -112,8 +112,7 @@ MODEL_ARMS: dict[str, list[str]] = {
     # issue 19: TQC (sb3-contrib's, rl-zoo's choice for Fetch): two critics of 25 quantiles, 2 dropped each
     "dense-tqc": ['model.kind="dense"', 'learner.algo="tqc"'],
     "moe-e32-bf16": ['model.kind="moe"', "model.experts=32", 'learner.autocast="bf16"'],
-    # issue 19: the twin critics one after the other (learner.fused_critics false), as before
-    "dense-unfused": ['model.kind="dense"', "learner.fused_critics=false"],
+    # the MoE's twin critics one after the other (learner.fused_critics false), as before
     "moe-e32-unfused": ['model.kind="moe"', "model.experts=32", "learner.fused_critics=false"],
 }
 MODEL_TASKS = ["FetchReach-v4", "FetchPush-v4", "MetaWorld-reach-v3", "MetaWorld-push-v3"]

@@ -57,8 +57,8 @@ class LearnerConfig:
     )
     fused_critics: bool = config_field(
         True,
-        "both critics of the twin pair in one pass, each layer's two matmuls one (learner/twin.py); "
-        "false: one critic after the other, as before",
+        "a task-routed MoE's twin critics in one pass, each layer's two matmuls one (learner/twin.py: 1.06x "
+        "its gradients per CPU-second; a dense pair measured slower fused and always runs apart); false: apart",
     )
     prefetch: bool = config_field(
         False,

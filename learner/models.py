@@ -262,7 +262,7 @@ class TwinCritic(nn.Module):
         self.quantiles = spec.critic_quantiles
         self.q1 = Body(spec, spec.input_dim + spec.act_dim, spec.critic_quantiles)
         self.q2 = Body(spec, spec.input_dim + spec.act_dim, spec.critic_quantiles)
-        self.fused = True  # both critics in one pass (learner/twin.py); False: one after the other
+        self.fused = True  # a task-routed MoE's pair in one pass (learner/twin.py); False: one after the other
 
     def forward(
         self, obs_goal: torch.Tensor, action: torch.Tensor, task: torch.Tensor | None = None
@@ -304,7 +304,7 @@ class SACModel(nn.Module):
         return self
 
     def fuse_critics(self, on: bool) -> SACModel:
-        """learner.fused_critics: both critics of each twin pair in one pass (learner/twin.py)."""
+        """learner.fused_critics: a task-routed MoE's twin critics in one pass (learner/twin.py)."""
         self.critic.fused = self.critic_target.fused = on
         return self
 
