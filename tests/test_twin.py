@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from foundation.policy import ModelSpec
+from learner import twin
 from learner.models import TwinCritic
 
 
@@ -37,11 +38,9 @@ def _twins(spec: ModelSpec, rows: int, task: torch.Tensor | None):
 @pytest.mark.parametrize(
     "kind,kw,task",
     [
-        ("dense", {}, None),  # not fused (measured slower): the same path
         ("moe", {}, torch.tensor([2, 0, 2, 2, 1, 0, 2, 1, 2, 2, 0])),  # uneven, unsorted
         ("moe", {"task_heads": True}, torch.tensor([2, 0, 2, 2, 0, 0, 2, 2, 2, 2, 0])),  # task heads, task 1 absent
         ("moe", {"task_heads": True, "critic_quantiles": 4}, torch.tensor([1] * 11)),  # one task
-        ("moe", {"router": "state"}, torch.tensor([2, 0, 2, 2, 1, 0, 2, 1, 2, 2, 0])),  # not fused: the same path
     ],
 )
 def test_the_fused_twin_critic_equals_its_two_bodies_in_values_and_gradients(kind, kw, task):
@@ -53,6 +52,24 @@ def test_the_fused_twin_critic_equals_its_two_bodies_in_values_and_gradients(kin
             continue
         a, b = (t.to_dense() if t.is_sparse else t for t in (a, b))
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "kind,kw,fused_pass",
+    [("dense", {}, False), ("moe", {"router": "state"}, False), ("moe", {}, True), ("moe", {"task_heads": True}, True)],
+)
+def test_only_a_task_routed_moe_takes_the_fused_pass(monkeypatch, kind, kw, fused_pass):
+    """A dense pair (measured slower fused) and a state-routed MoE run the two bodies apart."""
+    calls = []
+    real = twin._task_routed
+    monkeypatch.setattr(twin, "_task_routed", lambda *a: calls.append(1) or real(*a))
+    spec = _spec(kind, **kw)
+    critic = TwinCritic(spec)
+    assert critic.fused
+    task = torch.tensor([2, 0, 1, 2, 0])
+    q1, q2 = critic(torch.randn(5, spec.input_dim), torch.zeros(5, spec.act_dim), task)
+    assert q1.shape == q2.shape == (5,)
+    assert len(calls) == (1 if fused_pass else 0)
 
 
 def test_a_fused_twin_critic_keeps_each_layers_routing_for_the_metrics():
