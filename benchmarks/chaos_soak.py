@@ -58,11 +58,13 @@ def config_from(args: argparse.Namespace) -> RunConfig:
 
 
 def problems(result: SoakResult) -> int:
-    """Acked data lost or doubled, gradients applied twice, versions reused (goal: 0)."""
+    """Acked data lost or doubled, gradients applied twice, versions reused, and acked gradients
+    rolled back past what the aggregator's restarts allow (a due checkpoint not written) (goal: 0)."""
     b, g = result.batches, result.gradients
     if b is None or g is None:
         return 1
-    return b.lost + b.doubled + b.acked_twice + g.applied_twice + g.acked_twice + g.versions_reused
+    beyond = max(0, g.rolled_back - result.rollback_bound)
+    return b.lost + b.doubled + b.acked_twice + g.applied_twice + g.acked_twice + g.versions_reused + beyond
 
 
 def print_table(result: SoakResult) -> None:
@@ -87,7 +89,8 @@ def print_table(result: SoakResult) -> None:
         g = result.gradients
         print(
             f"gradients: acked {g.acked} (applied {g.acked_applied}, in the weights' history {g.in_history}, "
-            f"rolled back by aggregator crashes {g.rolled_back}); history steps {g.history_steps}; "
+            f"rolled back by aggregator crashes {g.rolled_back} of at most {result.rollback_bound}); "
+            f"history steps {g.history_steps}; "
             f"applied twice {g.applied_twice}; versions reused {g.versions_reused}"
         )
     for fault, why in result.not_available.items():

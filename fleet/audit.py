@@ -216,6 +216,14 @@ def audit_gradients(
     )
 
 
+def rollback_bound(aggregator_restarts: int, checkpoint_every_versions: int) -> int:
+    """The most acked-as-applied gradients that aggregator crashes may roll back: per restart,
+    the versions since the checkpoint it resumes from, at most one interval since the last one
+    submitted plus one more while the writer thread writes it (aggregator/persistence.py).
+    More than this: a checkpoint that was due was not written."""
+    return aggregator_restarts * 2 * checkpoint_every_versions
+
+
 def restart_times(events_path: str | os.PathLike, role: str) -> list[float]:
     """When the watchdog started `role` again (epoch seconds), from a run's events.jsonl."""
     path = pathlib.Path(events_path)

@@ -33,6 +33,7 @@ from fleet.audit import (
     audit_gradients,
     read_acks,
     restart_times,
+    rollback_bound,
 )
 from fleet.chaos import NOT_AVAILABLE, Fault, Injector
 from fleet.chaos_net import LinkFaults, NetFaultRanges
@@ -67,6 +68,7 @@ class SoakResult:
     evicted_windows: int = 0  # > 0: the buffer dropped windows, and `lost` may count evicted batches
     aggregator_restarts: int = 0
     aggregator_fresh_starts: int = 0  # restarts that found no checkpoint to resume from
+    rollback_bound: int = 0  # the most acked gradients the restarts may roll back (audit.rollback_bound)
     errors: list[str] = field(default_factory=list)
     not_available: dict[str, str] = field(default_factory=dict)  # faults left off the menu, and why
 
@@ -160,6 +162,7 @@ def run_soak(
         evicted_windows=soak.evicted,
         aggregator_restarts=len(restarts),
         aggregator_fresh_starts=max(0, len(restarts) - len(lives)),
+        rollback_bound=rollback_bound(len(restarts), config.aggregator.checkpoint_every_versions),
         errors=errors,
         not_available=not_available,
     )

@@ -16,6 +16,7 @@ from fleet.audit import (
     lineage,
     read_acks,
     restart_times,
+    rollback_bound,
     versions_reused,
 )
 
@@ -112,6 +113,18 @@ def test_gradients_in_the_weights_history_rolled_back_and_applied_twice():
     # push in flight: a push applied twice (once before the checkpoint, again after the restart).
     audit = audit_gradients(acks, [Life(4, 11)], final_version=16, restarts=[10.0])
     assert (audit.unaccounted_steps, audit.applied_twice) == (2, 1)
+
+
+def test_the_rollback_bound_is_two_checkpoint_intervals_per_aggregator_restart():
+    # The example above: one restart, a checkpoint every 2 versions: 2 rolled back is within 4.
+    acks = [push(s, s, float(s)) for s in range(1, 7)] + [push(7 + i, 12 + i, 20.0 + i) for i in range(3)]
+    audit = audit_gradients(acks, [Life(4, 11)], final_version=14, restarts=[10.0])
+    assert audit.rolled_back <= rollback_bound(1, checkpoint_every_versions=2) == 4
+    # Had the checkpoints at 2 and 4 not been written (life 2 restored the one at 1), 5 roll back:
+    # past the bound.
+    audit = audit_gradients(acks, [Life(1, 11)], final_version=14, restarts=[10.0])
+    assert audit.rolled_back == 5 > rollback_bound(1, checkpoint_every_versions=2)
+    assert rollback_bound(0, checkpoint_every_versions=500) == 0
 
 
 def test_stale_pushes_are_acked_but_not_in_the_history():
