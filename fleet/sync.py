@@ -144,7 +144,8 @@ class SyncRun:
         episode, success = rollout(self.env, acting, seed=seed, rng=self.rng)
         reward = lambda a, d: goal_reward(self.env, a, d)  # noqa: E731
         cfg = self.config.sampler
-        transitions = relabel_future(episode, cfg.her_k, reward, self.rng, k_unmoved=cfg.her_k_unmoved)
+        transitions = relabel_future(episode, cfg.her_k, reward, self.rng, k_unmoved=cfg.her_k_unmoved,
+                                     n_step=self.config.learner.n_step, gamma=self.config.learner.gamma)  # fmt: skip
         self.replay.add(transitions)
         self.inserted += len(transitions)
         self.env_steps, self.episodes = self.env_steps + len(episode), self.episodes + 1

@@ -40,6 +40,12 @@ class LearnerConfig:
     tqc_drop: int = config_field(
         2, "'tqc': the largest target quantiles dropped per critic, against overestimation (sb3-contrib's 2)"
     )
+    n_step: int = config_field(
+        1,
+        "n-step returns: samplers store each row with the discounted sum of the next n rewards under its "
+        "(relabeled) goal and the observation n steps on, and the critics bootstrap with gamma^n "
+        "(sampler/her.py); rows whose n steps would pass a truncated episode's end are not stored",
+    )
     target_entropy: float | None = config_field(None, "SAC target entropy; None = -action_dim")
     torch_threads: int = config_field(
         1, "torch intra-op threads in the learner (2 made 0.75x the updates/s of 1 in a 2-core Push fleet: fleet_arms)"
@@ -121,6 +127,7 @@ class LearnerConfig:
             (0.0 <= self.task_min_share <= 1.0, "task_min_share", "in [0, 1]"),
             (self.max_policy_lag >= 0, "max_policy_lag", ">= 0"),
             (0.0 < self.gamma < 1.0, "gamma", "in (0, 1)"),
+            (1 <= self.n_step <= 10, "n_step", "in 1..10 (Fetch episodes are 50 steps)"),
             (self.algo in ALGOS, "algo", f"one of {ALGOS}"),
             (self.tqc_quantiles >= 1, "tqc_quantiles", ">= 1"),
             (0 <= self.tqc_drop < self.tqc_quantiles, "tqc_drop", "in 0..learner.tqc_quantiles - 1"),

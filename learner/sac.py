@@ -85,6 +85,7 @@ class Batch:
 class SACHyperparams:
     gamma: float
     target_entropy: float
+    n_step: int = 1  # learner.n_step: rewards summed over n steps (sampler/her.py); bootstrap with gamma^n
     # Sparse Fetch rewards lie in [-1, 0], so every return lies in [-1/(1-gamma), 0]; clipping
     # the target to that range is the stabiliser the HER paper uses (Andrychowicz et al. 2017).
     clip_return: bool = True
@@ -95,11 +96,17 @@ class SACHyperparams:
     action_l2: float = 1.0  # ddpg: weight of the actor's action penalty (the HER paper's)
     autocast: str = "off"  # or "bf16": losses under torch.autocast (learner.autocast)
 
+    @property
+    def discount(self) -> float:
+        """What the next state's value is discounted by: gamma^n over an n-step row."""
+        return self.gamma**self.n_step
+
     @classmethod
     def for_run(cls, config: RunConfig, act_dim: int) -> SACHyperparams:
         entropy = config.learner.target_entropy
         return cls(
             gamma=config.learner.gamma,
+            n_step=config.learner.n_step,
             target_entropy=entropy if entropy is not None else -float(act_dim),
             balance_coef=config.model.balance_coef,
             router_decay=config.model.router_decay,
@@ -131,7 +138,7 @@ def critic_loss(model: SACModel, batch: Batch, hp: SACHyperparams) -> torch.Tens
         next_action, next_log_prob = model.actor.sample(batch.next_obs_goal, batch.task)
         tq1, tq2 = model.critic_target(batch.next_obs_goal, next_action, batch.task)
         soft_value = torch.min(tq1, tq2) - alpha * next_log_prob
-        target = batch.reward + hp.gamma * (1.0 - batch.done) * soft_value
+        target = batch.reward + hp.discount * (1.0 - batch.done) * soft_value
         if hp.clip_return:
             target = target.clamp(-1.0 / (1.0 - hp.gamma), 0.0)
     q1, q2 = model.critic(batch.obs_goal, batch.action, batch.task)
@@ -162,7 +169,7 @@ def tqc_critic_loss(model: SACModel, batch: Batch, hp: SACHyperparams) -> torch.
         # 0.09 against 0.25 ms for a sort of 256 x 50 here).
         atoms = atoms.topk(atoms.shape[1] - 2 * hp.tqc_drop, dim=1, largest=False, sorted=False).values
         soft = atoms - alpha * next_log_prob.unsqueeze(1)
-        target = batch.reward.unsqueeze(1) + hp.gamma * (1.0 - batch.done.unsqueeze(1)) * soft
+        target = batch.reward.unsqueeze(1) + hp.discount * (1.0 - batch.done.unsqueeze(1)) * soft
         if hp.clip_return:
             target = target.clamp(-1.0 / (1.0 - hp.gamma), 0.0)
     q1, q2 = model.critic(batch.obs_goal, batch.action, batch.task)
@@ -184,7 +191,7 @@ def ddpg_critic_loss(model: SACModel, batch: Batch, hp: SACHyperparams) -> torch
     with torch.no_grad():
         next_action = model.actor.deterministic(batch.next_obs_goal, batch.task)
         next_q = model.critic_target.q1_value(batch.next_obs_goal, next_action, batch.task)
-        target = batch.reward + hp.gamma * (1.0 - batch.done) * next_q
+        target = batch.reward + hp.discount * (1.0 - batch.done) * next_q
         if hp.clip_return:
             target = target.clamp(-1.0 / (1.0 - hp.gamma), 0.0)
     return ((model.critic.q1_value(batch.obs_goal, batch.action, batch.task) - target) ** 2).mean()

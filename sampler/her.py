@@ -32,10 +32,20 @@ def moved(episode: Episode, reward_fn: RewardFn) -> bool:
 
 
 def relabel_future(
-    episode: Episode, k: int, reward_fn: RewardFn, rng: np.random.Generator, k_unmoved: int = -1
+    episode: Episode,
+    k: int,
+    reward_fn: RewardFn,
+    rng: np.random.Generator,
+    k_unmoved: int = -1,
+    n_step: int = 1,
+    gamma: float = 1.0,
 ) -> Transitions:
     """The episode's transitions plus k 'future' relabeled copies: (k + 1) * T rows; k_unmoved
-    copies instead (when 0 <= k_unmoved < k) for an episode whose achieved goal never moved."""
+    copies instead (when 0 <= k_unmoved < k) for an episode whose achieved goal never moved.
+    `n_step` > 1: n-step rows with rewards discounted by `gamma` (the module's docstring), and
+    (k + 1) * (T - n_step + 1) rows for an episode that ends truncated."""
+    if n_step < 1:
+        raise ValueError(f"n_step ({n_step}) must be >= 1")
     if 0 <= k_unmoved < k and not moved(episode, reward_fn):
         k = k_unmoved
     T = len(episode)
@@ -44,13 +54,43 @@ def relabel_future(
         future = rng.integers(np.arange(T), T)  # for each t, an index uniform in [t, T)
         goals.append(episode.achieved_goal[future])
     goal = np.concatenate(goals).astype(np.float32)
-    achieved = np.tile(episode.achieved_goal, (k + 1, 1))
     reps = k + 1
+    if n_step == 1:
+        achieved = np.tile(episode.achieved_goal, (reps, 1))
+        return Transitions(
+            obs=np.tile(episode.obs, (reps, 1)).astype(np.float32),
+            goal=goal,
+            action=np.tile(episode.action, (reps, 1)).astype(np.float32),
+            reward=np.asarray(reward_fn(achieved, goal), np.float32).reshape(-1),
+            next_obs=np.tile(episode.next_obs, (reps, 1)).astype(np.float32),
+            done=np.tile(episode.terminated, reps).astype(np.float32),
+        )
+    return _n_step_rows(episode, goal.reshape(reps, T, -1), reward_fn, n_step, gamma)
+
+
+def _n_step_rows(episode: Episode, goal: np.ndarray, reward_fn: RewardFn, n: int, gamma: float) -> Transitions:
+    """Rows t of every copy (goal [copies, T, goal_dim]) with n-step rewards and next observations."""
+    copies, T = goal.shape[:2]
+    terminal = bool(episode.terminated[-1])  # only an episode's last step can end it
+    if not terminal and T < n:
+        raise ValueError(f"an episode truncated after {T} steps holds no {n}-step row: learner.n_step must be <= {T}")
+    starts = np.arange(T if terminal else max(0, T - n + 1))
+    reward = np.zeros((copies, len(starts)), np.float64)
+    for i in range(n):
+        step = starts + i
+        live = step < T  # a terminated episode's last rows have fewer than n steps left
+        if not live.any():
+            break
+        achieved = np.broadcast_to(episode.achieved_goal[step[live]], (copies, int(live.sum()), goal.shape[2]))
+        r = reward_fn(achieved.reshape(-1, goal.shape[2]), goal[:, starts[live]].reshape(-1, goal.shape[2]))
+        reward[:, live] += gamma**i * np.asarray(r, np.float64).reshape(copies, -1)
+    last = np.minimum(starts + n - 1, T - 1)  # the step each row bootstraps after
+    rows = len(starts) * copies
     return Transitions(
-        obs=np.tile(episode.obs, (reps, 1)).astype(np.float32),
-        goal=goal,
-        action=np.tile(episode.action, (reps, 1)).astype(np.float32),
-        reward=np.asarray(reward_fn(achieved, goal), np.float32).reshape(-1),
-        next_obs=np.tile(episode.next_obs, (reps, 1)).astype(np.float32),
-        done=np.tile(episode.terminated, reps).astype(np.float32),
+        obs=np.tile(episode.obs[starts], (copies, 1)).astype(np.float32),
+        goal=np.ascontiguousarray(goal[:, starts].reshape(rows, -1), np.float32),
+        action=np.tile(episode.action[starts], (copies, 1)).astype(np.float32),
+        reward=reward.reshape(-1).astype(np.float32),
+        next_obs=np.tile(episode.next_obs[last], (copies, 1)).astype(np.float32),
+        done=np.tile(episode.terminated[last], copies).astype(np.float32),
     )

@@ -252,7 +252,8 @@ def _collect(
             episode, success = rollout(env, acting, seed=seed, rng=rng, task=place)
         with heartbeat.phase("relabel"):
             reward = functools.partial(goal_reward, env)
-            transitions = relabel_future(episode, cfg.her_k, reward, rng, k_unmoved=cfg.her_k_unmoved)
+            n_step, gamma = config.learner.n_step, config.learner.gamma
+            transitions = relabel_future(episode, cfg.her_k, reward, rng, cfg.her_k_unmoved, n_step, gamma)
         with heartbeat.phase("enqueue"):  # long only while flow control holds pushes back
             version = max(policy.version, 0)
             task_id = tasks.tasks[place].task_id

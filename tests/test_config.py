@@ -59,6 +59,8 @@ BAD_CONFIGS: list[tuple[list[str], str]] = [
     (["learner.tqc_quantiles=0"], "learner.tqc_quantiles (0) must be >= 1"),
     (["learner.tqc_drop=25"], "learner.tqc_drop (25) must be in 0..learner.tqc_quantiles - 1"),
     (["learner.tqc_drop=-1"], "learner.tqc_drop (-1) must be in 0..learner.tqc_quantiles - 1"),
+    (["learner.n_step=0"], "learner.n_step (0) must be in 1..10 (Fetch episodes are 50 steps)"),
+    (["learner.n_step=11"], "learner.n_step (11) must be in 1..10 (Fetch episodes are 50 steps)"),
     (["eval.curve_episodes=0"], "eval.curve_episodes (0) must be in [1, eval.episodes]"),
     (["eval.curve_episodes=51"], "eval.curve_episodes (51) must be in [1, eval.episodes]"),
     (["eval.min_interval_sec=61"], "eval.min_interval_sec (61.0) must be in [0, eval.max_interval_sec]"),

@@ -153,3 +153,62 @@ def test_an_untouched_fetchpush_object_is_an_unmoved_episode():
         assert moved(pushed, reward)
     finally:
         env.close()
+
+
+def _n_step_expected(episode: Episode, goal: np.ndarray, t: int, n: int, gamma: float) -> float:
+    """sum_i gamma^i r(ag_{t+i}, goal) over the steps left, written out one step at a time."""
+    total = 0.0
+    for i in range(n):
+        if t + i < len(episode):
+            total += gamma**i * float(reach_reward(episode.achieved_goal[t + i], goal))
+    return total
+
+
+def test_n_step_one_is_the_one_step_relabeling():
+    episode = make_episode()
+    a = relabel_future(episode, 4, reach_reward, np.random.default_rng(3))
+    b = relabel_future(episode, 4, reach_reward, np.random.default_rng(3), n_step=1, gamma=0.5)
+    for name in ("obs", "goal", "action", "reward", "next_obs", "done"):
+        np.testing.assert_array_equal(getattr(a, name), getattr(b, name), err_msg=name)
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_n_step_rows_sum_the_next_n_rewards_under_their_goal_and_skip_a_truncated_tail(n):
+    episode, k, gamma = make_episode(), 3, 0.9
+    # Goals at the achieved goals of steps 2 and 5, so rewards vary within a row's n steps.
+    episode.desired_goal[:] = episode.achieved_goal[2]
+    one = relabel_future(episode, k, reach_reward, np.random.default_rng(4))
+    out = relabel_future(episode, k, reach_reward, np.random.default_rng(4), n_step=n, gamma=gamma)
+    kept = T - n + 1  # rows 0..T-n: the later ones would bootstrap past the truncated end
+    assert len(out) == (k + 1) * kept
+    assert not (out.reward == 0).all() and not (out.reward == out.reward[0]).all()
+    for copy in range(k + 1):
+        for t in range(kept):
+            row = copy * kept + t
+            np.testing.assert_array_equal(out.goal[row], one.goal[copy * T + t])  # the same relabeled goal
+            np.testing.assert_array_equal(out.obs[row], episode.obs[t])
+            np.testing.assert_array_equal(out.action[row], episode.action[t])
+            np.testing.assert_array_equal(out.next_obs[row], episode.next_obs[t + n - 1])
+            assert out.done[row] == 0.0
+            assert out.reward[row] == pytest.approx(_n_step_expected(episode, out.goal[row], t, n, gamma))
+
+
+def test_n_step_rows_of_a_terminated_episode_keep_the_tail_with_done():
+    episode, n, gamma = make_episode(), 3, 0.9
+    episode.terminated[-1] = 1.0
+    out = relabel_future(episode, 1, reach_reward, np.random.default_rng(5), n_step=n, gamma=gamma)
+    assert len(out) == 2 * T
+    for copy in range(2):
+        for t in range(T):
+            row = copy * T + t
+            last = min(t + n - 1, T - 1)
+            np.testing.assert_array_equal(out.next_obs[row], episode.next_obs[last])
+            assert out.done[row] == (1.0 if last == T - 1 else 0.0)
+            assert out.reward[row] == pytest.approx(_n_step_expected(episode, out.goal[row], t, n, gamma))
+
+
+def test_an_episode_shorter_than_n_steps_is_refused_with_the_field_named():
+    with pytest.raises(ValueError, match="learner.n_step"):
+        relabel_future(make_episode(length=2), 1, reach_reward, np.random.default_rng(0), n_step=3, gamma=0.9)
+    with pytest.raises(ValueError, match="n_step"):
+        relabel_future(make_episode(), 1, reach_reward, np.random.default_rng(0), n_step=0)

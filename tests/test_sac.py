@@ -381,3 +381,33 @@ def test_a_few_hundred_tqc_steps_learn_to_move_toward_the_goal(one_thread):
     torch.manual_seed(0)
     toward = _share_moving_toward_the_goal(SACModel(spec, init_log_alpha=-3.0), hp, tuple(GRADIENT_GROUPS))
     assert toward > 0.9, toward
+
+
+def test_n_step_rows_bootstrap_with_gamma_to_the_n_and_clip_to_the_one_step_return_range():
+    gamma, n = 0.9, 3
+    batch = _batch(n=16)
+    model = _model()
+    for q in (model.critic_target.q1, model.critic_target.q2):
+        with torch.no_grad():
+            q.net[-1].bias.fill_(-3.0)
+    targets = []
+    for hp in (
+        SACHyperparams(gamma=gamma, target_entropy=-2.0, n_step=n, clip_return=False),
+        SACHyperparams(gamma=gamma**n, target_entropy=-2.0, clip_return=False),
+    ):
+        torch.manual_seed(7)  # the same next actions
+        targets.append(_target(_model_like(model), batch, hp))
+    torch.testing.assert_close(targets[0], targets[1])
+    assert SACHyperparams(gamma=gamma, target_entropy=-2.0, n_step=n).discount == pytest.approx(gamma**n)
+    # An n-step return of rewards in [-1, 0] still lies in [-1/(1-gamma), 0]: the clip keeps gamma's bound.
+    for q in (model.critic_target.q1, model.critic_target.q2):
+        with torch.no_grad():
+            q.net[-1].bias.fill_(-50.0)
+    clipped = _target(model, batch, SACHyperparams(gamma=gamma, target_entropy=-2.0, n_step=n))
+    assert clipped.max().item() == pytest.approx(1.0 / (1.0 - gamma), rel=1e-5)
+
+
+def _model_like(model: SACModel) -> SACModel:
+    copy = _model()
+    copy.load_state_dict(model.state_dict())
+    return copy
