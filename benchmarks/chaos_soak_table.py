@@ -36,9 +36,22 @@ def _soak(record: dict) -> dict:
         "doubled": b.get("doubled"),
         "applied_twice": g.get("applied_twice"),
         "versions_reused": g.get("versions_reused"),
+        "rolled_back": g.get("rolled_back"),  # acked gradients an aggregator crash undid (by design)
+        "rollback_bound": f.get("rollback_bound"),  # at most this many (results since it was recorded)
+        "fault_kinds": _kinds(f.get("faults", [])),
+        "hosts": f.get("hosts", "local"),
         "problems": f.get("problems"),
         "commit": record.get("commit"),
     }
+
+
+def _kinds(faults: list[dict]) -> dict[str, int]:
+    """How many faults of each kind ('SIGKILL', 'SIGSTOP', 'PARTITION', ...) the soak injected."""
+    kinds: dict[str, int] = {}
+    for fault in faults:
+        kind = str(fault.get("fault", "?")).split()[0]
+        kinds[kind] = kinds.get(kind, 0) + 1
+    return dict(sorted(kinds.items()))
 
 
 def table(records: list[dict]) -> dict:
@@ -76,11 +89,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         write_result(result_record("chaos_soak_table", figures), args.json)
     print(f"\n{'task':<14} {'seed':>4} {'every':>6} {'faults':>6} {'min to target':>14} {'baseline':>9} {'ratio':>6} "
-          f"{'lost':>5} {'doubled':>7} {'twice':>5} {'reused':>6}")  # fmt: skip
+          f"{'lost':>5} {'doubled':>7} {'twice':>5} {'reused':>6} {'rolled back':>11}")  # fmt: skip
     for r in figures["rows"]:
         print(f"{r['task']:<14} {r['seed']:>4} {r['every_sec']:>6g} {r['faults']:>6} {r['minutes_to_target']!s:>14} "
               f"{r['baseline_minutes']!s:>9} {r['ratio']!s:>6} {r['lost']!s:>5} {r['doubled']!s:>7} "
-              f"{r['applied_twice']!s:>5} {r['versions_reused']!s:>6}")  # fmt: skip
+              f"{r['applied_twice']!s:>5} {r['versions_reused']!s:>6} {r['rolled_back']!s:>11}")  # fmt: skip
     print(f"\ngoals: {json.dumps(figures['goals'])}")
     return 0
 

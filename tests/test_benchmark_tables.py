@@ -78,7 +78,7 @@ def _soak_record(seed: int, every: float | None, sec_to_target: float | None, lo
         "seed": seed,
         "every_sec": every,
         "summary": summary,
-        "faults": [{}] * (0 if every is None else 12),
+        "faults": [{"fault": "SIGKILL aggregator"}, {"fault": "PARTITION sampler-host"}] * (0 if every is None else 6),
         "batches": {"lost": lost, "doubled": 0},
         "gradients": {"applied_twice": 0, "versions_reused": 0},
         "problems": lost,
@@ -99,6 +99,7 @@ def test_the_chaos_table_pairs_each_soak_with_its_seeds_baseline(chaos_table):
     assert (rows[(0, 60.0)]["ratio"], rows[(0, 60.0)]["baseline_minutes"]) == (1.4, 10.0)
     assert rows[(1, 60.0)]["ratio"] == pytest.approx(1.667, abs=1e-3)
     assert rows[(2, 15.0)]["ratio"] is None and rows[(2, 15.0)]["faults"] == 12
+    assert rows[(2, 15.0)]["fault_kinds"] == {"PARTITION": 6, "SIGKILL": 6}
     assert figures["goals"] == {"ratio_le_1.5_every_paired_soak": False, "nothing_lost_doubled_or_applied_twice": False}
     figures = chaos_table.table(records[:2])
     assert figures["goals"] == {"ratio_le_1.5_every_paired_soak": True, "nothing_lost_doubled_or_applied_twice": True}
