@@ -21,6 +21,9 @@ weights, so actors, critics and the exported ONNX all see the same transform.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import numpy as np
 import torch
 from torch import nn
@@ -34,7 +37,7 @@ from foundation.policy import (  # noqa: F401 - re-exported for the learner side
     NORM_CLIP,
     ModelSpec,
 )
-from learner.moe import MoELinear, TaskLayout, exporting, stacked_linear
+from learner.moe import MoELinear, TaskLayout, exporting, mixed_forward, stacked_linear
 from learner.twin import twin_forward
 
 NORM_MIN_STD = 0.01
@@ -95,14 +98,30 @@ class Body(nn.Module):
         even one does (padding every task to the largest cost 1.1-1.2x a 1024-row update here)."""
         layout = TaskLayout.of(task if task is not None else torch.zeros(len(x), dtype=torch.long))
         chunks = list(x[layout.order].split(layout.counts))
-        embeds = self.task_embed[layout.present]
-        for layer in self.moe_layers():
-            chunks = [torch.relu(h) for h in layer.task_forward(chunks, embeds, layout.place)]
+        for mix in self.task_mixes(layout):
+            chunks = [torch.relu(h) for h in mixed_forward(chunks, mix)]
         if isinstance(self.out, TaskHeads):
             out = torch.cat([self.out.head_forward(h, int(t)) for h, t in zip(chunks, layout.present, strict=True)])
         else:
             out = self.out(torch.cat(chunks))
         return out.new_empty(out.shape).index_copy(0, layout.order, out)
+
+    def task_mixes(self, layout: TaskLayout) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Each MoE layer's mixed Linear per task of `layout` (MoELinear.task_mix). Inside
+        `one_mix_per_update` they are made once per layout, with autograd on whatever the
+        caller's mode, and reused by every pass of the update (the weights do not change
+        within one): SAC runs the actor and the critics twice each on the same batch."""
+        cache = self.__dict__.get("_mix_cache")
+        if cache is None:
+            embeds = self.task_embed[layout.present]
+            return [layer.task_mix(embeds, layout.place) for layer in self.moe_layers()]
+        if cache and cache[0] is layout:
+            return cache[1]
+        with torch.enable_grad():  # a first use under no_grad (the TD target) must not cut the graph
+            embeds = self.task_embed[layout.present]
+            mixes = [layer.task_mix(embeds, layout.place) for layer in self.moe_layers()]
+        self.__dict__["_mix_cache"] = (layout, mixes)
+        return mixes
 
     def head(self, task: int) -> nn.Linear:
         """Task `task`'s output layer as a plain Linear (export: a frozen task's head)."""
@@ -116,6 +135,30 @@ class Body(nn.Module):
 
     def moe_layers(self) -> list[MoELinear]:
         return [layer for layer in self.hidden if isinstance(layer, MoELinear)] if self.moe else []
+
+
+def _task_routed_bodies(module: nn.Module) -> list[Body]:
+    """The task-routed MoE bodies in `module`, found once (its tree does not change)."""
+    found = module.__dict__.get("_task_routed_bodies")
+    if found is None:
+        found = [m for m in module.modules() if isinstance(m, Body) and m.moe and m.task_routed]
+        module.__dict__["_task_routed_bodies"] = found
+    return found
+
+
+@contextlib.contextmanager
+def one_mix_per_update(*modules: nn.Module) -> Iterator[None]:
+    """Within: every task-routed MoE Body of `modules` mixes its experts once per batch layout
+    and reuses the mix (Body.task_mixes); the weights must not change inside. Training only:
+    an exported or traced module takes the masked form and never reads the cache."""
+    bodies = [body for module in modules for body in _task_routed_bodies(module)]
+    for body in bodies:
+        body.__dict__["_mix_cache"] = ()
+    try:
+        yield
+    finally:
+        for body in bodies:
+            body.__dict__["_mix_cache"] = None
 
 
 class TaskHeads(nn.Module):
@@ -313,8 +356,12 @@ class SACModel(nn.Module):
             return [self.log_alpha]
         if group == "obs_norm":
             return [self.actor.norm.mean, self.actor.norm.std]
-        module: nn.Module = getattr(self, group)
-        return list(module.parameters())
+        # The module tree never changes after construction (set_flat swaps a parameter's data,
+        # not the parameter), so each group's list is walked once: every update asks for two.
+        cache = self.__dict__.setdefault("_group_params", {})
+        if group not in cache:
+            cache[group] = tuple(getattr(self, group).parameters())
+        return list(cache[group])
 
     def expert_parameters(self, group: str) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """(weight [E, out, in], bias [E, out]) of every MoE layer of `group` ([] for a dense

@@ -130,8 +130,7 @@ class MoELinear(nn.Module):
         logits = self.gate(gate_in)
         gates = self._gates(logits)
         if self.training:  # an exported (eval) module stores nothing
-            self._last_gates, self._last_logits = gates, logits
-            self.last_task_logits = self._task_gates = self._task_rows = None
+            self._keep(_last_gates=gates, _last_logits=logits, last_task_logits=None, _task_gates=None, _task_rows=None)
         return gates
 
     def masked_forward(self, x: torch.Tensor, gate_in: torch.Tensor) -> torch.Tensor:
@@ -167,8 +166,7 @@ class MoELinear(nn.Module):
         """The task router's form: chunks[i], the rows of task i (embedding `embeds[i]`), through
         that task's mixed Linear. `rows` [batch] maps the batch's rows to their task's place
         (for the metrics only)."""
-        weight, bias = self.task_mix(embeds, rows)
-        return [torch.addmm(b, h, w.t()) for h, w, b in zip(chunks, weight.unbind(0), bias.unbind(0), strict=True)]
+        return mixed_forward(chunks, self.task_mix(embeds, rows))
 
     def task_mix(self, embeds: torch.Tensor, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Each task's k experts mixed into one Linear (weight [tasks, out, in], bias [tasks,
@@ -177,10 +175,20 @@ class MoELinear(nn.Module):
         top, idx = logits.topk(self.top_k, dim=-1)  # ties at the k-th logit (measure zero): k kept
         g = torch.softmax(top, dim=-1)  # = the masked softmax over all experts, at the top k
         if self.training:  # per task; spread over the rows only if last_gates is read
-            self._task_gates = torch.zeros_like(logits).scatter(-1, idx, g.detach())
-            self.last_task_logits, self._task_rows = logits, rows
-            self._last_gates = self._last_logits = None
+            gates = torch.zeros_like(logits).scatter(-1, idx, g.detach())
+            self._keep(_task_gates=gates, last_task_logits=logits, _task_rows=rows, _last_gates=None, _last_logits=None)
         return self.task_weights(g if self.gate_grad else g.detach(), idx)
+
+    def _keep(self, **routing: torch.Tensor | None) -> None:
+        """Store routing state as plain attributes: nn.Module.__setattr__ checks every tensor
+        against parameters, buffers and submodules (7% of a 32-expert update, 5 per mix)."""
+        self.__dict__.update(routing)
+
+
+def mixed_forward(chunks: list[torch.Tensor], mix: tuple[torch.Tensor, torch.Tensor]) -> list[torch.Tensor]:
+    """chunks[i], task i's rows, through task i's mixed Linear (MoELinear.task_mix's (weight, bias))."""
+    weight, bias = mix
+    return [torch.addmm(b, h, w.t()) for h, w, b in zip(chunks, weight.unbind(0), bias.unbind(0), strict=True)]
 
 
 class TaskLayout(NamedTuple):

@@ -49,7 +49,7 @@ from torch.nn import functional as F
 
 from foundation.config import RunConfig
 from learner.flat import FlatSet, flatten, grad_norm
-from learner.models import SACModel, norm_stats
+from learner.models import SACModel, norm_stats, one_mix_per_update
 from learner.moe import MoELinear
 
 
@@ -209,10 +209,11 @@ def compute_gradients(model: SACModel, batch: Batch, hp: SACHyperparams, out: Fl
     hp.autocast "bf16" the matmuls run in bfloat16; parameters and gradients stay float32.
     `out` (GradientBuffers.next()): the flat gradients are written there, and stay valid only
     until that set is handed out again."""
-    if hp.autocast == "bf16":
-        with torch.autocast(batch.obs_goal.device.type, dtype=torch.bfloat16):
-            return _gradients(model, batch, hp, out)
-    return _gradients(model, batch, hp, out)
+    with one_mix_per_update(model.actor, model.critic, model.critic_target):
+        if hp.autocast == "bf16":
+            with torch.autocast(batch.obs_goal.device.type, dtype=torch.bfloat16):
+                return _gradients(model, batch, hp, out)
+        return _gradients(model, batch, hp, out)
 
 
 def _gradients(model: SACModel, batch: Batch, hp: SACHyperparams, out: FlatSet | None) -> GradientResult:
@@ -274,7 +275,11 @@ def _ddpg_gradients(model, batch: Batch, hp: SACHyperparams, critic_params, acto
 
 
 def _layers(module: torch.nn.Module) -> list[MoELinear]:
-    return [m for m in module.modules() if isinstance(m, MoELinear)]
+    """The MoE layers of `module`, found once (a module tree does not change after construction)."""
+    found = module.__dict__.get("_moe_layers")
+    if found is None:
+        found = module.__dict__["_moe_layers"] = [m for m in module.modules() if isinstance(m, MoELinear)]
+    return found
 
 
 def balance_loss(layers: list[MoELinear]) -> torch.Tensor:

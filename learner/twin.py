@@ -41,17 +41,14 @@ def twin_forward(
 def _task_routed(a: Body, b: Body, x: torch.Tensor, task: torch.Tensor | None) -> torch.Tensor:
     """Two task-routed MoE bodies (learner.models.Body._task_routed) on one input: [2, rows, out]."""
     layout = TaskLayout.of(task if task is not None else torch.zeros(len(x), dtype=torch.long))
-    embeds = a.task_embed[layout.present], b.task_embed[layout.present]
-    layers = list(zip(a.moe_layers(), b.moe_layers(), strict=True))
-    first = [layer.task_mix(e, layout.place) for layer, e in zip(layers[0], embeds, strict=True)]
+    mixes = list(zip(a.task_mixes(layout), b.task_mixes(layout), strict=True))  # per layer: (a's, b's)
+    first = mixes[0]
     weight, bias = torch.cat([first[0][0], first[1][0]], 1), torch.cat([first[0][1], first[1][1]], 1)
     hs = [
         torch.addmm(c, h, w.t()).view(len(h), 2, -1).transpose(0, 1)  # [2, task's rows, width]
         for h, w, c in zip(x[layout.order].split(layout.counts), weight.unbind(0), bias.unbind(0), strict=True)
     ]
-    stacked = [
-        _stack(*(layer.task_mix(e, layout.place) for layer, e in zip(pair, embeds, strict=True))) for pair in layers[1:]
-    ]
+    stacked = [_stack(*pair) for pair in mixes[1:]]
     stacked.append(_stack(*(_head(body, layout.present) for body in (a, b))))
     for weight, bias in stacked:
         hs = [torch.baddbmm(c, torch.relu(h), w) for h, w, c in zip(hs, weight.unbind(0), bias.unbind(0), strict=True)]

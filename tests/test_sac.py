@@ -411,3 +411,48 @@ def _model_like(model: SACModel) -> SACModel:
     copy = _model()
     copy.load_state_dict(model.state_dict())
     return copy
+
+
+@pytest.mark.parametrize(
+    "extra,hp",
+    [
+        ({}, HP),
+        ({"task_heads": True, "task_alpha": True}, HP),
+        ({}, TQC),
+        ({}, dataclasses.replace(HP, autocast="bf16")),
+    ],
+)
+def test_one_mix_per_update_gives_the_gradients_of_mixing_in_every_pass(monkeypatch, extra, hp):
+    """compute_gradients mixes each MoE layer's experts once per update and reuses the mix in every
+    pass (learner.models.one_mix_per_update): the same gradients, routers' balancing part and
+    metrics as mixing anew in each pass, the first use (the TD target, under no_grad) included."""
+    import contextlib
+
+    import learner.sac as sac
+
+    quantiles = hp.algo == "tqc" and {"critic_quantiles": 5} or {}
+    spec = ModelSpec(
+        obs_dim=7, goal_dim=2, act_dim=2, hidden_sizes=(16, 16), kind="moe", tasks=3, experts=6,
+        router="task", **extra, **quantiles,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = SACModel(spec, init_log_alpha=-1.0)
+    with torch.no_grad():  # targets off the online critics, so the target mix differs from theirs
+        for p in model.critic_target.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    batch = _task_batch(spec, np.resize([0, 2, 2, 1, 0], 40), seed=3)
+    results = []
+    for cached in (True, False):
+        if not cached:
+            monkeypatch.setattr(sac, "one_mix_per_update", lambda *m: contextlib.nullcontext())
+        torch.manual_seed(1)
+        results.append(compute_gradients(model, batch, hp))
+    with_cache, without = results
+    for group in without.grads:
+        assert np.abs(without.grads[group]).max() > 0, group
+        np.testing.assert_allclose(with_cache.grads[group], without.grads[group], rtol=1e-6, atol=1e-7, err_msg=group)
+    assert with_cache.metrics.keys() == without.metrics.keys()
+    for key, value in without.metrics.items():
+        assert with_cache.metrics[key] == pytest.approx(value, rel=1e-6, abs=1e-7), key
+    for body in (model.actor.body, model.critic.q1, model.critic_target.q2):
+        assert body.__dict__["_mix_cache"] is None  # off again after the update
