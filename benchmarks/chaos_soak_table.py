@@ -31,6 +31,11 @@ def _soak(record: dict) -> dict:
         "every_sec": f["every_sec"],
         "reached": bool(s.get("reached_target")),
         "minutes_to_target": None if s.get("wall_sec_to_target") is None else round(s["wall_sec_to_target"] / 60, 2),
+        # updates to the target and their rate: a ratio of minutes is the faults' cost in
+        # throughput (the rate) times how many more updates the run needed (learning variance too)
+        "updates_to_target": s.get("version_to_target"),
+        "updates_per_sec": _rate(s.get("version_to_target"), s.get("wall_sec_to_target"))
+        or _rate(s.get("final_version"), s.get("wall_sec")),
         "faults": len(f.get("faults", [])),
         "lost": b.get("lost"),
         "doubled": b.get("doubled"),
@@ -43,6 +48,10 @@ def _soak(record: dict) -> dict:
         "problems": f.get("problems"),
         "commit": record.get("commit"),
     }
+
+
+def _rate(count: float | None, seconds: float | None) -> float | None:
+    return round(count / seconds, 2) if count and seconds else None
 
 
 def _kinds(faults: list[dict]) -> dict[str, int]:
@@ -60,10 +69,20 @@ def table(records: list[dict]) -> dict:
     rows = []
     for soak in (s for s in soaks if s["every_sec"] is not None):
         base = baselines.get((soak["task"], soak["seed"]))
-        ratio = None
+        ratio = rate_ratio = None
         if base and base["minutes_to_target"] and soak["minutes_to_target"]:
             ratio = round(soak["minutes_to_target"] / base["minutes_to_target"], 3)
-        rows.append(soak | {"baseline_minutes": base["minutes_to_target"] if base else None, "ratio": ratio})
+        if base and base["updates_per_sec"] and soak["updates_per_sec"]:
+            rate_ratio = round(soak["updates_per_sec"] / base["updates_per_sec"], 3)
+        rows.append(
+            soak
+            | {
+                "baseline_minutes": base["minutes_to_target"] if base else None,
+                "ratio": ratio,
+                "baseline_updates_to_target": base["updates_to_target"] if base else None,
+                "updates_per_sec_ratio": rate_ratio,  # the faults' cost in throughput alone
+            }
+        )
     paired = [r for r in rows if r["baseline_minutes"] is not None]
     return {
         "rows": rows,
@@ -89,11 +108,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         write_result(result_record("chaos_soak_table", figures), args.json)
     print(f"\n{'task':<14} {'seed':>4} {'every':>6} {'faults':>6} {'min to target':>14} {'baseline':>9} {'ratio':>6} "
-          f"{'lost':>5} {'doubled':>7} {'twice':>5} {'reused':>6} {'rolled back':>11}")  # fmt: skip
+          f"{'lost':>5} {'doubled':>7} {'twice':>5} {'reused':>6} {'rolled back':>11} {'updates (base)':>16} "
+          f"{'upd/s ratio':>11}")  # fmt: skip
     for r in figures["rows"]:
         print(f"{r['task']:<14} {r['seed']:>4} {r['every_sec']:>6g} {r['faults']:>6} {r['minutes_to_target']!s:>14} "
               f"{r['baseline_minutes']!s:>9} {r['ratio']!s:>6} {r['lost']!s:>5} {r['doubled']!s:>7} "
-              f"{r['applied_twice']!s:>5} {r['versions_reused']!s:>6} {r['rolled_back']!s:>11}")  # fmt: skip
+              f"{r['applied_twice']!s:>5} {r['versions_reused']!s:>6} {r['rolled_back']!s:>11} "
+              f"{str(r['updates_to_target']) + ' (' + str(r['baseline_updates_to_target']) + ')':>16} "
+              f"{r['updates_per_sec_ratio']!s:>11}")  # fmt: skip
     print(f"\ngoals: {json.dumps(figures['goals'])}")
     return 0
 

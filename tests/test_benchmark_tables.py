@@ -72,7 +72,13 @@ def chaos_table(monkeypatch):
 
 
 def _soak_record(seed: int, every: float | None, sec_to_target: float | None, lost: int = 0) -> dict:
-    summary = {"reached_target": sec_to_target is not None, "wall_sec_to_target": sec_to_target}
+    summary = {
+        "reached_target": sec_to_target is not None,
+        "wall_sec_to_target": sec_to_target,
+        "version_to_target": None if sec_to_target is None else int(sec_to_target * 50),  # 50 updates/s
+        "final_version": 90_000,
+        "wall_sec": 1800.0,
+    }
     figures = {
         "task": "FetchPush-v4",
         "seed": seed,
@@ -100,6 +106,10 @@ def test_the_chaos_table_pairs_each_soak_with_its_seeds_baseline(chaos_table):
     assert rows[(1, 60.0)]["ratio"] == pytest.approx(1.667, abs=1e-3)
     assert rows[(2, 15.0)]["ratio"] is None and rows[(2, 15.0)]["faults"] == 12
     assert rows[(2, 15.0)]["fault_kinds"] == {"PARTITION": 6, "SIGKILL": 6}
+    # The same rate with and without faults: the longer run needed more updates, not slower ones.
+    assert (rows[(1, 60.0)]["updates_to_target"], rows[(1, 60.0)]["baseline_updates_to_target"]) == (60_000, 36_000)
+    assert rows[(1, 60.0)]["updates_per_sec_ratio"] == 1.0
+    assert rows[(2, 15.0)]["updates_per_sec"] == 50.0 and rows[(2, 15.0)]["updates_per_sec_ratio"] is None
     assert figures["goals"] == {"ratio_le_1.5_every_paired_soak": False, "nothing_lost_doubled_or_applied_twice": False}
     figures = chaos_table.table(records[:2])
     assert figures["goals"] == {"ratio_le_1.5_every_paired_soak": True, "nothing_lost_doubled_or_applied_twice": True}
