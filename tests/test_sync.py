@@ -45,11 +45,29 @@ def test_sync_mode_honours_model_gate_grad(tmp_path):
     assert layers and not any(layer.gate_grad for layer in layers)
 
 
-@pytest.mark.parametrize("algo", ["sac", "tqc"])
-def test_sync_mode_learns_fetch_reach_and_leaves_a_checkpoint(tmp_path, algo):
+@pytest.mark.e2e
+def test_sync_mode_stores_n_step_rows(tmp_path):
+    """learner.n_step 3: a 50-step FetchReach episode stores (1 + her_k) x 48 rows (its last two
+    steps have no 3 steps left), each reward a sum of up to 3 discounted rewards."""
+    from fleet.sync import SyncRun
+    from foundation.config import with_overrides
+
+    overrides = ["learner.n_step=3", "sampler.her_k=2", "learner.gamma=0.5", f'run_dir="{tmp_path}"']
+    run = SyncRun(with_overrides(RunConfig(), overrides).validate(), started_at=0.0)
+    run.collect()
+    assert (run.env_steps, run.inserted) == (50, 3 * 48)
+    sums = {-(a + 0.5 * b + 0.25 * c) for a in (0, 1) for b in (0, 1) for c in (0, 1)}  # r in {0, -1}
+    rewards = set(np.round(run.replay.sample(500).reward.numpy(), 4).tolist())
+    assert rewards <= sums and rewards - {0.0, -1.0}, rewards  # some rows sum more than one reward
+
+
+@pytest.mark.parametrize("algo,extra", [("sac", []), ("tqc", []), ("sac", ["learner.n_step=3"])])
+def test_sync_mode_learns_fetch_reach_and_leaves_a_checkpoint(tmp_path, algo, extra):
     run_dir = tmp_path / "sync"
     cmd = [sys.executable, "-m", "fleet.cli", "train", "--task", "FetchReach-v4", "--mode", "sync"]
     cmd += ["--run-dir", str(run_dir), "--max-wall-sec", "300", "--set", f'learner.algo="{algo}"']
+    for override in extra:
+        cmd += ["--set", override]
     subprocess.run(cmd, check=True, cwd=REPO, timeout=600, capture_output=True)
     summary = json.loads((run_dir / "summary.json").read_text())
     assert (summary["mode"], summary["reached_target"]) == ("sync", True), summary["stop_reason"]
