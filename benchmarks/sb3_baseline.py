@@ -16,6 +16,11 @@ layers of fleetrl's learner (256, 256) so both train the same network size.
 of 0.005 (the rest as above): the settings of the SBX peer measurement in our issue. Other tasks
 use FetchReach's.
 
+`--algo sb3-tqc` runs sb3-contrib's TQC+HER with rl-baselines3-zoo's settings for the task
+(hyperparams/tqc.yml: FetchPickAndPlace batch 1024, FetchPush and FetchSlide 2048, three hidden
+layers of 512, two critics, tau 0.05; `ZOO_TQC`), the rest of the protocol as above. The zoo
+trains PickAndPlace for 1M env steps; this runs it on the same wall-clock as every other arm.
+
 `--algo sbx` runs the same protocol with SBX (`sbx-rl`, Stable-Baselines in JAX; SB3's
 HerReplayBuffer, same hyperparameters and network size). XLA runs on one CPU thread
 (XLA_FLAGS="--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1" and
@@ -69,7 +74,7 @@ gym.register_envs(gymnasium_robotics)
 
 DEFAULT_TASK = "FetchReach-v4"
 EVAL_SEED = 1_000_000  # fleetrl's EvalConfig.seed: far from every training seed
-ALGO_LABELS = {"sb3": "SB3 SAC+HER", "sbx": "SBX SAC+HER"}
+ALGO_LABELS = {"sb3": "SB3 SAC+HER", "sbx": "SBX SAC+HER", "sb3-tqc": "SB3-contrib TQC+HER (zoo)"}
 # One XLA CPU thread, as in the SBX peer measurement (~85 updates/s); set before jax is imported.
 ONE_XLA_THREAD_FLAGS = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
 
@@ -91,6 +96,30 @@ TASK_HYPERPARAMS = {
     "FetchReach-v4": SacHyperparams(),
     "FetchPush-v4": SacHyperparams(tau=0.05),
     "FetchPickAndPlace-v4": SacHyperparams(tau=0.05),
+}
+
+
+@dataclass(frozen=True)
+class ZooTqc:
+    """rl-baselines3-zoo's TQC+HER entry for a Fetch task (hyperparams/tqc.yml): HER 'future'/4,
+    ent_coef auto, learning rate 1e-3, gamma 0.95, tau 0.05, buffer 1e6; train_freq 1 and
+    gradient_steps 1 (SB3's defaults, which the entries keep); learning_starts is --learning-starts
+    (the zoo leaves TQC's default of 100) so every arm starts after the same random steps."""
+
+    batch_size: int
+    net_arch: tuple[int, ...]
+    n_critics: int = 2
+    gamma: float = 0.95
+    learning_rate: float = 1e-3
+    tau: float = 0.05
+    buffer_size: int = 1_000_000
+
+
+ZOO_TQC = {
+    "FetchReach-v4": ZooTqc(batch_size=256, net_arch=(64, 64), n_critics=1, tau=0.005),
+    "FetchPush-v4": ZooTqc(batch_size=2048, net_arch=(512, 512, 512)),
+    "FetchSlide-v4": ZooTqc(batch_size=2048, net_arch=(512, 512, 512)),
+    "FetchPickAndPlace-v4": ZooTqc(batch_size=1024, net_arch=(512, 512, 512)),
 }
 
 
@@ -232,7 +261,38 @@ def import_sbx_sac() -> type[OffPolicyAlgorithm]:
     return SbxSAC
 
 
+def build_tqc(args: argparse.Namespace, env: gym.Env) -> OffPolicyAlgorithm:
+    """sb3-contrib's TQC with the zoo's settings for the task (ZOO_TQC); its network sizes, not
+    --net-arch: the peer as the zoo trains it."""
+    from sb3_contrib import TQC
+
+    if args.task not in ZOO_TQC:
+        raise SystemExit(f"--algo sb3-tqc: the zoo has no TQC entry for {args.task}; known: {sorted(ZOO_TQC)}")
+    hp = ZOO_TQC[args.task]
+    return TQC(
+        "MultiInputPolicy",
+        env,
+        learning_rate=hp.learning_rate,
+        buffer_size=hp.buffer_size,
+        learning_starts=args.learning_starts,
+        batch_size=hp.batch_size,
+        tau=hp.tau,
+        gamma=hp.gamma,
+        train_freq=1,
+        gradient_steps=1,
+        ent_coef="auto",
+        replay_buffer_class=HerReplayBuffer,
+        replay_buffer_kwargs=dict(n_sampled_goal=4, goal_selection_strategy="future"),
+        policy_kwargs=dict(net_arch=list(hp.net_arch), n_critics=hp.n_critics),
+        seed=args.seed,
+        device="cpu",
+        verbose=0,
+    )
+
+
 def build_model(args: argparse.Namespace, env: gym.Env) -> OffPolicyAlgorithm:
+    if args.algo == "sb3-tqc":
+        return build_tqc(args, env)
     hp = TASK_HYPERPARAMS.get(args.task, SacHyperparams())
     sac_class = import_sbx_sac() if args.algo == "sbx" else SAC
     return sac_class(
@@ -298,7 +358,12 @@ def write_run_dir(run_dir: pathlib.Path, args: argparse.Namespace, outcome: Outc
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--task", default=DEFAULT_TASK, help="gymnasium-robotics Fetch task to train and evaluate")
-    p.add_argument("--algo", choices=sorted(ALGO_LABELS), default="sb3", help="SAC of SB3 (torch) or SBX (JAX)")
+    p.add_argument(
+        "--algo",
+        choices=sorted(ALGO_LABELS),
+        default="sb3",
+        help="SAC of SB3 (torch) or SBX (JAX), or sb3-contrib's TQC with the zoo's settings",
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of the SAC (weights, sampling) and the training env")
     p.add_argument("--max-steps", type=int, default=20_000, help="stop after this many env steps")
     p.add_argument("--max-wall-sec", type=float, default=1200.0, help="stop after this many seconds")
