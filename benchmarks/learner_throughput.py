@@ -54,6 +54,7 @@ from learner.sac import Batch, SACHyperparams, compute_gradients
 from sim.tasks import TaskSet
 
 WARMUP_UPDATES = 200
+BARE_WARMUP_UPDATES = 5
 START_TIMEOUT_SEC = 180.0
 
 
@@ -82,6 +83,8 @@ def bare_updates_per_cpu_sec(config: RunConfig, seconds: float, adam: bool = Tru
         np.zeros(n, np.float32), task=task,
     )  # fmt: skip
     buffers = GradientBuffers()  # as the learner writes its gradients (learner/worker.py)
+    for _ in range(BARE_WARMUP_UPDATES):  # first calls (and learner.compile's compilation) untimed
+        compute_gradients(model, batch, hp, out=buffers.next())
     updates, cpu0, deadline = 0, time.process_time(), time.monotonic() + seconds
     while time.monotonic() < deadline:
         result = compute_gradients(model, batch, hp, out=buffers.next())
@@ -109,6 +112,7 @@ MODEL_ARMS: dict[str, list[str]] = {
     "moe-e8-state": ['model.kind="moe"', "model.experts=8", 'model.router="state"'],
     "moe-e32-state": ['model.kind="moe"', "model.experts=32", 'model.router="state"'],
     "dense-bf16": ['model.kind="dense"', 'learner.autocast="bf16"'],  # issue 19: the CPU's BF16 instructions
+    "dense-compile": ['model.kind="dense"', "learner.compile=true"],  # issue 19: torch.compile (inductor)
     # issue 19: TQC (sb3-contrib's, rl-zoo's choice for Fetch): two critics of 25 quantiles, 2 dropped each
     "dense-tqc": ['model.kind="dense"', 'learner.algo="tqc"'],
     "moe-e32-bf16": ['model.kind="moe"', "model.experts=32", 'learner.autocast="bf16"'],

@@ -61,6 +61,11 @@ class LearnerConfig:
         "'off', or 'bf16': losses and their backward under torch.autocast bfloat16 (on CPUs with BF16 "
         "instructions); weights, gradients and Adam stay float32. An option until a learning comparison",
     )
+    compile: bool = config_field(
+        False,
+        "dense models: the SAC and TQC losses, forward and backward, under torch.compile (inductor; "
+        "compiled at the learner's first update); off: measured slower here (benchmarks/learner_throughput.py)",
+    )
     fused_critics: bool = config_field(
         True,
         "a task-routed MoE's twin critics in one pass, each layer's two matmuls one (learner/twin.py: 1.06x "

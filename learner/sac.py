@@ -95,6 +95,7 @@ class SACHyperparams:
     tqc_drop: int = 2  # tqc: the largest target quantiles dropped per critic
     action_l2: float = 1.0  # ddpg: weight of the actor's action penalty (the HER paper's)
     autocast: str = "off"  # or "bf16": losses under torch.autocast (learner.autocast)
+    compile: bool = False  # learner.compile: the losses under torch.compile (dense models)
 
     @property
     def discount(self) -> float:
@@ -114,6 +115,7 @@ class SACHyperparams:
             tqc_drop=config.learner.tqc_drop,
             action_l2=config.learner.action_l2,
             autocast=config.learner.autocast,
+            compile=config.learner.compile,
         )
 
 
@@ -203,6 +205,24 @@ def ddpg_actor_loss(model: SACModel, batch: Batch, hp: SACHyperparams) -> torch.
     return (-q + hp.action_l2 * action.pow(2).mean(-1)).mean()
 
 
+_LOSSES = {"sac": critic_loss, "tqc": tqc_critic_loss, "actor": actor_and_alpha_loss}
+_COMPILED: dict[str, object] = {}
+
+
+def _compiled(hp: SACHyperparams) -> dict:
+    """The loss functions under torch.compile (learner.compile; dense models only: a MoE's rows
+    per task and routing are data-dependent), compiled on first use, forward and backward."""
+    if not _COMPILED:
+        # Each loss is backpropagated once, but autograd.grad asks for its parameters in two
+        # calls for a MoE's balancing term; donated buffers would forbid that, and the dense
+        # path does not need them.
+        import torch._functorch.config as functorch_config
+
+        functorch_config.donated_buffer = False
+        _COMPILED.update({name: torch.compile(fn, dynamic=False) for name, fn in _LOSSES.items()})
+    return _COMPILED
+
+
 def compute_gradients(model: SACModel, batch: Batch, hp: SACHyperparams, out: FlatSet | None = None) -> GradientResult:
     """All SAC gradients against the model's current weights, without touching the weights.
     MoE networks add their routers' load-balancing gradient, scaled by router decay. With
@@ -222,12 +242,18 @@ def _gradients(model: SACModel, batch: Batch, hp: SACHyperparams, out: FlatSet |
     metrics: dict[str, float] = {}
     if hp.algo == "ddpg":
         return _ddpg_gradients(model, batch, hp, critic_params, actor_params, out)
-    q_loss = tqc_critic_loss(model, batch, hp) if hp.algo == "tqc" else critic_loss(model, batch, hp)
+    losses = _compiled(hp) if hp.compile and not model.spec.kind == "moe" else _LOSSES
+    q_loss = losses["tqc" if hp.algo == "tqc" else "sac"](model, batch, hp)
     critic_grads = _with_balance(q_loss, critic_params, _layers(model.critic), hp, "critic", metrics)
-    pi_loss, a_loss = actor_and_alpha_loss(model, batch, hp)
+    pi_loss, a_loss = losses["actor"](model, batch, hp)
     # The actor's gradient must not flow into the critic: ask autograd for actor params only.
-    actor_grads = _with_balance(pi_loss, actor_params, _layers(model.actor), hp, "actor", metrics)
-    alpha_grads = torch.autograd.grad(a_loss, [model.log_alpha])
+    actor_layers = _layers(model.actor)
+    if actor_layers:
+        actor_grads = _with_balance(pi_loss, actor_params, actor_layers, hp, "actor", metrics)
+        alpha_grads = torch.autograd.grad(a_loss, [model.log_alpha])
+    else:  # one backward: pi_loss reads alpha detached, a_loss log pi detached, so neither reaches the other's
+        *actor_grads, alpha = torch.autograd.grad(pi_loss + a_loss, [*actor_params, model.log_alpha])
+        alpha_grads = (alpha,)
     return GradientResult(
         grads={
             "actor": flatten(actor_grads, out=out, group="actor"),
