@@ -118,6 +118,8 @@ MODEL_ARMS: dict[str, list[str]] = {
     "moe-e32-bf16": ['model.kind="moe"', "model.experts=32", 'learner.autocast="bf16"'],
     # the MoE's twin critics one after the other (learner.fused_critics false), as before
     "moe-e32-unfused": ['model.kind="moe"', "model.experts=32", "learner.fused_critics=false"],
+    # each pass of the update mixing the experts anew (learner.mix_once false), as before
+    "moe-e32-mixeach": ['model.kind="moe"', "model.experts=32", "learner.mix_once=false"],
 }
 MODEL_TASKS = ["FetchReach-v4", "FetchPush-v4", "MetaWorld-reach-v3", "MetaWorld-push-v3"]
 

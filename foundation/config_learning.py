@@ -66,6 +66,11 @@ class LearnerConfig:
         "dense models: the SAC and TQC losses, forward and backward, under torch.compile (inductor; "
         "compiled at the learner's first update); off: measured slower here (benchmarks/learner_throughput.py)",
     )
+    mix_once: bool = config_field(
+        True,
+        "a task-routed MoE mixes each layer's experts once per update and every pass of SAC reuses the mix "
+        "(learner.models.one_mix_per_update: the same gradients); false: each pass mixes anew, as before",
+    )
     fused_critics: bool = config_field(
         True,
         "a task-routed MoE's twin critics in one pass, each layer's two matmuls one (learner/twin.py: 1.06x "

@@ -96,6 +96,7 @@ class SACHyperparams:
     action_l2: float = 1.0  # ddpg: weight of the actor's action penalty (the HER paper's)
     autocast: str = "off"  # or "bf16": losses under torch.autocast (learner.autocast)
     compile: bool = False  # learner.compile: the losses under torch.compile (dense models)
+    mix_once: bool = True  # learner.mix_once: one expert mix per MoE layer and update (one_mix_per_update)
 
     @property
     def discount(self) -> float:
@@ -116,6 +117,7 @@ class SACHyperparams:
             action_l2=config.learner.action_l2,
             autocast=config.learner.autocast,
             compile=config.learner.compile,
+            mix_once=config.learner.mix_once,
         )
 
 
@@ -229,7 +231,8 @@ def compute_gradients(model: SACModel, batch: Batch, hp: SACHyperparams, out: Fl
     hp.autocast "bf16" the matmuls run in bfloat16; parameters and gradients stay float32.
     `out` (GradientBuffers.next()): the flat gradients are written there, and stay valid only
     until that set is handed out again."""
-    with one_mix_per_update(model.actor, model.critic, model.critic_target):
+    modules = (model.actor, model.critic, model.critic_target) if hp.mix_once else ()
+    with one_mix_per_update(*modules):
         if hp.autocast == "bf16":
             with torch.autocast(batch.obs_goal.device.type, dtype=torch.bfloat16):
                 return _gradients(model, batch, hp, out)

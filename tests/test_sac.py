@@ -447,6 +447,11 @@ def test_one_mix_per_update_gives_the_gradients_of_mixing_in_every_pass(monkeypa
             monkeypatch.setattr(sac, "one_mix_per_update", lambda *m: contextlib.nullcontext())
         torch.manual_seed(1)
         results.append(compute_gradients(model, batch, hp))
+    torch.manual_seed(1)  # learner.mix_once false: the same as no cache at all
+    results.append(compute_gradients(model, batch, dataclasses.replace(hp, mix_once=False)))
+    for group in results[1].grads:
+        np.testing.assert_array_equal(results[2].grads[group], results[1].grads[group])
+    results.pop()
     with_cache, without = results
     for group in without.grads:
         assert np.abs(without.grads[group]).max() > 0, group
