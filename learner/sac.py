@@ -41,7 +41,9 @@ Actor, samplers, evaluator and export are SAC's: only the critics' output width 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -207,11 +209,17 @@ def ddpg_actor_loss(model: SACModel, batch: Batch, hp: SACHyperparams) -> torch.
     return (-q + hp.action_l2 * action.pow(2).mean(-1)).mean()
 
 
-_LOSSES = {"sac": critic_loss, "tqc": tqc_critic_loss, "actor": actor_and_alpha_loss}
-_COMPILED: dict[str, object] = {}
+class _Losses(NamedTuple):
+    sac: Callable[[SACModel, Batch, SACHyperparams], torch.Tensor]
+    tqc: Callable[[SACModel, Batch, SACHyperparams], torch.Tensor]
+    actor: Callable[[SACModel, Batch, SACHyperparams], tuple[torch.Tensor, torch.Tensor]]
 
 
-def _compiled(hp: SACHyperparams) -> dict:
+_LOSSES = _Losses(critic_loss, tqc_critic_loss, actor_and_alpha_loss)
+_COMPILED: list[_Losses] = []
+
+
+def _compiled() -> _Losses:
     """The loss functions under torch.compile (learner.compile; dense models only: a MoE's rows
     per task and routing are data-dependent), compiled on first use, forward and backward."""
     if not _COMPILED:
@@ -221,8 +229,9 @@ def _compiled(hp: SACHyperparams) -> dict:
         import torch._functorch.config as functorch_config
 
         functorch_config.donated_buffer = False
-        _COMPILED.update({name: torch.compile(fn, dynamic=False) for name, fn in _LOSSES.items()})
-    return _COMPILED
+        compiled = [torch.compile(fn, dynamic=False) for fn in _LOSSES]
+        _COMPILED.append(_Losses(*compiled))  # type: ignore[arg-type]  # torch.compile keeps the signature
+    return _COMPILED[0]
 
 
 def compute_gradients(model: SACModel, batch: Batch, hp: SACHyperparams, out: FlatSet | None = None) -> GradientResult:
@@ -245,18 +254,18 @@ def _gradients(model: SACModel, batch: Batch, hp: SACHyperparams, out: FlatSet |
     metrics: dict[str, float] = {}
     if hp.algo == "ddpg":
         return _ddpg_gradients(model, batch, hp, critic_params, actor_params, out)
-    losses = _compiled(hp) if hp.compile and not model.spec.kind == "moe" else _LOSSES
-    q_loss = losses["tqc" if hp.algo == "tqc" else "sac"](model, batch, hp)
+    losses = _compiled() if hp.compile and model.spec.kind != "moe" else _LOSSES
+    q_loss = (losses.tqc if hp.algo == "tqc" else losses.sac)(model, batch, hp)
     critic_grads = _with_balance(q_loss, critic_params, _layers(model.critic), hp, "critic", metrics)
-    pi_loss, a_loss = losses["actor"](model, batch, hp)
+    pi_loss, a_loss = losses.actor(model, batch, hp)
     # The actor's gradient must not flow into the critic: ask autograd for actor params only.
     actor_layers = _layers(model.actor)
     if actor_layers:
         actor_grads = _with_balance(pi_loss, actor_params, actor_layers, hp, "actor", metrics)
         alpha_grads = torch.autograd.grad(a_loss, [model.log_alpha])
     else:  # one backward: pi_loss reads alpha detached, a_loss log pi detached, so neither reaches the other's
-        *actor_grads, alpha = torch.autograd.grad(pi_loss + a_loss, [*actor_params, model.log_alpha])
-        alpha_grads = (alpha,)
+        both = torch.autograd.grad(pi_loss + a_loss, [*actor_params, model.log_alpha])
+        actor_grads, alpha_grads = both[:-1], both[-1:]
     return GradientResult(
         grads={
             "actor": flatten(actor_grads, out=out, group="actor"),
