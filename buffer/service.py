@@ -66,9 +66,11 @@ class IngestServer:
         host: str = "127.0.0.1",
         security: Security = NO_SECURITY,
         limit: SampleToInsertRatio | None = None,
+        n_step: int = 1,
     ) -> None:
         self._storage = storage
         self.limit = limit
+        self.n_step = n_step  # the run's learner.n_step (validate_batch)
         self.security = security
         self.refused = RefusalCounter()  # calls without the fleet token
         self.task_ids = tuple(task_ids)  # the run's tasks: a multi-task run stores them all
@@ -109,6 +111,7 @@ class IngestServer:
             run_id=self.run_id,
             config=self.config,
             limit=self.limit,
+            n_step=self.n_step,
         )
         pool = futures.ThreadPoolExecutor(max_workers=self.config.grpc_workers)
         self.servicer.refused = self.refused
@@ -145,6 +148,7 @@ class IngestService:
     listen: str = "127.0.0.1:0"  # HOST:PORT to bind
     advertise: str | None = None  # HOST:PORT others reach it at (default: the bound address)
     limit: SampleToInsertRatio | None = None  # flow control: buffer.ratelimit.rate_limit(config)
+    n_step: int = 1  # the run's learner.n_step: a truncated episode's last n - 1 steps store no row
 
 
 @dataclass(frozen=True)
@@ -174,6 +178,7 @@ def run_ingest_service(
         endpoints.listen,
         endpoints.advertise,
         rate_limit(config),
+        config.learner.n_step,
     )
     return serve_ingest(service, endpoints.redis, endpoints.ready_file, security, stop, heartbeat)
 
@@ -207,6 +212,7 @@ def serve_ingest(
             host=host,
             security=security,
             limit=s.limit,
+            n_step=s.n_step,
         ) as server:
             address = s.advertise or server.address
             log.info("ingest service listening on %s, reachable at %s", server.address, address)

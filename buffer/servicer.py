@@ -37,8 +37,14 @@ def validate_batch(
     task_ids: tuple[int, ...],
     schema: TransitionSchema,
     max_batch_transitions: int,
+    n_step: int = 1,
 ) -> Transitions:
-    """The batch's columns, or WireError naming the first field that breaks the contract."""
+    """The batch's columns, or WireError naming the first field that breaks the contract.
+
+    Each env step yields at least one row, except that with n-step returns (`n_step` > 1) a
+    truncated episode's last n - 1 steps yield none (sampler/her.py): a batch may then hold up
+    to n - 1 rows fewer than its env steps per episode it carries (or per batch, if it ends none).
+    """
     if batch.run_id != run_id:
         raise WireError("run_id", f"{cap(batch.run_id, 200)!r}, but this service stores run {run_id!r}")
     if batch.incarnation == 0:
@@ -52,8 +58,10 @@ def validate_batch(
         raise WireError("num_transitions", f"{n} is outside [1, max_batch_transitions={max_batch_transitions}]")
     if batch.policy_version > MAX_UINT32:
         raise WireError("policy_version", f"{batch.policy_version} exceeds {MAX_UINT32} (stored as uint32)")
-    if batch.env_steps > n:
-        raise WireError("env_steps", f"{batch.env_steps} env steps cannot yield {n} transitions")
+    rowless = (n_step - 1) * max(batch.episodes, 1)  # a truncated episode's last n - 1 steps
+    if batch.env_steps > n + rowless:
+        why = f" (n-step {n_step}: at most {rowless} env steps without a row)" if n_step > 1 else ""
+        raise WireError("env_steps", f"{batch.env_steps} env steps cannot yield {n} transitions{why}")
     if batch.episodes > n:
         raise WireError("episodes", f"{batch.episodes} episodes cannot end in {n} transitions")
     if batch.successes > batch.episodes:
@@ -104,8 +112,10 @@ class ReplayIngestServicer(pb_grpc.ReplayIngestServicer):
         run_id: str,
         config: BufferConfig,
         limit: SampleToInsertRatio | None = None,
+        n_step: int = 1,
     ) -> None:
         self.storage = storage
+        self.n_step = n_step  # the run's learner.n_step: rows a batch may hold fewer than env steps
         self.limit = limit  # flow control: inserts wait while learners lag (buffer/ratelimit.py)
         self.task_ids = tuple(task_ids)  # the run's tasks: a multi-task run stores them all
         self.schema = schema
@@ -144,6 +154,7 @@ class ReplayIngestServicer(pb_grpc.ReplayIngestServicer):
                 task_ids=self.task_ids,
                 schema=self.schema,
                 max_batch_transitions=self.config.max_batch_transitions,
+                n_step=self.n_step,
             )
         except WireError as e:
             with self._lock:

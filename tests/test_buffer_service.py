@@ -195,6 +195,35 @@ def test_bad_input_is_rejected_and_the_service_keeps_serving(case, mutate, detai
     assert (ack.stored, ack.duplicate, ack.head) == (4, False, 8)
 
 
+def test_an_n_step_episode_without_its_last_rows_is_stored_and_only_that_many_missing_rows_pass(
+    redis_client, make_transitions
+):
+    """With learner.n_step 3 a truncated 10-step episode stores 8 rows (its last 2 steps have no
+    n-step return): the run's ingest takes it, one with n_step 1 or a batch short by more does
+    not. (A sampler with n_step 3 once died on its first push: the check assumed a row per step.)"""
+    storage = TemporalStorage(redis_client, RUN, SCHEMA, CONFIG)
+
+    def episode(rows: int, env_steps: int, seq: int) -> pb.TransitionBatch:
+        batch = good_batch(make_transitions, n=rows, seq=seq, first_id=100 * seq)
+        batch.env_steps, batch.episodes, batch.successes = env_steps, 1, 0
+        return batch
+
+    with IngestServer(storage, task_ids=(TASK,), schema=SCHEMA, run_id=RUN, config=CONFIG, n_step=3) as srv:
+        with grpc.insecure_channel(srv.address, options=GRPC_OPTIONS) as channel:
+            stub = pb_grpc.ReplayIngestStub(channel)
+            assert stub.Push(episode(8, 10, seq=1), timeout=5).stored == 8
+            with pytest.raises(grpc.RpcError) as err:
+                stub.Push(episode(7, 10, seq=2), timeout=5)
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert "env_steps: 10 env steps cannot yield 7 transitions (n-step 3: at most 2" in err.value.details()
+            assert srv.servicer.counters().env_steps == 10
+    with IngestServer(storage, task_ids=(TASK,), schema=SCHEMA, run_id=RUN, config=CONFIG) as one_step:
+        with grpc.insecure_channel(one_step.address, options=GRPC_OPTIONS) as channel:
+            with pytest.raises(grpc.RpcError) as err:
+                pb_grpc.ReplayIngestStub(channel).Push(episode(8, 10, seq=3), timeout=5)
+            assert err.value.details() == "env_steps: 10 env steps cannot yield 8 transitions"
+
+
 def test_duplicate_seq_is_acked_without_writing(server, stub, make_transitions):
     stub.Push(good_batch(make_transitions, seq=7), timeout=5)
     before = stored_bytes(server.servicer.storage)

@@ -277,6 +277,28 @@ def test_the_summary_counts_every_acked_env_step_across_a_buffer_sigkill(tmp_pat
     assert acked <= summary["final_env_steps"] <= acked + 50, (summary["final_env_steps"], acked)
 
 
+def test_a_fleet_with_n_step_returns_stores_every_episode(tmp_path: pathlib.Path) -> None:
+    """learner.n_step 3 through the real fleet: a truncated episode's last 2 steps store no row,
+    so without HER copies (as FetchPush stores an episode that never moved the object) an
+    episode has fewer rows than env steps, and the ingest service takes it (it once refused the
+    first one, and the sampler died with its pusher thread; only the sync mode had been tested)."""
+    run_dir, acks = tmp_path / "run", tmp_path / "run" / "acks"
+    n_step = ("--set", "learner.n_step=3", "--set", "sampler.her_k=0")
+    extra = ("--set", "max_env_steps=1500", *n_step, "--target-success", "1.0", *ONCE)
+    proc = _train(run_dir, "--max-wall-sec", "240", *extra)
+    out, _ = proc.communicate(timeout=300)
+    assert "Traceback" not in out, out[-4000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["stop_reason"] == "max_env_steps 1500 reached", summary["stop_reason"]
+    assert summary["restarts"] == 0, out[-3000:]
+    assert summary["counters"]["buffer"]["rejected"] == 0, summary["counters"]["buffer"]
+    ledger = read_ledgers(acks, "sampler-")
+    assert sum(r["env_steps"] for r in ledger) >= 1500
+    assert summary["transitions_stored"] == summary["final_env_steps"] // 50 * 48  # 48 rows per episode
+    logs = "".join(p.read_text(errors="replace") for p in (run_dir / "logs").iterdir())
+    assert "Traceback" not in logs, logs[-3000:]
+
+
 def test_sigstopped_roles_go_silent_and_are_replaced(tmp_path: pathlib.Path) -> None:
     """SIGSTOP a sampler, then the aggregator: each stops beating, the watchdog replaces it
     (SIGTERM and SIGCONT, so it stops cleanly), and training goes on; no version is reused."""
