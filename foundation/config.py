@@ -81,6 +81,12 @@ class EvalConfig:
         True, "end a score once target_success is out of reach (it then covers fewer episodes)"
     )
     nice: int = config_field(5, "niceness of the evaluator process: it scores on spare CPU first")
+    max_core_share: float = config_field(
+        0.1,
+        "at most this share of one core on scoring, whatever the rules above say: after a score that took "
+        "c CPU seconds the evaluator waits at least c * (1 / share - 1) (a 4-task run's score with its weight "
+        "average takes seconds of CPU); 0 = no bound",
+    )
 
     def checks(self) -> list[Check]:
         """(ok, field, limit) of every check on this section's fields; RunConfig.validate runs them."""
@@ -101,6 +107,7 @@ class EvalConfig:
             (0 <= self.min_interval_sec <= self.max_interval_sec, "min_interval_sec", "in [0, eval.max_interval_sec]"),
             (self.near_max_interval_sec >= 0, "near_max_interval_sec", ">= 0"),
             (self.interval_run_fraction >= 0, "interval_run_fraction", ">= 0"),
+            (0 <= self.max_core_share <= 1, "max_core_share", "in [0, 1] (0 = no bound)"),
         ]
 
 

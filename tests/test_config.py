@@ -65,6 +65,7 @@ BAD_CONFIGS: list[tuple[list[str], str]] = [
     (["eval.curve_episodes=51"], "eval.curve_episodes (51) must be in [1, eval.episodes]"),
     (["eval.min_interval_sec=61"], "eval.min_interval_sec (61.0) must be in [0, eval.max_interval_sec]"),
     (["eval.interval_run_fraction=-0.1"], "eval.interval_run_fraction (-0.1) must be >= 0"),
+    (["eval.max_core_share=1.5"], "eval.max_core_share (1.5) must be in [0, 1] (0 = no bound)"),
     (
         ["sim.task=FetchRaech-v4"],
         "sim.task ('FetchRaech-v4') must be a registered task; did you mean 'FetchReach-v4'? valid: FetchPickAndPlace",

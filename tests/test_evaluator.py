@@ -162,6 +162,26 @@ def test_a_plateau_near_the_target_is_scored_less_and_less_often(misses, near_ma
     assert next_interval_sec(config, 0.9, 0.2, 3000.0, misses) == pytest.approx(60.0)  # far off: unchanged
 
 
+@pytest.mark.parametrize(
+    "curve_success,score_cpu_sec,share,expected",
+    [
+        (0.8, 0.1, 0.1, 2.0),  # a cheap score: the rules above decide (0.9 s < 2 s)
+        (0.8, 5.0, 0.1, 45.0),  # a 4-task score of 5 CPU seconds: 45 s, a tenth of a core
+        (0.8, 10.0, 0.1, 90.0),  # above max_interval_sec too: the bound holds
+        (0.2, 10.0, 0.1, 90.0),  # far from the target as well
+        (0.2, 1.0, 0.1, 60.0),  # ... where the rules' 60 s is longer
+        (0.8, 5.0, 0.5, 5.0),  # half a core: wait as long as the score took
+        (0.8, 5.0, 0.0, 2.0),  # 0: no bound
+    ],
+)
+def test_scoring_takes_at_most_its_share_of_a_core(curve_success, score_cpu_sec, share, expected):
+    config = EvalConfig(min_interval_sec=2.0, max_interval_sec=60.0, interval_run_fraction=0.1, max_core_share=share)
+    wait = next_interval_sec(config, 0.9, curve_success, 3000.0, 0, score_cpu_sec)
+    assert wait == pytest.approx(expected)
+    if share > 0:  # the share over a score and the wait after it
+        assert score_cpu_sec / (score_cpu_sec + wait) <= share + 1e-9
+
+
 def test_near_target_misses_count_scores_without_a_new_best():
     near = NearTarget()
     curves = [0.1, 0.5, 0.7, 0.7, 0.6, 0.8, 0.8, 0.3, 0.5, 0.9]
