@@ -9,7 +9,9 @@ An arm's options may start with environment settings (`--arm passive="OMP_WAIT_P
 Arms run one after another, interleaved (a, b, a, b, ...), so a noisy machine affects them
 alike; nothing else should run. Per run: updates and env steps per second in steady state (from
 `--steady-from` seconds on, from progress.jsonl), the learner's CPU share of the machine, the
-fleet overhead share (summary.json cpu), and the best curve success. Medians over repeats, and
+fleet overhead share (summary.json cpu), the best curve success, and the gradients the learners
+pushed per second with the share of them dropped as stale (summary.json counters: with several
+learners, what separates gradients computed from versions made). Medians over repeats, and
 each arm's over the first arm's, printed last.
 """
 
@@ -27,7 +29,17 @@ import tempfile
 
 from common import REPO, result_record, write_result  # benchmarks/common.py (this script's folder)
 
-KEYS = ("steady_updates_per_sec", "steady_env_steps_per_sec", "learner_share", "overhead_share", "best_success")
+KEYS = (
+    "steady_updates_per_sec",
+    "steady_env_steps_per_sec",
+    "learner_share",
+    "overhead_share",
+    "best_success",
+    "gradients_per_sec",
+    "stale_share",
+)
+
+RATIO_KEYS = (*KEYS[:3], "gradients_per_sec")
 
 
 def steady(run_dir: pathlib.Path, since_sec: float, key: str) -> float | None:
@@ -37,6 +49,18 @@ def steady(run_dir: pathlib.Path, since_sec: float, key: str) -> float | None:
     if len(later) < 2 or later[-1]["wall_sec"] <= later[0]["wall_sec"]:
         return None
     return (later[-1][key] - later[0][key]) / (later[-1]["wall_sec"] - later[0]["wall_sec"])
+
+
+def gradient_counts(summary: dict) -> tuple[float | None, float | None]:
+    """(gradients the learners pushed per second of the run, the share of them the aggregator
+    dropped as stale) from summary.json's aggregator counters. With several learners and
+    aggregator.grads_per_step 1, versions/s is what is left of gradients/s after the stale ones."""
+    counts = summary.get("counters", {}).get("aggregator", {})
+    applied, stale = counts.get("gradients_applied"), counts.get("gradients_stale")
+    if applied is None or stale is None or not summary.get("wall_sec"):
+        return None, None
+    pushed = applied + stale
+    return pushed / summary["wall_sec"], (stale / pushed if pushed else None)
 
 
 def split_env(options: list[str]) -> tuple[dict[str, str], list[str]]:
@@ -58,6 +82,7 @@ def run(name: str, options: list[str], args: argparse.Namespace, repeat: int, ro
                    timeout=args.max_wall_sec + 600)  # fmt: skip
     s = json.loads((run_dir / "summary.json").read_text())
     cpu = s["cpu"]
+    gradients_per_sec, stale_share = gradient_counts(s)
     return {
         "arm": name,
         "repeat": repeat,
@@ -66,6 +91,8 @@ def run(name: str, options: list[str], args: argparse.Namespace, repeat: int, ro
         "learner_share": cpu["groups"]["learner"]["share"],
         "overhead_share": cpu["overhead_share"],
         "best_success": s["best_success"],
+        "gradients_per_sec": gradients_per_sec,
+        "stale_share": stale_share,
         "updates": s["final_version"],
         "env_steps": s["final_env_steps"],
         "wall_sec": s["wall_sec"],
@@ -95,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     base = next(iter(arms))
     ratios = {
-        name: {k: round(a / b, 3) if (a := m[k]) and (b := medians[base][k]) else None for k in KEYS[:3]}
+        name: {k: round(a / b, 3) if (a := m[k]) and (b := medians[base][k]) else None for k in RATIO_KEYS}
         for name, m in medians.items()
         if name != base
     }

@@ -113,3 +113,14 @@ def test_the_chaos_table_pairs_each_soak_with_its_seeds_baseline(chaos_table):
     assert figures["goals"] == {"ratio_le_1.5_every_paired_soak": False, "nothing_lost_doubled_or_applied_twice": False}
     figures = chaos_table.table(records[:2])
     assert figures["goals"] == {"ratio_le_1.5_every_paired_soak": True, "nothing_lost_doubled_or_applied_twice": True}
+
+
+def test_fleet_arms_gradient_counts(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    fleet_arms = importlib.import_module("fleet_arms")
+    summary = {"wall_sec": 100.0, "counters": {"aggregator": {"gradients_applied": 850, "gradients_stale": 150}}}
+    per_sec, stale = fleet_arms.gradient_counts(summary)
+    assert per_sec == pytest.approx(10.0) and stale == pytest.approx(0.15)
+    assert fleet_arms.gradient_counts({"wall_sec": 100.0, "counters": {}}) == (None, None)
+    none_pushed = {"wall_sec": 5.0, "counters": {"aggregator": {"gradients_applied": 0, "gradients_stale": 0}}}
+    assert fleet_arms.gradient_counts(none_pushed) == (0.0, None)
