@@ -38,6 +38,7 @@ from foundation.policy import (  # noqa: F401 - re-exported for the learner side
     ModelSpec,
 )
 from learner.moe import MoELinear, TaskLayout, exporting, mixed_forward, stacked_linear
+from learner.renorm import renorm_mlp, set_renorm
 from learner.twin import twin_forward
 
 NORM_MIN_STD = 0.01
@@ -50,87 +51,6 @@ def mlp(in_dim: int, hidden: tuple[int, ...], out_dim: int) -> nn.Sequential:
         in_dim = width
     layers.append(nn.Linear(in_dim, out_dim))
     return nn.Sequential(*layers)
-
-
-class BatchRenorm(nn.Module):
-    """Batch renormalization (Ioffe 2017) as CrossQ's critics use it (sbx's BatchRenorm).
-
-    Training: each feature is standardized with the batch's mean and std; once `warmup` training
-    passes have built the running statistics, the result is corrected toward them,
-    y = (x - mean_B) / std_B * r + d with r = clip(std_B / std, 1/r_max, r_max) and
-    d = clip((mean_B - mean) / std, -d_max, d_max), both constants to autograd; before that it is
-    plain batch normalization. Every training pass moves the running statistics `momentum` of the
-    way to the batch's (biased variance, as flax's). Eval mode: the running statistics alone.
-    Then a learned scale and shift (parameters, so they travel in the critic's flat group); the
-    running statistics are buffers, the learner's own (learner/sac.py, crossq_critic_loss)."""
-
-    running_mean: torch.Tensor
-    running_var: torch.Tensor
-    steps: torch.Tensor
-
-    def __init__(
-        self, features: int, momentum: float = 0.01, warmup: int = 100_000, r_max: float = 3.0, d_max: float = 5.0
-    ) -> None:
-        super().__init__()
-        self.momentum, self.warmup, self.r_max, self.d_max = momentum, warmup, r_max, d_max
-        self.eps = 1e-3  # sbx's
-        self.weight = nn.Parameter(torch.ones(features))
-        self.bias = nn.Parameter(torch.zeros(features))
-        self.register_buffer("running_mean", torch.zeros(features))
-        self.register_buffer("running_var", torch.ones(features))
-        self.register_buffer("steps", torch.zeros((), dtype=torch.long))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x.float()  # statistics in float32, under bf16 autocast too
-        if not self.training:
-            y = (x - self.running_mean) / (self.running_var + self.eps).sqrt()
-            return y * self.weight + self.bias
-        mean, var = x.mean(0), x.var(0, unbiased=False)
-        std = (var + self.eps).sqrt()
-        y = (x - mean) / std
-        if int(self.steps) >= self.warmup:  # corrected toward the statistics before this batch
-            running_std = (self.running_var + self.eps).sqrt()
-            r = (std.detach() / running_std).clamp(1.0 / self.r_max, self.r_max)
-            d = ((mean.detach() - self.running_mean) / running_std).clamp(-self.d_max, self.d_max)
-            y = y * r + d
-        with torch.no_grad():
-            self.running_mean.lerp_(mean, self.momentum)
-            self.running_var.lerp_(var, self.momentum)
-            self.steps.add_(1)
-        return y * self.weight + self.bias
-
-
-def renorm_mlp(in_dim: int, hidden: tuple[int, ...], out_dim: int) -> nn.Sequential:
-    """CrossQ's critic (sbx's layout): batch renorm on the input and after every hidden ReLU."""
-    layers: list[nn.Module] = [BatchRenorm(in_dim)]
-    for width in hidden:
-        layers += [nn.Linear(in_dim, width), nn.ReLU(), BatchRenorm(width)]
-        in_dim = width
-    layers.append(nn.Linear(in_dim, out_dim))
-    return nn.Sequential(*layers)
-
-
-def renorm_layers(module: nn.Module) -> list[BatchRenorm]:
-    return [m for m in module.modules() if isinstance(m, BatchRenorm)]
-
-
-def set_renorm(module: nn.Module, momentum: float, warmup: int) -> None:
-    """learner.crossq_momentum and learner.crossq_warmup on every BatchRenorm of `module`."""
-    for layer in renorm_layers(module):
-        layer.momentum, layer.warmup = momentum, warmup
-
-
-@contextlib.contextmanager
-def running_statistics(module: nn.Module) -> Iterator[None]:
-    """`module`'s batch renorm layers in eval mode (their running statistics, no update) inside."""
-    layers = [layer for layer in renorm_layers(module) if layer.training]
-    for layer in layers:
-        layer.eval()
-    try:
-        yield
-    finally:
-        for layer in layers:
-            layer.train()
 
 
 class Body(nn.Module):

@@ -38,19 +38,9 @@ quantiles Z_i^m (tau_m = (m + 1/2) / M); the targets are the 2M atoms of both ta
 The truncation, not the min of two critics, curbs overestimation; the temperature is SAC's.
 Actor, samplers, evaluator and export are SAC's: only the critics' output width differs.
 
-`algo = "crossq"` is SAC without target networks (Bhatt et al. 2024, "CrossQ: Batch
-Normalization in Deep Reinforcement Learning for Greater Sample Efficiency and Simplicity"; read
-beside sbx's crossq.py). Both critics batch-renormalize their input and every hidden layer
-(learner.models.BatchRenorm), and see the current and next state-actions as one batch, so the
-statistics they normalize with are those of both halves:
-
-    Q_i([s; s'], [a; a'])  ->  (Q_i(s,a), Q_i(s',a')),   a' ~ pi(.|s',g)
-    critic:  J_Q  = E[(Q_i(s,g,a) - y)^2],   y = r + gamma (1 - d) sg(min_j Q_j(s',g,a') - alpha log pi(a'|s',g))
-    actor:   J_pi = E[alpha log pi(a|s,g) - min_j Q_j(s,g,a)]   (critics on their running statistics)
-
-The running statistics are the learner's own (buffers, not a weight group): each learner
-estimates them from its batches of the one replay buffer. The critic_target group is kept and
-Polyak-averaged as for SAC but never read.
+`algo = "crossq"` is SAC without target networks (Bhatt et al. 2024; learner/renorm.py): the
+critics batch-renormalize, see (s, a) and (s', a') as one batch and bootstrap from its second
+half; the actor's loss reads them on their running statistics.
 """
 
 from __future__ import annotations
@@ -66,8 +56,9 @@ from torch.nn import functional as F
 
 from foundation.config import RunConfig
 from learner.flat import FlatSet, flatten, grad_norm
-from learner.models import SACModel, norm_stats, one_mix_per_update, running_statistics
+from learner.models import SACModel, norm_stats, one_mix_per_update
 from learner.moe import MoELinear
+from learner.renorm import running_statistics
 
 
 @dataclass(frozen=True)

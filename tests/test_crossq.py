@@ -12,7 +12,8 @@ import torch
 
 from foundation.config import ConfigError, RunConfig, with_overrides
 from foundation.policy import ModelSpec, model_spec
-from learner.models import GRADIENT_GROUPS, BatchRenorm, SACModel, renorm_layers, running_statistics
+from learner.models import GRADIENT_GROUPS, SACModel
+from learner.renorm import BatchRenorm, renorm_layers, running_statistics
 from learner.sac import Batch, SACHyperparams, compute_gradients, crossq_critic_loss
 from sim.registry import get_task
 
