@@ -29,6 +29,7 @@ from collections.abc import Iterator
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 
 class BatchRenorm(nn.Module):
@@ -39,7 +40,7 @@ class BatchRenorm(nn.Module):
     y = (x - mean_B) / std_B * r + d with r = clip(std_B / std, 1/r_max, r_max) and
     d = clip((mean_B - mean) / std, -d_max, d_max), both constants to autograd; before that it is
     plain batch normalization. Every training pass moves the running statistics `momentum` of the
-    way to the batch's (biased variance, as flax's). Eval mode: the running statistics alone.
+    way to the batch's (the unbiased variance, as torch's BatchNorm1d and sb3-contrib's). Eval mode: the running statistics alone.
     Then a learned scale and shift (parameters, so they travel in the critic's flat group); the
     running statistics are buffers, the learner's own."""
 
@@ -60,23 +61,25 @@ class BatchRenorm(nn.Module):
         self.register_buffer("steps", torch.zeros((), dtype=torch.long))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Each path is one fused batch_norm kernel forward and backward: the same arithmetic in
+        # elementwise ops made a CrossQ update cost 2x a SAC one (benchmarks/learner_throughput.py).
         x = x.float()  # statistics in float32, under bf16 autocast too
+        w, b, eps = self.weight, self.bias, self.eps
         if not self.training:
-            y = (x - self.running_mean) / (self.running_var + self.eps).sqrt()
-            return y * self.weight + self.bias
-        mean, var = x.mean(0), x.var(0, unbiased=False)
-        std = (var + self.eps).sqrt()
-        y = (x - mean) / std
-        if int(self.steps) >= self.warmup:  # corrected toward the statistics before this batch
-            running_std = (self.running_var + self.eps).sqrt()
-            r = (std.detach() / running_std).clamp(1.0 / self.r_max, self.r_max)
-            d = ((mean.detach() - self.running_mean) / running_std).clamp(-self.d_max, self.d_max)
-            y = y * r + d
-        with torch.no_grad():
-            self.running_mean.lerp_(mean, self.momentum)
-            self.running_var.lerp_(var, self.momentum)
+            return F.batch_norm(x, self.running_mean, self.running_var, w, b, False, 0.0, eps)
+        if self.steps.item() < self.warmup:  # plain batch norm; it moves the running statistics itself
             self.steps.add_(1)
-        return y * self.weight + self.bias
+            return F.batch_norm(x, self.running_mean, self.running_var, w, b, True, self.momentum, eps)
+        with torch.no_grad():  # corrected toward the statistics before this batch
+            var, mean = torch.var_mean(x, 0, correction=0)
+            running_std = (self.running_var + eps).sqrt()
+            r = ((var + eps).sqrt() / running_std).clamp(1.0 / self.r_max, self.r_max)
+            d = ((mean - self.running_mean) / running_std).clamp(-self.d_max, self.d_max)
+            self.running_mean.lerp_(mean, self.momentum)
+            self.running_var.lerp_(var * (len(x) / max(len(x) - 1, 1)), self.momentum)  # unbiased, as batch_norm's
+            self.steps.add_(1)
+        # w (x_hat r + d) + b: batch norm with the scale w r and the shift w d + b
+        return F.batch_norm(x, None, None, w * r, w * d + b, True, 0.0, eps)
 
 
 def renorm_mlp(in_dim: int, hidden: tuple[int, ...], out_dim: int) -> nn.Sequential:

@@ -41,8 +41,7 @@ def test_batch_renorm_in_warmup_is_batch_norm_and_moves_its_running_statistics()
     layer, reference = BatchRenorm(5, momentum=0.1, warmup=10), torch.nn.BatchNorm1d(5, eps=1e-3, momentum=0.1)
     torch.testing.assert_close(layer(x), reference(x))
     torch.testing.assert_close(layer.running_mean, reference.running_mean)
-    # flax's (and sbx's) running variance is the biased one; torch's BatchNorm1d keeps the unbiased
-    torch.testing.assert_close(layer.running_var, 0.9 + 0.1 * x.var(0, unbiased=False))
+    torch.testing.assert_close(layer.running_var, reference.running_var)  # the unbiased variance, as sb3-contrib's
     assert int(layer.steps) == 1
 
 
@@ -65,6 +64,7 @@ def test_batch_renorm_after_warmup_corrects_toward_the_running_statistics_with_c
     ((bn - bn.mean(0)) / (bn.var(0, unbiased=False) + 1e-3).sqrt() * r).sum().backward()
     torch.testing.assert_close(x.grad, bn.grad)
     torch.testing.assert_close(layer.running_mean, torch.tensor([1.0, 0.0, -100.0]).lerp(mean, 0.5))
+    torch.testing.assert_close(layer.running_var, torch.tensor([4.0, 1.0, 1.0]).lerp(x.detach().var(0), 0.5))
 
 
 def test_batch_renorm_in_eval_mode_uses_only_its_running_statistics_and_keeps_them():
