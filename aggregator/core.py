@@ -82,7 +82,7 @@ class AggregatorCore:
         # call costs ~0.25 ms of Python around a 0.02 ms kernel). Checkpoints keep one state
         # dict per group (per_group_state), the format of the one-optimizer-per-group days.
         groups = [{"params": [self._flat[g]]} for g in GRADIENT_GROUPS]
-        self._optim = torch.optim.Adam(groups, lr=config.lr, fused=True)
+        self._optim = torch.optim.Adam(groups, lr=config.lr, betas=(config.adam_beta1, 0.999), fused=True)
         # MoE: Adam and the Polyak average skip the experts a version leaves untouched.
         self._segments: ExpertSegments | None = None
         if spec.kind == "moe" and config.expert_adam == "lazy":

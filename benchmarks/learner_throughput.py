@@ -115,6 +115,8 @@ MODEL_ARMS: dict[str, list[str]] = {
     "dense-compile": ['model.kind="dense"', "learner.compile=true"],  # issue 19: torch.compile (inductor)
     # issue 19: TQC (sb3-contrib's, rl-zoo's choice for Fetch): two critics of 25 quantiles, 2 dropped each
     "dense-tqc": ['model.kind="dense"', 'learner.algo="tqc"'],
+    # issue 19: CrossQ (no target critics; batch-renormalized critics on the current and next halves at once)
+    "dense-crossq": ['model.kind="dense"', 'learner.algo="crossq"'],
     "moe-e32-bf16": ['model.kind="moe"', "model.experts=32", 'learner.autocast="bf16"'],
     # the MoE's twin critics one after the other (learner.fused_critics false), as before
     "moe-e32-unfused": ['model.kind="moe"', "model.experts=32", "learner.fused_critics=false"],

@@ -91,7 +91,12 @@ class SyncRun:
         task = self.task = get_task(config.sim.task)
         self.spec = model_spec(config, task)
         self.core = AggregatorCore(self.spec, config.aggregator, 1, config.learner.max_grad_staleness, task.name)
-        self.model = SACModel(self.spec).train_gates(config.model.gate_grad).fuse_critics(config.learner.fused_critics)
+        self.model = (
+            SACModel(self.spec)
+            .train_gates(config.model.gate_grad)
+            .fuse_critics(config.learner.fused_critics)
+            .batch_renorm(config.learner.crossq_momentum, config.learner.crossq_warmup)
+        )
         self.hp = SACHyperparams.for_run(config, task.act_dim)
         self.replay = MemoryReplay(config.buffer.capacity_transitions, seed=config.aggregator.seed + 7919)
         self.limit = rate_limit(config)

@@ -193,6 +193,13 @@ class RunConfig:
                 "in [0, 1 / the run's tasks]: every task's least share must fit in one batch",
             )
         )
+        checks.append(
+            (
+                not (self.learner.algo == "crossq" and self.model.kind != "dense"),
+                "model.kind",
+                "'dense' with learner.algo 'crossq' (its batch-renormalized critics are dense)",
+            )
+        )
         for ok, name, limit in checks:
             if not ok:
                 raise ConfigError(f"{name} ({_get(self, name)!r}) must be {limit}", field=name)

@@ -16,7 +16,7 @@ TASK_SAMPLING = ("even", "success", "focus")  # learner.task_sampling: foundatio
 SCORED_SAMPLING = ("success", "focus")  # the modes that follow the evaluator's curve scores
 SWA_MODES = ("off", "plain", "layered")  # aggregator.swa: aggregator/swa.py
 DEVICES = ("auto", "cpu", "cuda")  # learner.device
-ALGOS = ("sac", "ddpg", "tqc")
+ALGOS = ("sac", "ddpg", "tqc", "crossq")
 
 
 @dataclass(frozen=True)
@@ -31,7 +31,9 @@ class LearnerConfig:
         "sac",
         "'sac', 'ddpg' (the HER paper's: deterministic actor, one critic, action penalty, "
         "samplers add sampler.action_noise_std Gaussian noise), or 'tqc' (SAC with distributional critics "
-        "whose largest target quantiles are dropped: sb3-contrib's TQC, rl-zoo's choice for Fetch); same weight groups",
+        "whose largest target quantiles are dropped: sb3-contrib's TQC, rl-zoo's choice for Fetch), or 'crossq' "
+        "(SAC without target networks: batch renormalization in the critics, which see (s, a) and (s', a') as one "
+        "batch; Bhatt et al. 2024, sbx's CrossQ; dense models); same weight groups",
     )
     action_l2: float = config_field(1.0, "'ddpg': weight of the actor's penalty on the squared action")
     tqc_quantiles: int = config_field(
@@ -39,6 +41,16 @@ class LearnerConfig:
     )
     tqc_drop: int = config_field(
         2, "'tqc': the largest target quantiles dropped per critic, against overestimation (sb3-contrib's 2)"
+    )
+    crossq_momentum: float = config_field(
+        0.01,
+        "'crossq': weight of each batch's statistics in the critics' running batch-renorm statistics "
+        "(sbx's momentum 0.99 in flax's convention); the running statistics are each learner's own",
+    )
+    crossq_warmup: int = config_field(
+        100_000,
+        "'crossq': updates of plain batch normalization before renormalization corrects each batch "
+        "toward the running statistics (sbx's renorm_warmup_steps)",
     )
     n_step: int = config_field(
         1,
@@ -142,6 +154,9 @@ class LearnerConfig:
             (self.algo in ALGOS, "algo", f"one of {ALGOS}"),
             (self.tqc_quantiles >= 1, "tqc_quantiles", ">= 1"),
             (0 <= self.tqc_drop < self.tqc_quantiles, "tqc_drop", "in 0..learner.tqc_quantiles - 1"),
+            (0.0 < self.crossq_momentum <= 1.0, "crossq_momentum", "in (0, 1]"),
+            (self.crossq_warmup >= 0, "crossq_warmup", ">= 0"),
+            (not (self.algo == "crossq" and self.compile), "compile", "false with algo 'crossq' (not compiled)"),
         ]
 
 
@@ -235,6 +250,9 @@ class ModelConfig:
 class AggregatorConfig:
     lr: float = config_field(1e-3, "Adam learning rate of actor, critics and temperature")
     tau: float = config_field(0.05, "target critic Polyak factor per version")
+    adam_beta1: float = config_field(
+        0.9, "Adam's first-moment decay (CrossQ's recipe: 0.5; torch's default 0.9); the second stays 0.999"
+    )
     init_log_alpha: float = config_field(-2.0, "initial log of the SAC temperature")
     grads_per_step: int = config_field(
         0, "K of K-of-M: a step closes once this many learners have a gradient pending; 0 = every learner (M)"
@@ -281,6 +299,7 @@ class AggregatorConfig:
         """(ok, field, limit) of every check on this section's fields; RunConfig.validate runs them."""
         return [
             (0.0 < self.tau <= 1.0, "tau", "in (0, 1]"),
+            (0.0 <= self.adam_beta1 < 1.0, "adam_beta1", "in [0, 1)"),
             (self.expert_adam in ("lazy", "dense"), "expert_adam", "one of 'lazy', 'dense'"),
             (self.lr > 0, "lr", "> 0"),
             (self.max_grad_norm >= 0, "max_grad_norm", ">= 0 (0 = no clipping)"),

@@ -68,6 +68,9 @@ class ModelSpec:
     task_heads: bool = False
     # Outputs per critic: 1 (a Q value), or learner.tqc_quantiles with algo 'tqc' (1 in older specs).
     critic_quantiles: int = 1
+    # algo 'crossq': batch renormalization in both critics, on their input and after every hidden
+    # layer (False in older specs). The actor never has it: samplers, evaluator and export are SAC's.
+    critic_renorm: bool = False
 
     def __post_init__(self) -> None:
         if self.kind not in MODEL_KINDS:
@@ -76,6 +79,8 @@ class ModelSpec:
             raise ValueError(f"router {self.router!r}: expected one of {ROUTERS}")
         if self.task_heads and (self.kind != "moe" or self.router != "task"):
             raise ValueError("task_heads needs a 'moe' model with the 'task' router")
+        if self.critic_renorm and self.kind != "dense":
+            raise ValueError("critic_renorm (algo 'crossq') needs a 'dense' model")
         if self.kind == "moe" and not 1 <= self.top_k <= self.experts:
             raise ValueError(f"top_k ({self.top_k}) must be in 1..experts ({self.experts})")
 
@@ -183,6 +188,7 @@ def model_spec(config: RunConfig, task: TaskDims) -> ModelSpec:
         task_onehot=m.task_onehot,
         task_heads=m.task_heads,
         critic_quantiles=config.learner.tqc_quantiles if config.learner.algo == "tqc" else 1,
+        critic_renorm=config.learner.algo == "crossq",
     )
 
 

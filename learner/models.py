@@ -38,6 +38,7 @@ from foundation.policy import (  # noqa: F401 - re-exported for the learner side
     ModelSpec,
 )
 from learner.moe import MoELinear, TaskLayout, exporting, mixed_forward, stacked_linear
+from learner.renorm import renorm_mlp, set_renorm
 from learner.twin import twin_forward
 
 NORM_MIN_STD = 0.01
@@ -57,12 +58,12 @@ class Body(nn.Module):
     A MoE body gates every hidden layer on the normalized input ++ the task's embedding (or, with
     router "task", on the embedding alone)."""
 
-    def __init__(self, spec: ModelSpec, in_dim: int, out_dim: int) -> None:
+    def __init__(self, spec: ModelSpec, in_dim: int, out_dim: int, renorm: bool = False) -> None:
         super().__init__()
         self.moe = spec.kind == "moe"
         self.task_routed = spec.router == "task"
         if not self.moe:
-            self.net = mlp(in_dim, spec.hidden_sizes, out_dim)
+            self.net = (renorm_mlp if renorm else mlp)(in_dim, spec.hidden_sizes, out_dim)
             return
         self.task_embed = nn.Parameter(torch.randn(spec.tasks, spec.task_embed_dim) * 0.1)
         dims = [in_dim, *spec.hidden_sizes]
@@ -303,8 +304,8 @@ class TwinCritic(nn.Module):
         super().__init__()
         self.norm = Normalizer.for_spec(spec)
         self.quantiles = spec.critic_quantiles
-        self.q1 = Body(spec, spec.input_dim + spec.act_dim, spec.critic_quantiles)
-        self.q2 = Body(spec, spec.input_dim + spec.act_dim, spec.critic_quantiles)
+        self.q1 = Body(spec, spec.input_dim + spec.act_dim, spec.critic_quantiles, spec.critic_renorm)
+        self.q2 = Body(spec, spec.input_dim + spec.act_dim, spec.critic_quantiles, spec.critic_renorm)
         self.fused = True  # a task-routed MoE's pair in one pass (learner/twin.py); False: one after the other
 
     def forward(
@@ -344,6 +345,12 @@ class SACModel(nn.Module):
         for module in self.modules():
             if isinstance(module, MoELinear):
                 module.gate_grad = on
+        return self
+
+    def batch_renorm(self, momentum: float, warmup: int) -> SACModel:
+        """learner.crossq_momentum and learner.crossq_warmup on the critics' batch renorm layers
+        (algo 'crossq'; nothing for a model without them)."""
+        set_renorm(self, momentum, warmup)
         return self
 
     def fuse_critics(self, on: bool) -> SACModel:

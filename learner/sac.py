@@ -37,10 +37,15 @@ quantiles Z_i^m (tau_m = (m + 1/2) / M); the targets are the 2M atoms of both ta
 
 The truncation, not the min of two critics, curbs overestimation; the temperature is SAC's.
 Actor, samplers, evaluator and export are SAC's: only the critics' output width differs.
+
+`algo = "crossq"` is SAC without target networks (Bhatt et al. 2024; learner/renorm.py): the
+critics batch-renormalize, see (s, a) and (s', a') as one batch and bootstrap from its second
+half; the actor's loss reads them on their running statistics.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -53,6 +58,7 @@ from foundation.config import RunConfig
 from learner.flat import FlatSet, flatten, grad_norm
 from learner.models import SACModel, norm_stats, one_mix_per_update
 from learner.moe import MoELinear
+from learner.renorm import running_statistics
 
 
 @dataclass(frozen=True)
@@ -93,7 +99,7 @@ class SACHyperparams:
     clip_return: bool = True
     balance_coef: float = 0.01  # MoE: weight of the load-balancing loss (Switch Transformer's alpha)
     router_decay: float = 1.0  # MoE: lambda of beta_t = exp(-lambda * ||grad J||)
-    algo: str = "sac"  # or "ddpg" or "tqc"
+    algo: str = "sac"  # or "ddpg", "tqc" or "crossq"
     tqc_drop: int = 2  # tqc: the largest target quantiles dropped per critic
     action_l2: float = 1.0  # ddpg: weight of the actor's action penalty (the HER paper's)
     autocast: str = "off"  # or "bf16": losses under torch.autocast (learner.autocast)
@@ -182,9 +188,29 @@ def tqc_critic_loss(model: SACModel, batch: Batch, hp: SACHyperparams) -> torch.
     return quantile_huber_loss(q1, target) + quantile_huber_loss(q2, target)
 
 
+def crossq_critic_loss(model: SACModel, batch: Batch, hp: SACHyperparams) -> torch.Tensor:
+    """CrossQ's critic loss: both halves (s, a) and (s', a') through the critics as one batch
+    (training mode: its statistics, and one update of the running ones), the next half's values
+    the target with the gradient stopped."""
+    alpha = row_log_alpha(model, batch).detach().exp()
+    with torch.no_grad():
+        next_action, next_log_prob = model.actor.sample(batch.next_obs_goal, batch.task)
+    rows = len(batch.action)
+    task = None if batch.task is None else torch.cat([batch.task, batch.task])
+    obs_goal = torch.cat([batch.obs_goal, batch.next_obs_goal])
+    q1, q2 = model.critic(obs_goal, torch.cat([batch.action, next_action]), task)
+    with torch.no_grad():
+        soft_value = torch.min(q1[rows:], q2[rows:]) - alpha * next_log_prob
+        target = batch.reward + hp.discount * (1.0 - batch.done) * soft_value
+        if hp.clip_return:
+            target = target.clamp(-1.0 / (1.0 - hp.gamma), 0.0)
+    return ((q1[:rows] - target) ** 2).mean() + ((q2[:rows] - target) ** 2).mean()
+
+
 def actor_and_alpha_loss(model: SACModel, batch: Batch, hp: SACHyperparams) -> tuple[torch.Tensor, torch.Tensor]:
     action, log_prob = model.actor.sample(batch.obs_goal, batch.task)
-    q1, q2 = model.critic(batch.obs_goal, action, batch.task)
+    with running_statistics(model.critic) if hp.algo == "crossq" else contextlib.nullcontext():
+        q1, q2 = model.critic(batch.obs_goal, action, batch.task)  # CrossQ's: on the running statistics
     # TQC's actor follows the mean of every quantile of both critics; SAC's the min of the two.
     q = torch.cat([q1, q2], dim=1).mean(1) if hp.algo == "tqc" else torch.min(q1, q2)
     log_alpha = row_log_alpha(model, batch)
@@ -254,8 +280,11 @@ def _gradients(model: SACModel, batch: Batch, hp: SACHyperparams, out: FlatSet |
     metrics: dict[str, float] = {}
     if hp.algo == "ddpg":
         return _ddpg_gradients(model, batch, hp, critic_params, actor_params, out)
-    losses = _compiled() if hp.compile and model.spec.kind != "moe" else _LOSSES
-    q_loss = (losses.tqc if hp.algo == "tqc" else losses.sac)(model, batch, hp)
+    losses = _compiled() if hp.compile and model.spec.kind != "moe" and hp.algo != "crossq" else _LOSSES
+    if hp.algo == "crossq":
+        q_loss = crossq_critic_loss(model, batch, hp)
+    else:
+        q_loss = (losses.tqc if hp.algo == "tqc" else losses.sac)(model, batch, hp)
     critic_grads = _with_balance(q_loss, critic_params, _layers(model.critic), hp, "critic", metrics)
     pi_loss, a_loss = losses.actor(model, batch, hp)
     # The actor's gradient must not flow into the critic: ask autograd for actor params only.

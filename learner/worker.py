@@ -229,7 +229,9 @@ class _GradientLoop:
         self.buffers = GradientBuffers()
 
     def run(self, snapshot: WeightsSnapshot, stop: threading.Event) -> int:
+        learner = self.config.learner
         model = SACModel(snapshot.spec).train_gates(self.config.model.gate_grad)
+        model = model.batch_renorm(learner.crossq_momentum, learner.crossq_warmup)
         model = model.fuse_critics(self.config.learner.fused_critics).to(self.batches.device)
         tau = self.config.aggregator.tau
         _load(model, snapshot, tau, 0)

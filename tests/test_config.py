@@ -55,7 +55,7 @@ BAD_CONFIGS: list[tuple[list[str], str]] = [
         "model.gate_grad (False) must be true unless model.kind is 'moe' with model.router 'task'",
     ),
     (["learner.device=tpu"], "learner.device ('tpu') must be one of 'auto', 'cpu', 'cuda'"),
-    (["learner.algo=td3"], "learner.algo ('td3') must be one of ('sac', 'ddpg', 'tqc')"),
+    (["learner.algo=td3"], "learner.algo ('td3') must be one of ('sac', 'ddpg', 'tqc', 'crossq')"),
     (["learner.tqc_quantiles=0"], "learner.tqc_quantiles (0) must be >= 1"),
     (["learner.tqc_drop=25"], "learner.tqc_drop (25) must be in 0..learner.tqc_quantiles - 1"),
     (["learner.tqc_drop=-1"], "learner.tqc_drop (-1) must be in 0..learner.tqc_quantiles - 1"),

@@ -61,7 +61,9 @@ def test_sync_mode_stores_n_step_rows(tmp_path):
     assert rewards <= sums and rewards - {0.0, -1.0}, rewards  # some rows sum more than one reward
 
 
-@pytest.mark.parametrize("algo,extra", [("sac", []), ("tqc", []), ("sac", ["learner.n_step=3"])])
+@pytest.mark.parametrize(
+    "algo,extra", [("sac", []), ("tqc", []), ("crossq", ["aggregator.adam_beta1=0.5"]), ("sac", ["learner.n_step=3"])]
+)
 def test_sync_mode_learns_fetch_reach_and_leaves_a_checkpoint(tmp_path, algo, extra):
     run_dir = tmp_path / "sync"
     cmd = [sys.executable, "-m", "fleet.cli", "train", "--task", "FetchReach-v4", "--mode", "sync"]
