@@ -40,9 +40,9 @@ class BatchRenorm(nn.Module):
     y = (x - mean_B) / std_B * r + d with r = clip(std_B / std, 1/r_max, r_max) and
     d = clip((mean_B - mean) / std, -d_max, d_max), both constants to autograd; before that it is
     plain batch normalization. Every training pass moves the running statistics `momentum` of the
-    way to the batch's (the unbiased variance, as torch's BatchNorm1d and sb3-contrib's). Eval mode: the running statistics alone.
-    Then a learned scale and shift (parameters, so they travel in the critic's flat group); the
-    running statistics are buffers, the learner's own."""
+    way to the batch's (the unbiased variance, as torch's BatchNorm1d and sb3-contrib's). Eval
+    mode: the running statistics alone. Then a learned scale and shift (parameters, so they
+    travel in the critic's flat group); the running statistics are buffers, the learner's own."""
 
     running_mean: torch.Tensor
     running_var: torch.Tensor
