@@ -14,25 +14,12 @@ from foundation.config import ConfigError, RunConfig, with_overrides
 from foundation.policy import ModelSpec, model_spec
 from learner.models import GRADIENT_GROUPS, SACModel
 from learner.renorm import BatchRenorm, renorm_layers, running_statistics
-from learner.sac import Batch, SACHyperparams, compute_gradients, crossq_critic_loss
+from learner.sac import SACHyperparams, compute_gradients, crossq_critic_loss
 from sim.registry import get_task
+from tests.test_sac import _batch
 
-SPEC = ModelSpec(obs_dim=4, goal_dim=2, act_dim=2, hidden_sizes=(32, 32), critic_renorm=True)
+SPEC = ModelSpec(obs_dim=4, goal_dim=2, act_dim=2, hidden_sizes=(32, 32), critic_renorm=True)  # test_sac.SPEC + renorm
 HP = SACHyperparams(gamma=0.9, target_entropy=-2.0, algo="crossq")
-
-
-def _batch(n: int = 64, seed: int = 0, spec: ModelSpec = SPEC) -> Batch:
-    rng = np.random.default_rng(seed)
-    obs = rng.normal(size=(n, spec.obs_dim))
-    goal = rng.normal(size=(n, spec.goal_dim))
-    return Batch.from_numpy(
-        obs,
-        goal,
-        rng.uniform(-1, 1, (n, spec.act_dim)),
-        -(rng.random(n) < 0.5).astype(np.float32),
-        obs + rng.normal(0, 0.1, obs.shape),
-        (rng.random(n) < 0.1).astype(np.float32),
-    )
 
 
 def test_batch_renorm_in_warmup_is_batch_norm_and_moves_its_running_statistics():
