@@ -101,7 +101,7 @@ def _batch(n: int = 64, seed: int = 4) -> Batch:
 
 
 def test_the_balancing_loss_is_one_when_even_and_grows_as_one_pair_takes_every_input():
-    from learner.sac import balance_loss, expert_load
+    from learner.balance import balance_loss, expert_load
 
     torch.manual_seed(0)
     layer = MoELinear(4, 6, experts=8, top_k=2, gate_dim=5)
@@ -143,7 +143,7 @@ def test_the_task_routers_balancing_loss_is_flat_once_tasks_hold_their_own_exper
     their experts. Counted in tasks, a task alone, or tasks on disjoint experts, get no
     balancing gradient at all, whatever their share of the rows; tasks sharing an expert are
     pushed apart, and only the shared expert's logits are pushed down."""
-    from learner.sac import balance_loss
+    from learner.balance import balance_loss
 
     alone, weight = _task_routed_layer([[3.0, 2.0, 0, 0, 0, 0, 0, 0]])
     loss = balance_loss([alone])
@@ -167,7 +167,7 @@ def test_the_task_routers_expert_load_counts_rows_per_task_without_per_row_tenso
     """The task router keeps one routing per task; the load metrics weigh each task's experts
     by its rows (70/10/10 here) as the per-row gates would, and nothing per row is built for
     them (a training forward used to spread gates and logits over every row, every layer)."""
-    from learner.sac import expert_load
+    from learner.balance import expert_load
 
     rows = [[3.0, 2.0, 0, 0, 0, 0, 0, 0], [0, 0, 3.0, 2.0, 0, 0, 0, 0], [3.0, 0, 0, 0, 2.0, 0, 0, 0]]
     layer, _ = _task_routed_layer(rows)
@@ -181,7 +181,7 @@ def test_the_task_routers_expert_load_counts_rows_per_task_without_per_row_tenso
 
 
 def test_adam_on_the_balancing_loss_keeps_a_lone_tasks_experts_where_switchs_loss_swaps_them():
-    from learner.sac import balance_loss
+    from learner.balance import balance_loss
 
     def chosen_after(loss_of) -> set[int]:
         torch.manual_seed(0)
