@@ -122,6 +122,9 @@ MODEL_ARMS: dict[str, list[str]] = {
     "moe-e32-unfused": ['model.kind="moe"', "model.experts=32", "learner.fused_critics=false"],
     # each pass of the update mixing the experts anew (learner.mix_once false), as before
     "moe-e32-mixeach": ['model.kind="moe"', "model.experts=32", "learner.mix_once=false"],
+    # twice the rows per update: a cost mostly per op (the MoE's) grows less than the rows do
+    "dense-b512": ['model.kind="dense"', "learner.batch_size=512"],
+    "moe-e32-b512": ['model.kind="moe"', "model.experts=32", "learner.batch_size=512"],
 }
 MODEL_TASKS = ["FetchReach-v4", "FetchPush-v4", "MetaWorld-reach-v3", "MetaWorld-push-v3"]
 
@@ -254,6 +257,11 @@ def main_models(args: argparse.Namespace) -> int:
         ratios["dense-tqc / dense"] = med["dense-tqc"] / med["dense"]
     if {"moe-e32-w256", "dense"} <= med.keys():
         ratios["moe-e32-w256 / dense (twice the active width)"] = med["moe-e32-w256"] / med["dense"]
+    for arm in ("dense", "moe-e32"):  # rows learned per CPU-second at batch 512 over batch 256
+        if {arm, f"{arm}-b512"} <= med.keys():
+            ratios[f"{arm}-b512 / {arm} (rows)"] = 2 * med[f"{arm}-b512"] / med[arm]
+    if {"moe-e32-b512", "dense"} <= med.keys():
+        ratios["moe-e32-b512 / dense (rows)"] = 2 * med["moe-e32-b512"] / med["dense"]
     figures["ratios"] = {k: round(v, 3) for k, v in ratios.items()}
     if args.json:
         write_result(result_record("learner_throughput_models", figures), args.json)

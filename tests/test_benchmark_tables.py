@@ -124,3 +124,18 @@ def test_fleet_arms_gradient_counts(monkeypatch):
     assert fleet_arms.gradient_counts({"wall_sec": 100.0, "counters": {}}) == (None, None)
     none_pushed = {"wall_sec": 5.0, "counters": {"aggregator": {"gradients_applied": 0, "gradients_stale": 0}}}
     assert fleet_arms.gradient_counts(none_pushed) == (0.0, None)
+
+
+def test_learner_throughput_model_arms_are_valid_configs(monkeypatch):
+    """Every --model arm applies to the 4-task config it is measured on, and means what it says."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    lt = importlib.import_module("learner_throughput")
+    from fleet.presets import preset_config
+    from foundation.config import with_overrides
+
+    base = with_overrides(preset_config(lt.MODEL_TASKS[0]), [f"sim.tasks={json.dumps(lt.MODEL_TASKS)}"])
+    configs = {arm: with_overrides(base, overrides) for arm, overrides in lt.MODEL_ARMS.items()}
+    assert configs["dense"].learner.batch_size == configs["moe-e32"].learner.batch_size == 256
+    assert configs["dense-b512"].learner.batch_size == configs["moe-e32-b512"].learner.batch_size == 512
+    assert configs["moe-e32-b512"].model.kind == "moe" and configs["moe-e32-b512"].model.experts == 32
+    assert configs["dense-b512"].model.kind == "dense"
