@@ -6,7 +6,9 @@
 With --model, only the bare loop runs, once per named model on the 4-task set (FetchReach,
 FetchPush, Meta-World reach and push; batch 256, one thread), arms interleaved over --repeats
 rounds: the learner's cost per model (issue 18: moe-e32 / moe-e8 >= 0.8, moe-e32 / dense at
-equal active width >= 0.67).
+equal active width >= 0.67). Each arm's config is built as `fleetrl train --tasks ... --set ...`
+builds it (fleet.presets.preset_for): FetchPush's preset and the multi-task recipe, so a
+task-routed MoE arm has the task heads and per-task temperatures its runs train with.
 
 One invocation measures, on the same machine:
 
@@ -44,7 +46,7 @@ from common import result_record, write_result  # benchmarks/common.py (this scr
 
 from aggregator.client import AggregatorClient
 from fleet.launch import LocalFleet
-from fleet.presets import preset_config
+from fleet.presets import preset_config, preset_for
 from fleet.watchdog import Watchdog
 from foundation.config import RunConfig, with_overrides
 from foundation.policy import model_spec
@@ -129,23 +131,31 @@ MODEL_ARMS: dict[str, list[str]] = {
 MODEL_TASKS = ["FetchReach-v4", "FetchPush-v4", "MetaWorld-reach-v3", "MetaWorld-push-v3"]
 
 
-def model_cost(arms: list[str], base: RunConfig, seconds: float, repeats: int) -> dict:
+def arm_config(arm: str, extra: list[str] | None = None) -> RunConfig:
+    """`arm`'s config on the 4-task set as the CLI builds a run's (fleet/cli.py): the preset and
+    multi-task recipe chosen by what was set, then what was set on top; one torch thread."""
+    overrides = [f"sim.tasks={json.dumps(MODEL_TASKS)}", *MODEL_ARMS[arm], *(extra or []), "learner.torch_threads=1"]
+    return with_overrides(preset_for(with_overrides(RunConfig(), overrides)), overrides).validate()
+
+
+def model_cost(arms: list[str], extra: list[str], seconds: float, repeats: int) -> dict:
     """Each arm's bare updates per CPU-second, gradients alone (the learner's work) and with an
     in-process Adam step; arms interleaved, `repeats` rounds, medians (a shared machine drifts)."""
     rates: dict[str, dict[str, list[float]]] = {a: {"gradients": [], "with_adam": []} for a in arms}
     for r in range(repeats):
         for arm in arms:
-            config = with_overrides(base, MODEL_ARMS[arm]).validate()
+            config = arm_config(arm, extra)
             rates[arm]["gradients"].append(bare_updates_per_cpu_sec(config, seconds, adam=False))
             rates[arm]["with_adam"].append(bare_updates_per_cpu_sec(config, seconds, adam=True))
             print(f"[round {r + 1}/{repeats}] {arm}: {rates[arm]['gradients'][-1]:.1f} updates/CPU-s", file=sys.stderr)
     out = {}
     for arm, rate in rates.items():
-        config = with_overrides(base, MODEL_ARMS[arm]).validate()
+        config = arm_config(arm, extra)
         spec = model_spec(config, TaskSet.for_run(config))
         sizes = SACModel(spec).group_sizes()
         out[arm] = {
             "overrides": MODEL_ARMS[arm],
+            "preset": config.preset,
             "hidden_sizes": list(spec.hidden_sizes),
             "params": {g: sizes[g] for g in ("actor", "critic")},
             **{
@@ -242,11 +252,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main_models(args: argparse.Namespace) -> int:
     """--model: the learner's cost per model on the 4-task set; ratios are the result."""
-    base = preset_config(MODEL_TASKS[0])
-    base = with_overrides(base, [f"sim.tasks={json.dumps(MODEL_TASKS)}", *args.set, "learner.torch_threads=1"])
     arms = list(dict.fromkeys(args.model))
-    figures: dict = {"tasks": MODEL_TASKS, "batch_size": base.learner.batch_size, "torch_threads": 1}
-    figures["arms"] = model_cost(arms, base, args.seconds, args.repeats)
+    batch = arm_config(arms[0], args.set).learner.batch_size
+    figures: dict = {"tasks": MODEL_TASKS, "batch_size": batch, "torch_threads": 1, "set": args.set}
+    figures["arms"] = model_cost(arms, args.set, args.seconds, args.repeats)
     med = {a: figures["arms"][a]["gradients"]["median"] for a in arms}
     ratios = {}
     if {"moe-e32", "moe-e8"} <= med.keys():
@@ -265,7 +274,7 @@ def main_models(args: argparse.Namespace) -> int:
     figures["ratios"] = {k: round(v, 3) for k, v in ratios.items()}
     if args.json:
         write_result(result_record("learner_throughput_models", figures), args.json)
-    print(f"\n=== learner cost per model: {len(MODEL_TASKS)} tasks, batch {base.learner.batch_size}, 1 thread ===")
+    print(f"\n=== learner cost per model: {len(MODEL_TASKS)} tasks, batch {batch}, 1 thread ===")
     print(f"{'arm':16s} {'params (actor+critic)':>22s} {'grads/CPU-s':>12s} {'+Adam':>8s}")
     for arm in arms:
         row = figures["arms"][arm]

@@ -127,14 +127,20 @@ def test_fleet_arms_gradient_counts(monkeypatch):
 
 
 def test_learner_throughput_model_arms_are_valid_configs(monkeypatch):
-    """Every --model arm applies to the 4-task config it is measured on, and means what it says."""
+    """Every --model arm applies to the 4-task config it is measured on, and means what it says:
+    the config `fleetrl train --tasks ...` would run (the multi-task recipe, task heads for a
+    task-routed MoE), one torch thread."""
     monkeypatch.syspath_prepend(str(BENCHMARKS))
     lt = importlib.import_module("learner_throughput")
-    from fleet.presets import preset_config
-    from foundation.config import with_overrides
 
-    base = with_overrides(preset_config(lt.MODEL_TASKS[0]), [f"sim.tasks={json.dumps(lt.MODEL_TASKS)}"])
-    configs = {arm: with_overrides(base, overrides) for arm, overrides in lt.MODEL_ARMS.items()}
+    configs = {arm: lt.arm_config(arm) for arm in lt.MODEL_ARMS}
+    assert all(c.learner.torch_threads == 1 and list(c.sim.tasks) == lt.MODEL_TASKS for c in configs.values())
+    assert configs["moe-e32"].model.task_heads and configs["moe-e32"].model.task_alpha
+    assert configs["moe-e32"].learner.task_sampling == "focus" and not configs["moe-e32"].model.task_onehot
+    assert configs["moe-e32-state"].model.router == "state" and not configs["moe-e32-state"].model.task_heads
+    assert not configs["dense"].model.task_heads and configs["dense"].model.task_alpha
+    assert configs["dense"].learner.gamma == 0.95  # FetchPush's preset, the first task with one
+    assert lt.arm_config("moe-e32", ["learner.batch_size=128"]).learner.batch_size == 128
     assert configs["dense"].learner.batch_size == configs["moe-e32"].learner.batch_size == 256
     assert configs["dense-b512"].learner.batch_size == configs["moe-e32-b512"].learner.batch_size == 512
     assert configs["moe-e32-b512"].model.kind == "moe" and configs["moe-e32-b512"].model.experts == 32
