@@ -83,9 +83,11 @@ def test_a_multi_task_moe_run_scores_and_reports_every_task(tmp_path: pathlib.Pa
     for layer in routing["actor"].values():
         assert set(layer["tasks"]) == set(TASKS) and all(len(t["experts"]) == 2 for t in layer["tasks"].values())
         assert set(layer["overlap"]) == {"|".join(TASKS)}
-    # The learner took its batch shares, and the sampler its env-step shares, from curve
-    # scores by the run's rule: 'focus' gives one task all but the other's floor (0.1).
-    for role in ("learner-0", "sampler-0"):
+    # The multi-task recipe starts two learners (fleet/presets.py MULTITASK): each took its
+    # batch shares, and the sampler its env-step shares, from curve scores by the run's rule:
+    # 'focus' gives one task all but the other's floor (0.1).
+    assert {"learner-0", "learner-1"} <= set(summary["cpu"]["roles"]), summary["cpu"]["roles"].keys()
+    for role in ("learner-0", "learner-1", "sampler-0"):
         log = (run_dir / "logs" / f"{role}.log").read_text()
         lines = [line for line in log.splitlines() if f"task shares ({sampling}) from the v" in line]
         assert lines, log[-3000:]
