@@ -95,10 +95,11 @@ def _train(args: argparse.Namespace) -> int:
     if args.redis_replicas and not any(s.startswith("buffer.replicas_to_ack=") for s in args.set):
         args.set.append("buffer.replicas_to_ack=1")  # as a fleet spec's redis_replicas does
     config = _config(args)
-    if config.sim.tasks:
-        from sim.tasks import TaskSet
+    from foundation.acting import check_keep_dims
+    from sim.tasks import TaskSet
 
-        TaskSet.for_run(config)  # a bad task list fails here, not in every role
+    # a bad task list, or an option the task's actions cannot take, fails here, not in every role
+    check_keep_dims(config.sampler.random_keep_dims, TaskSet.for_run(config).act_dim)
     if not args.run_dir and not any(s.startswith("run_dir=") for s in args.set):
         stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
         config = dataclasses.replace(config, run_dir=f"runs/{config.sim.task}-{stamp}")

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from foundation.config import RunConfig
+from foundation.config import ConfigError, RunConfig
 from foundation.policy import ModelSpec, NumpyActor
 
 
@@ -44,13 +44,25 @@ class Episode:
         return int(self.action.shape[0])
 
 
+def check_keep_dims(keep: int, act_dim: int) -> None:
+    """sampler.random_keep_dims against the task's action width (ConfigError naming the field)."""
+    if keep > act_dim:
+        raise ConfigError(
+            f"sampler.random_keep_dims ({keep}) must be <= the task's action dimensions ({act_dim})",
+            field="sampler.random_keep_dims",
+        )
+
+
 class Policy:
     """The newest actor this process has; acts stochastically or deterministically."""
 
-    def __init__(self, seed: int = 0, random_action_prob: float = 0.0, noise_std: float | None = None) -> None:
+    def __init__(
+        self, seed: int = 0, random_action_prob: float = 0.0, noise_std: float | None = None, random_keep_dims: int = 0
+    ) -> None:
         self.version = -1
         self.actor: NumpyActor | None = None
         self.random_action_prob = random_action_prob  # stochastic acting only; see SamplerConfig
+        self.random_keep_dims = random_keep_dims  # trailing dims a random step takes from the policy
         self.noise_std = noise_std  # None: SAC's own sampling; else tanh(mu) + N(0, noise_std) (DDPG)
         self._rng = np.random.default_rng(seed)
 
@@ -59,11 +71,17 @@ class Policy:
         """The acting policy of a sampler: the algorithm's exploration plus epsilon-random steps."""
         ddpg = config.learner.algo == "ddpg"
         noise = config.sampler.action_noise_std if ddpg else None
-        return cls(seed=seed, random_action_prob=config.sampler.random_action_prob, noise_std=noise)
+        return cls(
+            seed=seed,
+            random_action_prob=config.sampler.random_action_prob,
+            noise_std=noise,
+            random_keep_dims=config.sampler.random_keep_dims,
+        )
 
     def refresh(self, snapshot: WeightsSnapshot | None) -> bool:
         if snapshot is None or snapshot.version == self.version:
             return False
+        check_keep_dims(self.random_keep_dims, snapshot.spec.act_dim)
         self.actor = NumpyActor(snapshot.spec, snapshot.tensors["actor"], snapshot.tensors["obs_norm"])
         self.version = snapshot.version
         return True
@@ -71,11 +89,20 @@ class Policy:
     def act(self, obs: dict[str, np.ndarray], deterministic: bool, task: int = 0) -> np.ndarray:
         """An action for `obs` of the run's task place `task` (multi-task runs; 0 otherwise)."""
         assert self.actor is not None, "refresh() with weights before acting"
-        if not deterministic and self.random_action_prob > 0 and self._rng.random() < self.random_action_prob:
-            return self._rng.uniform(-1.0, 1.0, self.actor.spec.act_dim).astype(np.float32)
         x = np.concatenate([obs["observation"], obs["desired_goal"]]).astype(np.float32)[None]
+        if not deterministic and self.random_action_prob > 0 and self._rng.random() < self.random_action_prob:
+            action = self._rng.uniform(-1.0, 1.0, self.actor.spec.act_dim).astype(np.float32)
+            if self.random_keep_dims:  # e.g. Fetch's gripper: a random step does not open a grasp
+                keep = self.random_keep_dims
+                action[-keep:] = self._own_action(x, task)[-keep:]
+            return action
         if deterministic:
             return self.actor.deterministic(x, task)[0]
+        return self._own_action(x, task)
+
+    def _own_action(self, x: np.ndarray, task: int) -> np.ndarray:
+        """The algorithm's stochastic action for the input row `x` [1, input]."""
+        assert self.actor is not None
         if self.noise_std is not None:
             noise = self._rng.normal(0.0, self.noise_std, self.actor.spec.act_dim)
             return np.clip(self.actor.deterministic(x, task)[0] + noise, -1.0, 1.0).astype(np.float32)

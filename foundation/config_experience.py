@@ -126,6 +126,11 @@ class SamplerConfig:
         "share of acting steps taken uniformly at random (HER's epsilon exploration): keeps exploring "
         "after SAC's temperature has fallen",
     )
+    random_keep_dims: int = config_field(
+        0,
+        "trailing action dimensions an epsilon-random step (random_action_prob) takes from the policy instead "
+        "(Fetch and Meta-World: 1, the gripper, so a random step moves the arm without opening a grasp)",
+    )
     action_noise_std: float = config_field(
         0.2, "learner.algo 'ddpg': std of the Gaussian noise added to the actor's action (the HER paper's 0.2)"
     )
@@ -156,5 +161,6 @@ class SamplerConfig:
             (self.action_noise_std >= 0, "action_noise_std", ">= 0"),
             (self.her_k_unmoved >= -1, "her_k_unmoved", ">= -1 (-1: her_k)"),
             (0.0 <= self.random_action_prob <= 1.0, "random_action_prob", "in [0, 1]"),
+            (self.random_keep_dims >= 0, "random_keep_dims", ">= 0"),
             (self.max_env_steps_per_update >= 0, "max_env_steps_per_update", ">= 0"),
         ]

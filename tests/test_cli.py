@@ -76,3 +76,12 @@ def test_train_refuses_redis_replicas_it_cannot_start(flags, monkeypatch, capsys
     _FakeFleet.built.clear()
     assert main(["train", "--task", "FetchReach-v4", *flags]) == 2
     assert "--redis-replicas" in capsys.readouterr().err and not _FakeFleet.built
+
+
+def test_train_refuses_random_keep_dims_beyond_the_tasks_actions_before_starting_anything(monkeypatch, capsys):
+    monkeypatch.setattr("fleet.launch.LocalFleet", _FakeFleet)
+    _FakeFleet.built.clear()
+    assert main(["train", "--task", "FetchPush-v4", "--set", "sampler.random_keep_dims=5"]) == 2
+    err = capsys.readouterr().err
+    assert "sampler.random_keep_dims (5) must be <= the task's action dimensions (4)" in err, err
+    assert not _FakeFleet.built

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from foundation.acting import Policy, WeightsSnapshot
 from foundation.policy import ModelSpec
@@ -10,13 +11,19 @@ from foundation.policy import ModelSpec
 SPEC = ModelSpec(obs_dim=3, goal_dim=2, act_dim=4, hidden_sizes=(8,))
 
 
-def _policy(random_action_prob: float, noise_std: float | None = None) -> Policy:
-    policy = Policy(seed=0, random_action_prob=random_action_prob, noise_std=noise_std)
+def _snapshot() -> WeightsSnapshot:
     # Zero weights and a log_std bias of -5: the actor's own actions are tanh(N(0, 0.007)), ~0.
     obs_norm = np.concatenate([np.zeros(SPEC.input_dim), np.ones(SPEC.input_dim)]).astype(np.float32)
     actor = np.zeros(SPEC.actor_size(), np.float32)
     actor[-SPEC.act_dim :] = -5.0  # the output layer's bias ends with log_std
-    assert policy.refresh(WeightsSnapshot(1, {"actor": actor, "obs_norm": obs_norm}, SPEC))
+    return WeightsSnapshot(1, {"actor": actor, "obs_norm": obs_norm}, SPEC)
+
+
+def _policy(random_action_prob: float, noise_std: float | None = None, random_keep_dims: int = 0) -> Policy:
+    policy = Policy(
+        seed=0, random_action_prob=random_action_prob, noise_std=noise_std, random_keep_dims=random_keep_dims
+    )
+    assert policy.refresh(_snapshot())
     return policy
 
 
@@ -58,3 +65,33 @@ def test_the_exploring_policy_follows_the_algorithm():
     sac = Policy.exploring(RunConfig(), seed=0)
     ddpg = Policy.exploring(with_overrides(RunConfig(), ['learner.algo="ddpg"', "sampler.action_noise_std=0.3"]), 0)
     assert sac.noise_std is None and ddpg.noise_std == 0.3
+
+
+def test_random_keep_dims_leaves_the_gripper_to_the_policy_on_random_steps():
+    # Every step random (prob 1): the arm's three dims are uniform, the last (the gripper) the
+    # actor's own (~0), so a random step cannot open a grasp the policy holds.
+    policy = _policy(1.0, random_keep_dims=1)
+    actions = np.array([policy.act(OBS, deterministic=False) for _ in range(2000)])
+    assert np.mean(np.abs(actions[:, :3]) > 0.05) > 0.9
+    assert np.abs(actions[:, 3]).max() < 0.05
+    assert np.mean(np.abs(np.array([_policy(1.0).act(OBS, False) for _ in range(200)])[:, 3]) > 0.05) > 0.9
+    np.testing.assert_array_equal(policy.act(OBS, deterministic=True), np.zeros(4, np.float32))
+    # Off (0), the same seed draws the same actions as a Policy built without the option.
+    base = Policy(seed=0, random_action_prob=0.3)
+    assert base.refresh(_snapshot())
+    off = _policy(0.3, random_keep_dims=0)
+    np.testing.assert_array_equal(
+        [base.act(OBS, deterministic=False) for _ in range(50)], [off.act(OBS, deterministic=False) for _ in range(50)]
+    )
+
+
+def test_random_keep_dims_beyond_the_action_is_refused_naming_the_field():
+    from foundation.config import ConfigError, RunConfig, with_overrides
+
+    policy = Policy.exploring(with_overrides(RunConfig(), ["sampler.random_keep_dims=5"]), seed=0)
+    with pytest.raises(
+        ConfigError, match=r"sampler.random_keep_dims \(5\) must be <= the task's action dimensions \(4\)"
+    ):
+        policy.refresh(_snapshot())
+    with pytest.raises(ConfigError, match="random_keep_dims"):
+        with_overrides(RunConfig(), ["sampler.random_keep_dims=-1"]).validate()
