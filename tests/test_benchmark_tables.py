@@ -145,3 +145,27 @@ def test_learner_throughput_model_arms_are_valid_configs(monkeypatch):
     assert configs["dense-b512"].learner.batch_size == configs["moe-e32-b512"].learner.batch_size == 512
     assert configs["moe-e32-b512"].model.kind == "moe" and configs["moe-e32-b512"].model.experts == 32
     assert configs["dense-b512"].model.kind == "dense"
+
+
+def test_goal_split_scores_a_real_pickandplace_checkpoint_by_goal_height(monkeypatch, tmp_path):
+    """benchmarks/goal_split.py on an untrained FetchPickAndPlace checkpoint: every episode is a
+    table goal or an air goal, the air goals' heights are listed met or missed, and they lie
+    where the task puts them (up to 0.45 m above the table)."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    goal_split = importlib.import_module("goal_split")
+    from aggregator.core import AggregatorCore
+    from foundation.checkpoint import save_checkpoint
+    from foundation.config import RunConfig, with_overrides
+    from foundation.policy import model_spec
+    from sim.registry import get_task
+
+    config = with_overrides(RunConfig(), ['sim.task="FetchPickAndPlace-v4"', "learner.hidden_sizes=[16]"])
+    (tmp_path / "config.json").write_text(config.to_json())
+    task = get_task("FetchPickAndPlace-v4")
+    core = AggregatorCore(model_spec(config, task), config.aggregator, 1, 1, task.name)
+    checkpoint = save_checkpoint(tmp_path / "checkpoints", core.state(), keep=1)
+    out = goal_split.split(tmp_path, pathlib.Path(checkpoint), episodes=12)
+    assert out["table_goals"] + out["air_goals"] == 12 and out["air_goals"] >= 1, out
+    heights = out["air_heights_met"] + out["air_heights_missed"]
+    assert len(heights) == out["air_goals"] and all(0.02 < h <= 0.46 for h in heights), out
+    assert 0.0 <= out["air_lifted"] <= 1.0 and out["version"] == 0
