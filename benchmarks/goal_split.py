@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from common import result_record, write_result  # benchmarks/common.py (this script's folder)
 
-from foundation.acting import Policy, WeightsSnapshot, rollout
+from foundation.acting import Policy, rollout
 from foundation.checkpoint import latest_checkpoint, load_policy_checkpoint
 from foundation.config import RunConfig
 from sampler.evaluator import eval_envs
@@ -36,8 +36,7 @@ def split(run_dir: pathlib.Path, checkpoint: pathlib.Path, episodes: int) -> dic
     torch.set_num_threads(1)
     config = RunConfig.load(str(run_dir / "config.json"))
     ckpt = load_policy_checkpoint(checkpoint, "live")
-    policy = Policy()
-    policy.refresh(WeightsSnapshot(ckpt.version, {"actor": ckpt.actor, "obs_norm": ckpt.obs_norm}, ckpt.spec))
+    policy = Policy.fixed(ckpt.version, ckpt.actor, ckpt.obs_norm, ckpt.spec)
     [env] = eval_envs(TaskSet.for_run(config), config)
     rows = []
     for i in range(episodes):

@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from deploy_npu.layers import expert_linear, mean_head
-from foundation.acting import Policy, WeightsSnapshot, rollout
+from foundation.acting import Policy, rollout
 from foundation.policy import ModelSpec
 from learner.models import SquashedGaussianActor
 from sim.registry import TaskSpec, make_env
@@ -66,8 +66,7 @@ def calibration_states(
     """observation ++ desired_goal of every step of `episodes` fresh deterministic rollouts of
     the dynamic-routing policy in the nominal task (seeds `seed`, `seed + 1`, ...). A
     multi-task run's policy acts (and its states are kept) at the run's padded width, `tasks`."""
-    policy = Policy()
-    policy.refresh(WeightsSnapshot(0, {"actor": actor, "obs_norm": obs_norm}, spec))
+    policy = Policy.fixed(0, actor, obs_norm, spec)
     place = tasks.names.index(task.name) if tasks is not None else 0
     env = tasks.make_env(place) if tasks is not None else make_env(task)
     rng = np.random.default_rng(seed)

@@ -78,6 +78,13 @@ class Policy:
             random_keep_dims=config.sampler.random_keep_dims,
         )
 
+    @classmethod
+    def fixed(cls, version: int, actor: np.ndarray, obs_norm: np.ndarray, spec: ModelSpec) -> Policy:
+        """A policy that acts with fixed weights (a checkpoint's, an export's), no exploration."""
+        policy = cls()
+        policy.refresh(WeightsSnapshot(version, {"actor": actor, "obs_norm": obs_norm}, spec))
+        return policy
+
     def refresh(self, snapshot: WeightsSnapshot | None) -> bool:
         if snapshot is None or snapshot.version == self.version:
             return False
@@ -89,13 +96,13 @@ class Policy:
     def act(self, obs: dict[str, np.ndarray], deterministic: bool, task: int = 0) -> np.ndarray:
         """An action for `obs` of the run's task place `task` (multi-task runs; 0 otherwise)."""
         assert self.actor is not None, "refresh() with weights before acting"
-        x = np.concatenate([obs["observation"], obs["desired_goal"]]).astype(np.float32)[None]
         if not deterministic and self.random_action_prob > 0 and self._rng.random() < self.random_action_prob:
             action = self._rng.uniform(-1.0, 1.0, self.actor.spec.act_dim).astype(np.float32)
             if self.random_keep_dims:  # e.g. Fetch's gripper: a random step does not open a grasp
                 keep = self.random_keep_dims
-                action[-keep:] = self._own_action(x, task)[-keep:]
+                action[-keep:] = self._own_action(_input_row(obs), task)[-keep:]
             return action
+        x = _input_row(obs)
         if deterministic:
             return self.actor.deterministic(x, task)[0]
         return self._own_action(x, task)
@@ -107,6 +114,11 @@ class Policy:
             noise = self._rng.normal(0.0, self.noise_std, self.actor.spec.act_dim)
             return np.clip(self.actor.deterministic(x, task)[0] + noise, -1.0, 1.0).astype(np.float32)
         return self.actor.sample(x, self._rng, task)[0]
+
+
+def _input_row(obs: dict[str, np.ndarray]) -> np.ndarray:
+    """The actor's input [1, input]: observation ++ desired_goal, float32."""
+    return np.concatenate([obs["observation"], obs["desired_goal"]]).astype(np.float32)[None]
 
 
 def rollout(

@@ -30,7 +30,7 @@ import numpy as np
 
 from aggregator.client import AggregatorClient
 from buffer.ingest_client import IngestClient
-from foundation.acting import Policy, WeightsSnapshot, rollout
+from foundation.acting import Policy, rollout
 from foundation.checkpoint import CheckpointError, latest_checkpoint, load_policy_checkpoint
 from foundation.config import EvalConfig, RunConfig
 from foundation.policy import ACTOR_GROUPS, SWA_GROUP
@@ -126,8 +126,7 @@ def score_checkpoint(
     if found is None:
         raise CheckpointError(f"{path}: no checkpoint in this folder")
     ckpt = load_policy_checkpoint(found, weights)  # checks groups, spec, and NaN or inf weights
-    policy = Policy()
-    policy.refresh(WeightsSnapshot(ckpt.version, {"actor": ckpt.actor, "obs_norm": ckpt.obs_norm}, ckpt.spec))
+    policy = Policy.fixed(ckpt.version, ckpt.actor, ckpt.obs_norm, ckpt.spec)
     tasks = TaskSet.parse(ckpt.task) if ckpt.task else TaskSet.for_run(config)
     envs = eval_envs(tasks, config)
     try:
@@ -286,9 +285,8 @@ def _score_versions(
                 scored_actor = snapshot.tensors["actor"] if swa else None
                 curve = _score(agg, envs, policy, config, name, env_steps, stop, heartbeat, scored_actor)
                 if curve is not None and swa:
-                    average = Policy()
-                    tensors = {"actor": snapshot.tensors[SWA_GROUP], "obs_norm": snapshot.tensors["obs_norm"]}
-                    average.refresh(WeightsSnapshot(snapshot.version, tensors, snapshot.spec))
+                    tensors = snapshot.tensors
+                    average = Policy.fixed(snapshot.version, tensors[SWA_GROUP], tensors["obs_norm"], snapshot.spec)
                     kinds = ("swa_curve",)
                     if _score(agg, envs, average, config, name, env_steps, stop, heartbeat, kinds=kinds) is None:
                         break
