@@ -28,6 +28,25 @@ def test_the_push_preset_differs_from_the_built_in_defaults():
     assert config.sampler.random_action_prob > 0
 
 
+def test_the_pick_and_place_preset_keeps_the_gripper_on_random_steps_and_trains_two_learners(capsys):
+    config = preset_config("FetchPickAndPlace-v4")
+    defaults = RunConfig()
+    assert config.sampler.random_keep_dims == 1 != defaults.sampler.random_keep_dims
+    assert (
+        (config.learner.num_learners, config.aggregator.grads_per_step, config.learner.max_grad_staleness)
+        == (
+            2,
+            1,
+            2,
+        )
+        != (defaults.learner.num_learners, defaults.aggregator.grads_per_step, defaults.learner.max_grad_staleness)
+    )
+    assert config.sampler.random_action_prob == preset_config("FetchPush-v4").sampler.random_action_prob
+    assert preset_config("FetchPush-v4").sampler.random_keep_dims == 0  # Push keeps its measured recipe
+    shown = _cli_config(capsys, "--task", "FetchPickAndPlace-v4", "--set", "learner.num_learners=1")
+    assert (shown["learner"]["num_learners"], shown["sampler"]["random_keep_dims"]) == (1, 1)  # the user's wins
+
+
 def test_a_task_without_a_preset_keeps_the_defaults():
     config = preset_config("FetchReach-v4")
     assert config.learner == RunConfig().learner and config.sampler == RunConfig().sampler
