@@ -49,7 +49,7 @@ _MANIPULATION: dict[str, Any] = {
 #                       the policy, so a grasp survives the 30% of random steps a lift crosses.
 #                       Without it the policy pushes and does not lift: 0.64 and 0.62 held-out at
 #                       60 min (seed 0, two learners and one), air goals met 22%, object lifted on
-#                       24% of them.
+#                       24% of them. (Push and Slide block the gripper: nothing there to keep.)
 #   num_learners 2, grads_per_step 1, max_grad_staleness 2: the two-learner settings every
 #                       measured arm of it used (with them alone, seed 0 plateaued at 0.64).
 #   Together, 60-minute cap, one idle 2-core AMD host: 90% on 50 held-out episodes on seeds 0, 1
