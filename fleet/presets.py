@@ -146,13 +146,33 @@ def preset_for(user: RunConfig) -> RunConfig:
     """What a run starts from, chosen by what the user set (`user`: the built-in defaults with the
     user's overrides): its task's preset (preset_task) and, with several tasks, the multi-task
     recipe. The user's overrides go on top of it and win."""
-    config = preset_config(preset_task(list(user.sim.tasks) or [user.sim.task]))
+    tasks = list(user.sim.tasks) or [user.sim.task]
+    config = preset_config(preset_task(tasks))
     extra = multitask_overrides(user)
     if not extra:
         return config
+    added, contributors = _later_presets(tasks, preset_task(tasks))
     recipe = "multi-task" if len(extra) == len(MULTITASK) else "multi-task MoE"
-    label = f"{config.preset} + {recipe}" if config.preset else recipe
-    return dataclasses.replace(with_overrides(config, extra), preset=label)
+    label = " + ".join([*([config.preset] if config.preset else []), *contributors, recipe])
+    return dataclasses.replace(with_overrides(config, [*added, *extra]), preset=label)
+
+
+def _later_presets(tasks: list[str], first: str) -> tuple[list[str], list[str]]:
+    """What the other tasks' presets add to the first's: the fields it does not set, the earlier
+    task in --tasks order winning (FetchPickAndPlace's sampler.random_keep_dims joins Push's
+    recipe in `--tasks FetchPush-v4,FetchReach-v4,FetchPickAndPlace-v4`; the gripper dimension it
+    keeps is blocked, so ignored, in Reach and Push). Returns the overrides and the tasks that
+    added something."""
+    taken = dict(TASK_PRESETS.get(first, {}))
+    added: dict[str, Any] = {}
+    contributors = []
+    for task in tasks:
+        new = {k: v for k, v in TASK_PRESETS.get(task, {}).items() if k not in taken}
+        if task != first and new:
+            contributors.append(task)
+            added |= new
+            taken |= new
+    return _as_overrides(added), contributors
 
 
 def preset_config(task: str, base: RunConfig | None = None) -> RunConfig:

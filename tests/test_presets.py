@@ -98,6 +98,20 @@ def test_a_multi_task_run_takes_the_first_preset_among_its_tasks_whatever_their_
     assert _cli_config(capsys, "--tasks", "FetchReach-v4,MetaWorld-reach-v3")["preset"] == "FetchReach-v4 + multi-task"
 
 
+def test_a_multi_task_run_adds_what_later_tasks_presets_set_and_the_first_leaves_alone(capsys):
+    push_first = _cli_config(capsys, "--tasks", "FetchPush-v4,FetchReach-v4,FetchPickAndPlace-v4")
+    pnp_first = _cli_config(capsys, "--tasks", "FetchPickAndPlace-v4,FetchPush-v4")
+    assert push_first["preset"] == "FetchPush-v4 + FetchPickAndPlace-v4 + multi-task"
+    assert pnp_first["preset"] == "FetchPickAndPlace-v4 + multi-task"  # Push adds nothing to it
+    for config in (push_first, pnp_first):
+        assert config["sampler"]["random_keep_dims"] == TASK_PRESETS["FetchPickAndPlace-v4"]["sampler.random_keep_dims"]
+        assert config["sampler"]["random_action_prob"] == TASK_PRESETS["FetchPush-v4"]["sampler.random_action_prob"]
+    # the user's --set still wins over a later task's preset
+    mine = _cli_config(capsys, "--tasks", "FetchPush-v4,FetchPickAndPlace-v4", "--set", "sampler.random_keep_dims=0")
+    assert mine["sampler"]["random_keep_dims"] == 0
+    assert _cli_config(capsys, "--tasks", "FetchPush-v4,FetchSlide-v4")["preset"] == "FetchPush-v4 + multi-task"
+
+
 def _differs(config: dict, dotted: str) -> bool:
     section, name = dotted.split(".")
     return config[section][name] != getattr(getattr(RunConfig(), section), name)
