@@ -23,7 +23,7 @@ import torch
 from common import result_record, write_result  # benchmarks/common.py (this script's folder)
 
 from foundation.acting import Policy, rollout
-from foundation.checkpoint import latest_checkpoint, load_policy_checkpoint
+from foundation.checkpoint import CheckpointError, load_policy_checkpoint, resolve_checkpoint
 from foundation.config import RunConfig
 from sampler.evaluator import eval_envs
 from sim.tasks import TaskSet
@@ -39,13 +39,15 @@ def split(run_dir: pathlib.Path, checkpoint: pathlib.Path, episodes: int) -> dic
     policy = Policy.fixed(ckpt.version, ckpt.actor, ckpt.obs_norm, ckpt.spec)
     [env] = eval_envs(TaskSet.for_run(config), config)
     rows = []
-    for i in range(episodes):
-        seed = config.eval.seed + i
-        episode, success = rollout(env, policy, seed=seed, rng=np.random.default_rng(seed), deterministic=True)
-        start_z, goal_z = float(episode.achieved_goal[0, 2]), float(episode.desired_goal[0, 2])
-        lift = float(episode.achieved_goal[:, 2].max()) - start_z
-        rows.append({"success": success, "height": goal_z - start_z, "lift": lift})
-    env.close()
+    try:
+        for i in range(episodes):
+            seed = config.eval.seed + i
+            episode, success = rollout(env, policy, seed=seed, rng=np.random.default_rng(seed), deterministic=True)
+            start_z, goal_z = float(episode.achieved_goal[0, 2]), float(episode.desired_goal[0, 2])
+            lift = float(episode.achieved_goal[:, 2].max()) - start_z
+            rows.append({"seed": seed, "success": bool(success), "height": goal_z - start_z, "lift": lift})
+    finally:
+        env.close()
     air = [r for r in rows if r["height"] > AIR_ABOVE_M]
     table = [r for r in rows if r["height"] <= AIR_ABOVE_M]
 
@@ -64,22 +66,24 @@ def split(run_dir: pathlib.Path, checkpoint: pathlib.Path, episodes: int) -> dic
         "air_lifted": round(float(np.mean([r["lift"] > LIFTED_M for r in air])), 3) if air else None,
         "air_heights_met": sorted(round(r["height"], 3) for r in air if r["success"]),
         "air_heights_missed": sorted(round(r["height"], 3) for r in air if not r["success"]),
+        # per episode: the goal's height above the object's start and the object's highest lift (m)
+        "per_episode": [{**r, "height": round(r["height"], 4), "lift": round(r["lift"], 4)} for r in rows],
     }
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("run_dir", type=pathlib.Path)
-    p.add_argument("--checkpoint", type=pathlib.Path, help="a ckpt_<version>.pt (default: the newest)")
+    p.add_argument(
+        "--checkpoint", type=pathlib.Path, help="a ckpt_<version>.pt or a folder of them (default: the run's newest)"
+    )
     p.add_argument("--episodes", type=int, default=100)
     p.add_argument("--json", help="write the raw result here")
     args = p.parse_args(argv)
-    checkpoint = args.checkpoint
-    if checkpoint is None:
-        newest = latest_checkpoint(args.run_dir / "checkpoints")
-        if newest is None:
-            sys.exit(f"{args.run_dir}: no checkpoint")
-        checkpoint = pathlib.Path(newest)
+    try:
+        checkpoint = resolve_checkpoint(args.checkpoint or args.run_dir / "checkpoints")
+    except CheckpointError as e:
+        sys.exit(str(e))
     figures = split(args.run_dir, checkpoint, args.episodes)
     if args.json:
         write_result(result_record("goal_split", figures), args.json)

@@ -155,6 +155,18 @@ def latest_checkpoint(directory: str | os.PathLike) -> pathlib.Path | None:
     return found[-1] if found else None
 
 
+def resolve_checkpoint(path: str | os.PathLike) -> pathlib.Path:
+    """A ckpt_<version>.pt file as given, or a folder's newest (CheckpointError naming the folder
+    when it holds none)."""
+    path = pathlib.Path(path)
+    if not path.is_dir():
+        return path
+    found = latest_checkpoint(path)
+    if found is None:
+        raise CheckpointError(f"{path}: no checkpoint (ckpt_<version>.pt) in this folder")
+    return found
+
+
 def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
     """Load a checkpoint file; a directory means its newest sound checkpoint (a corrupt newer
     one is skipped with a warning). Raises CheckpointError or FileNotFoundError."""

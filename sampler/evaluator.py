@@ -31,7 +31,7 @@ import numpy as np
 from aggregator.client import AggregatorClient
 from buffer.ingest_client import IngestClient
 from foundation.acting import Policy, rollout
-from foundation.checkpoint import CheckpointError, latest_checkpoint, load_policy_checkpoint
+from foundation.checkpoint import load_policy_checkpoint, resolve_checkpoint
 from foundation.config import EvalConfig, RunConfig
 from foundation.policy import ACTOR_GROUPS, SWA_GROUP
 from foundation.process import Heartbeat
@@ -122,10 +122,7 @@ def score_checkpoint(
     episodes (seeds eval.seed + i, nominal task unless eval.randomize), never cut short; a
     multi-task run's every task. `path` is a ckpt_<version>.pt file or a folder of them (the
     newest); `weights`: "live", or a weight average it holds ("swa", "swa_plain")."""
-    found = latest_checkpoint(path) if os.path.isdir(path) else path
-    if found is None:
-        raise CheckpointError(f"{path}: no checkpoint in this folder")
-    ckpt = load_policy_checkpoint(found, weights)  # checks groups, spec, and NaN or inf weights
+    ckpt = load_policy_checkpoint(resolve_checkpoint(path), weights)  # checks groups, spec, and NaN or inf weights
     policy = Policy.fixed(ckpt.version, ckpt.actor, ckpt.obs_norm, ckpt.spec)
     tasks = TaskSet.parse(ckpt.task) if ckpt.task else TaskSet.for_run(config)
     envs = eval_envs(tasks, config)

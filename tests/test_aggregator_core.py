@@ -11,10 +11,12 @@ import torch
 
 from aggregator.core import AggregatorCore, GradientError
 from foundation.checkpoint import (
+    CheckpointError,
     checkpoint_path,
     latest_checkpoint,
     list_checkpoints,
     load_checkpoint,
+    resolve_checkpoint,
     save_checkpoint,
 )
 from foundation.config import AggregatorConfig
@@ -271,6 +273,11 @@ def test_checkpoints_are_named_by_version_pruned_to_keep_and_loaded_newest_first
     assert [p.name for p in list_checkpoints(directory)] == ["ckpt_0000000004.pt", "ckpt_0000000005.pt"]
     assert sorted(os.listdir(directory)) == ["ckpt_0000000004.pt", "ckpt_0000000005.pt"]  # no .tmp left over
     assert latest_checkpoint(directory) == directory / "ckpt_0000000005.pt"
+    assert resolve_checkpoint(directory) == directory / "ckpt_0000000005.pt"  # a folder: its newest
+    assert resolve_checkpoint(directory / "ckpt_0000000004.pt") == directory / "ckpt_0000000004.pt"  # a file: itself
+    (tmp_path / "none").mkdir()
+    with pytest.raises(CheckpointError, match="none: no checkpoint"):
+        resolve_checkpoint(tmp_path / "none")
     assert load_checkpoint(directory)["version"] == 5
     older = load_checkpoint(directory / "ckpt_0000000004.pt")
     assert older["version"] == 4

@@ -168,4 +168,18 @@ def test_goal_split_scores_a_real_pickandplace_checkpoint_by_goal_height(monkeyp
     assert out["table_goals"] + out["air_goals"] == 12 and out["air_goals"] >= 1, out
     heights = out["air_heights_met"] + out["air_heights_missed"]
     assert len(heights) == out["air_goals"] and all(0.02 < h <= 0.46 for h in heights), out
-    assert 0.0 <= out["air_lifted"] <= 1.0 and out["version"] == 0
+    assert out["version"] == 0 and out["checkpoint"] == pathlib.Path(checkpoint).name
+    rows = out["per_episode"]
+    assert [r["seed"] for r in rows] == [config.eval.seed + i for i in range(12)]
+    air = [r for r in rows if r["height"] > goal_split.AIR_ABOVE_M]
+    assert len(air) == out["air_goals"] and all(r["lift"] >= 0.0 for r in rows), rows  # the start is a sample
+    assert out["air_lifted"] == round(sum(r["lift"] > goal_split.LIFTED_M for r in air) / len(air), 3), out
+    assert out["air_success"] == round(len(out["air_heights_met"]) / len(air), 3), out
+    assert out["success"] == round(sum(r["success"] for r in rows) / 12, 3), out
+    # the CLI: the run's newest checkpoint by default; a run without one is refused by name
+    out_json = tmp_path / "split.json"
+    assert goal_split.main([str(tmp_path), "--episodes", "2", "--json", str(out_json)]) == 0
+    assert json.loads(out_json.read_text())["figures"]["checkpoint"] == pathlib.Path(checkpoint).name
+    (tmp_path / "empty" / "checkpoints").mkdir(parents=True)
+    with pytest.raises(SystemExit, match="no checkpoint"):
+        goal_split.main([str(tmp_path / "empty")])
