@@ -23,7 +23,14 @@ One invocation measures, on the same machine:
     2-core machine changes the ratio little. The learner's phase timers (heartbeat) show
     where its time goes.
 
-Figures come LAST; the ratio is the result (issue goal >= 0.9). Absolute rates are context.
+With learner.num_learners > 1 (e.g. `--task FetchPickAndPlace-v4`, whose preset trains two), (b)
+measures all of them, and the fleet figure is the result: rows of applied gradients per wall-second
+(the aggregator's count x batch) / those of the bare loop at the reference settings (batch 256,
+float32, eager, one thread; measured too when --set changes them). Issue 19's goal: >= 1.4 on 2
+cores.
+
+Figures come LAST; the ratios are the result (per CPU-second: issue goal >= 0.9). Absolute rates
+are context.
 """
 
 from __future__ import annotations
@@ -58,6 +65,15 @@ from sim.tasks import TaskSet
 WARMUP_UPDATES = 200
 BARE_WARMUP_UPDATES = 5
 START_TIMEOUT_SEC = 180.0
+
+
+# issue 19's yardstick: one thread, float32, eager, batch 256
+REFERENCE = ["learner.batch_size=256", 'learner.autocast="off"', "learner.compile=false", "learner.torch_threads=1"]
+
+
+def reference_config(config: RunConfig) -> RunConfig:
+    """`config`'s model and algorithm with the reference loop's batch, precision and threads."""
+    return with_overrides(config, REFERENCE)
 
 
 def bare_updates_per_cpu_sec(config: RunConfig, seconds: float, adam: bool = True) -> float:
@@ -188,13 +204,15 @@ def _heartbeat(run_dir: pathlib.Path) -> dict:
 
 
 def measure_learner(config: RunConfig, run_dir: pathlib.Path, seconds: float) -> dict:
-    """Start the fleet (one learner), wait for WARMUP_UPDATES, then measure over `seconds`."""
+    """Start the fleet (learner.num_learners learners), wait for WARMUP_UPDATES, then measure over
+    `seconds`: the aggregator's applied gradients (all learners') and the learners' CPU."""
     fleet = LocalFleet(config, started_at=time.monotonic())
     cluster = fleet.make_cluster()
     with closing(cluster), Watchdog(run_dir / "logs", stop_grace_sec=5.0) as dog:
         fleet.prepare()
         _, aggregator = fleet.start_roles(dog, cluster, learners=True, evaluator=False, max_restarts=0)
-        pid = dog.pids()["learner-0"]
+        pids = [pid for name, pid in dog.pids().items() if name.startswith("learner-")]
+        pid = dog.pids()["learner-0"]  # phases and threads: the first learner's
         with AggregatorClient(aggregator, security=fleet.security) as agg:
             deadline = time.monotonic() + START_TIMEOUT_SEC
             while agg.stats().gradients_applied < WARMUP_UPDATES:
@@ -202,12 +220,12 @@ def measure_learner(config: RunConfig, run_dir: pathlib.Path, seconds: float) ->
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"learner made < {WARMUP_UPDATES} updates in {START_TIMEOUT_SEC}s")
                 time.sleep(0.5)
-            beat0, cpu0, t0 = _heartbeat(run_dir), _learner_cpu(pid), time.monotonic()
+            beat0, cpu0, t0 = _heartbeat(run_dir), sum(map(_learner_cpu, pids)), time.monotonic()
             threads0 = _thread_cpu(pid)
             applied0 = agg.stats().gradients_applied
             time.sleep(seconds)
             applied1 = agg.stats().gradients_applied
-            beat1, cpu1, t1 = _heartbeat(run_dir), _learner_cpu(pid), time.monotonic()
+            beat1, cpu1, t1 = _heartbeat(run_dir), sum(map(_learner_cpu, pids)), time.monotonic()
             threads1 = _thread_cpu(pid)
         LocalFleet.stop_roles(dog)
     updates = applied1 - applied0
@@ -215,14 +233,16 @@ def measure_learner(config: RunConfig, run_dir: pathlib.Path, seconds: float) ->
     pushed = beat1.get("counters", {}).get("pushed", 0) - beat0.get("counters", {}).get("pushed", 0)
     phase_ms = {k: 1e3 * (v - phases0.get(k, 0.0)) / max(pushed, 1) for k, v in phases1.items()}
     return {
+        "learners": len(pids),
         "updates": updates,
         "window_sec": t1 - t0,
         "learner_cpu_sec": cpu1 - cpu0,
         "updates_per_sec": updates / (t1 - t0),
+        "rows_per_sec": updates * config.learner.batch_size / (t1 - t0),
         "updates_per_cpu_sec": updates / max(cpu1 - cpu0, 1e-9),
         "phase_ms_per_update": {k: round(v, 3) for k, v in sorted(phase_ms.items())},
         "thread_cpu_ms_per_update": {
-            k: round(1e3 * (v - threads0.get(k, 0.0)) / max(updates, 1), 3)
+            k: round(1e3 * (v - threads0.get(k, 0.0)) / max(pushed, 1), 3)  # per gradient learner-0 pushed
             for k, v in sorted(threads1.items())
             if v - threads0.get(k, 0.0) > 0.01
         },
@@ -301,6 +321,10 @@ def main(argv: list[str] | None = None) -> int:
     if not args.run_dir:
         shutil.rmtree(run_dir, ignore_errors=True)
     bare = (bare_before + bare_after) / 2
+    reference = reference_config(config)
+    # the issue's yardstick: a bare one-thread float32 loop at batch 256, as fast as one core goes
+    bare_reference = bare if reference == config else bare_updates_per_cpu_sec(reference, args.seconds / 2)
+    reference_rows = bare_reference * reference.learner.batch_size
     figures = {
         "task": args.task,
         "batch_size": config.learner.batch_size,
@@ -309,6 +333,11 @@ def main(argv: list[str] | None = None) -> int:
         "bare_updates_per_cpu_sec": {"before": round(bare_before, 2), "after": round(bare_after, 2)},
         "learner": learner,
         "ratio": learner["updates_per_cpu_sec"] / bare,
+        "learners": learner["learners"],
+        "reference_bare_updates_per_sec": round(bare_reference, 2),
+        "reference": REFERENCE,
+        # the fleet's learning throughput (rows of applied gradients per wall-second) / the reference's
+        "fleet_ratio": learner["rows_per_sec"] / reference_rows,
     }
     if args.json:
         write_result(result_record("learner_throughput", figures), args.json)
@@ -319,6 +348,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"bare loop updates per CPU-s:          {bare:10.1f}  (before {bare_before:.1f}, after {bare_after:.1f})")
     print(f"learner process updates per CPU-s:    {learner['updates_per_cpu_sec']:10.1f}")
     print(f"ratio learner / bare:                 {figures['ratio']:10.3f}")
+    print(f"fleet rows learned per second:        {learner['rows_per_sec']:10.0f}  ({learner['learners']} learner(s))")
+    print(f"bare reference rows per second:       {reference_rows:10.0f}  ({', '.join(REFERENCE)})")
+    print(f"ratio fleet / bare reference:         {figures['fleet_ratio']:10.3f}")
     return 0
 
 

@@ -147,6 +147,24 @@ def test_learner_throughput_model_arms_are_valid_configs(monkeypatch):
     assert configs["dense-b512"].model.kind == "dense"
 
 
+def test_learner_throughput_measures_the_fleet_against_the_one_thread_float32_batch_256_loop(monkeypatch):
+    """The fleet figure's yardstick keeps the run's model and algorithm and takes the reference's
+    batch, precision and threads; a run already at them is its own reference (one bare loop)."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    lt = importlib.import_module("learner_throughput")
+    from fleet.presets import preset_config
+    from foundation.config import with_overrides
+
+    pnp = preset_config("FetchPickAndPlace-v4")
+    assert pnp.learner.num_learners == 2 and lt.reference_config(pnp) == pnp
+    fast = with_overrides(pnp, ["learner.batch_size=1024", 'learner.autocast="bf16"', "learner.torch_threads=2"])
+    ref = lt.reference_config(fast)
+    assert ref != fast and ref == pnp
+    assert (ref.learner.batch_size, ref.learner.autocast, ref.learner.torch_threads) == (256, "off", 1)
+    tqc = with_overrides(pnp, ['learner.algo="tqc"', "learner.batch_size=512"])
+    assert lt.reference_config(tqc).learner.algo == "tqc"  # the same update, at the reference's settings
+
+
 def test_goal_split_scores_a_real_pickandplace_checkpoint_by_goal_height(monkeypatch, tmp_path):
     """benchmarks/goal_split.py on an untrained FetchPickAndPlace checkpoint: every episode is a
     table goal or an air goal, the air goals' heights are listed met or missed, and they lie
