@@ -211,8 +211,9 @@ def measure_learner(config: RunConfig, run_dir: pathlib.Path, seconds: float) ->
     with closing(cluster), Watchdog(run_dir / "logs", stop_grace_sec=5.0) as dog:
         fleet.prepare()
         _, aggregator = fleet.start_roles(dog, cluster, learners=True, evaluator=False, max_restarts=0)
-        pids = [pid for name, pid in dog.pids().items() if name.startswith("learner-")]
-        pid = dog.pids()["learner-0"]  # phases and threads: the first learner's
+        roles = dog.pids()
+        pids = [pid for name, pid in roles.items() if name.startswith("learner-")]
+        pid = roles["learner-0"]  # phases and threads: the first learner's
         with AggregatorClient(aggregator, security=fleet.security) as agg:
             deadline = time.monotonic() + START_TIMEOUT_SEC
             while agg.stats().gradients_applied < WARMUP_UPDATES:

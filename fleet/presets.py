@@ -147,11 +147,12 @@ def preset_for(user: RunConfig) -> RunConfig:
     user's overrides): its task's preset (preset_task) and, with several tasks, the multi-task
     recipe. The user's overrides go on top of it and win."""
     tasks = list(user.sim.tasks) or [user.sim.task]
-    config = preset_config(preset_task(tasks))
+    first = preset_task(tasks)
+    config = preset_config(first)
     extra = multitask_overrides(user)
     if not extra:
         return config
-    added, contributors = _later_presets(tasks, preset_task(tasks))
+    added, contributors = _later_presets(tasks, first)
     recipe = "multi-task" if len(extra) == len(MULTITASK) else "multi-task MoE"
     label = " + ".join([*([config.preset] if config.preset else []), *contributors, recipe])
     return dataclasses.replace(with_overrides(config, [*added, *extra]), preset=label)
@@ -166,9 +167,9 @@ def _later_presets(tasks: list[str], first: str) -> tuple[list[str], list[str]]:
     taken = dict(TASK_PRESETS.get(first, {}))
     added: dict[str, Any] = {}
     contributors = []
-    for task in tasks:
+    for task in tasks:  # the first task's fields are all taken: it adds nothing
         new = {k: v for k, v in TASK_PRESETS.get(task, {}).items() if k not in taken}
-        if task != first and new:
+        if new:
             contributors.append(task)
             added |= new
             taken |= new
