@@ -106,8 +106,10 @@ def export_multitask(ckpt: PolicyCheckpoint, out_path: str | os.PathLike, config
     module = MultiTaskPolicy(actor, tasks, tables).eval().requires_grad_(False)
     model = trace_to_onnx(module, ckpt.spec.input_dim, config.opset, config.batch_size)
     props = {"fleetrl.tasks": tasks.label, "fleetrl.input_layout": "padded: observation | zeros | task one-hot | goal"}
+    if tables:  # every task's routing table, by task (a per-task graph carries its one table)
+        props["fleetrl.routing"] = json.dumps({t.task: json.loads(t.to_json()) for t in tables}, sort_keys=True)
     exported = ExportReport(
-        write_model(model, ckpt, out_path, tables[0] if tables else None, props),
+        write_model(model, ckpt, out_path, None, props),
         ckpt.version,
         ckpt.spec,
         config.opset,
@@ -141,10 +143,6 @@ def export_multitask(ckpt: PolicyCheckpoint, out_path: str | os.PathLike, config
         successes += won
     loop = ClosedLoopReport(tasks.label, config.episodes * len(tasks), successes)
     layout = f"padded: observation (zero-padded to {tasks.obs_dim - len(tasks)}) ++ task one-hot ({len(tasks)}) ++ goal"
-    report = DeployReport(exported, audit, parity, latency, loop, tables[0] if tables else None, layout)
-    manifest = report.write_manifest(ckpt, list(tasks.names))
-    if tables:  # every task's routing, not only the first's
-        data = json.loads(manifest.read_text())
-        data["routing"] = {t.task: json.loads(t.to_json()) for t in tables}
-        manifest.write_text(json.dumps(data, indent=2))
+    report = DeployReport(exported, audit, parity, latency, loop, None, layout, task_routing=tuple(tables or ()))
+    report.write_manifest(ckpt, list(tasks.names))
     return report

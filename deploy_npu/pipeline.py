@@ -116,6 +116,7 @@ class DeployReport:
     input_layout: str = "observation ++ desired_goal"
     int8: Int8Report | None = None  # the optional int8 graph's figures (reported, never gated)
     rate: ControlRate | None = None  # the rate the graph is for, and whether its inputs were re-timed
+    task_routing: tuple[RoutingTable, ...] = ()  # the multi-task graph's: every task's, in task order
 
     @property
     def passed(self) -> bool:
@@ -161,7 +162,7 @@ class DeployReport:
             "output": {"name": ex.output_name, "shape": list(ex.output_shape), "range": [-1.0, 1.0]},
             "model_spec": json.loads(spec.to_json()),
             "normalizer": _normalizer(spec, ckpt.obs_norm),
-            "routing": json.loads(self.routing.to_json()) if self.routing is not None else None,
+            "routing": self._routing_json(),
             "control_rate": None if self.rate is None else dataclasses.asdict(self.rate),
             "checks": {
                 "audit_passed": self.audit.passed,
@@ -210,19 +211,25 @@ class DeployReport:
             f"closed-loop success {q.success_rate:.2f} ({q.episodes} episodes)"
         ]
 
+    def _routing_json(self) -> dict | None:
+        """The manifest's routing: the graph's one table, or the multi-task graph's tables by task."""
+        if self.task_routing:
+            return {r.task: json.loads(r.to_json()) for r in self.task_routing}
+        return json.loads(self.routing.to_json()) if self.routing is not None else None
+
     def _routing_lines(self) -> list[str]:
-        r = self.routing
-        if r is None:
-            return []
-        table = "; ".join(
-            f"layer {i}: experts {list(layer.experts)} gates {[round(g, 3) for g in layer.gates]}"
-            for i, layer in enumerate(r.layers)
-        )
-        return [
-            f"routing   info {r.task}: {table}",
-            f"            agreement {r.agreement:.3f} over {r.states} calibration states; |frozen - dynamic| "
-            f"max {r.action_error_max:.3g}, mean {r.action_error_mean:.3g}",
-        ]
+        lines = []
+        for r in (self.routing,) if self.routing is not None else self.task_routing:
+            table = "; ".join(
+                f"layer {i}: experts {list(layer.experts)} gates {[round(g, 3) for g in layer.gates]}"
+                for i, layer in enumerate(r.layers)
+            )
+            lines += [
+                f"routing   info {r.task}: {table}",
+                f"            agreement {r.agreement:.3f} over {r.states} calibration states; |frozen - dynamic| "
+                f"max {r.action_error_max:.3g}, mean {r.action_error_mean:.3g}",
+            ]
+        return lines
 
 
 def resolve_task(ckpt, named: str | None) -> tuple[TaskSpec, TaskInput | None]:

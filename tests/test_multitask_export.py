@@ -111,7 +111,8 @@ def test_fleetrl_export_writes_every_task_and_one_multi_task_graph_with_manifest
     out = tmp_path / "deploy"
     args = ["--checkpoint", str(path), "--out", str(out), "--episodes", "1", "--latency-calls", "100"]
     args += ["--budget-ms", "1000"]  # what this test checks is the graphs, not this machine's load (no timed asserts)
-    assert cli.main(args) == 0, capsys.readouterr().out
+    status, printed = cli.main(args), capsys.readouterr().out
+    assert status == 0, printed
     names = {"FetchReach-v4.onnx", "FetchPush-v4.onnx", "multitask.onnx"}
     assert {p.name for p in out.glob("*.onnx")} == names
     for name in names:
@@ -123,7 +124,13 @@ def test_fleetrl_export_writes_every_task_and_one_multi_task_graph_with_manifest
     assert multi["tasks"] == list(TASKS.names) and multi["input"]["shape"] == [1, TASKS.obs_dim + 3]
     if kind == "moe":  # every task's routing table, and the graph looks it up with no Gather
         assert set(multi["routing"]) == set(TASKS.names)
+        assert all(multi["routing"][t]["task_index"] == i for i, t in enumerate(TASKS.names))
         assert "Gather" not in multi["checks"]["ops"] and "TopK" not in multi["checks"]["ops"]
+        props = {p.key: p.value for p in onnx.load(out / "multitask.onnx").metadata_props}
+        assert json.loads(props["fleetrl.routing"]) == multi["routing"]
+        # The printed report: each per-task graph's routing line, then every task's for the multi-task graph.
+        routed = [line.split(":")[0] for line in printed.splitlines() if line.startswith("routing")]
+        assert routed == [f"routing   info {t}" for t in (*TASKS.names, *TASKS.names)], printed
     own = json.loads((out / "FetchReach-v4.onnx.manifest.json").read_text())
     assert own["tasks"] == ["FetchReach-v4"] and own["input"]["shape"] == [1, 13]
 
