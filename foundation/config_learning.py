@@ -11,7 +11,7 @@ from foundation.policy import MODEL_KINDS, ROUTERS
 from foundation.wire import WIRE_DTYPES
 
 REPLAY_SAMPLING = ("uniform", "recency", "version")
-AUTOCAST = ("off", "bf16")  # learner.autocast
+AUTOCAST = ("off", "bf16", "auto")  # learner.autocast
 TASK_SAMPLING = ("even", "success", "focus")  # learner.task_sampling: foundation/task_schedule.py
 SCORED_SAMPLING = ("success", "focus")  # the modes that follow the evaluator's curve scores
 SWA_MODES = ("off", "plain", "layered")  # aggregator.swa: aggregator/swa.py
@@ -70,8 +70,9 @@ class LearnerConfig:
     device: str = config_field("auto", "where the learner computes: 'cpu', 'cuda', or 'auto' (cuda when available)")
     autocast: str = config_field(
         "off",
-        "'off', or 'bf16': losses and their backward under torch.autocast bfloat16 (on CPUs with BF16 "
-        "instructions); weights, gradients and Adam stay float32. An option until a learning comparison",
+        "'off', 'bf16': losses and their backward under torch.autocast bfloat16; weights, gradients and "
+        "Adam stay float32. 'auto': bf16 on a CPU learner whose CPU has BF16 instructions (avx512_bf16, "
+        "amx_bf16 or Arm bf16; without them bfloat16 is emulated and slower), else off",
     )
     compile: bool = config_field(
         False,

@@ -16,6 +16,7 @@ start no processes of their own, so own CPU is all of a role's work.
 
 from __future__ import annotations
 
+import pathlib
 import re
 
 import psutil
@@ -25,6 +26,26 @@ from foundation.process import locked_kib
 # What the issue calls the fleet's overhead: everything but acting (samplers) and learning
 # (learners). The launcher's own progress polling is counted too.
 OVERHEAD_GROUPS = ("aggregator", "buffer", "evaluator", "redis", "launcher")
+
+
+# CPU flags of native bfloat16 arithmetic (/proc/cpuinfo): x86's AVX512-BF16 and AMX, Arm's BF16.
+BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16", "bf16"})
+
+
+def has_bf16(cpuinfo: str | None = None) -> bool:
+    """Whether this CPU computes in bfloat16 natively: a BF16 flag on a `flags` (x86) or
+    `Features` (Arm) line of /proc/cpuinfo (`cpuinfo`: that text; None reads it; unreadable: False).
+    Without one, torch emulates bfloat16 and autocast is slower than float32."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = pathlib.Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return False
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in ("flags", "Features") and BF16_FLAGS & set(value.split()):
+            return True
+    return False
 
 
 def own_cpu_sec(times) -> float:

@@ -55,6 +55,7 @@ import torch
 from torch.nn import functional as F
 
 from foundation.config import RunConfig
+from foundation.cpu import has_bf16
 from learner.balance import moe_layers, with_balance
 from learner.flat import FlatSet, flatten
 from learner.models import SACModel, norm_stats, one_mix_per_update
@@ -102,7 +103,7 @@ class SACHyperparams:
     algo: str = "sac"  # or "ddpg", "tqc" or "crossq"
     tqc_drop: int = 2  # tqc: the largest target quantiles dropped per critic
     action_l2: float = 1.0  # ddpg: weight of the actor's action penalty (the HER paper's)
-    autocast: str = "off"  # or "bf16": losses under torch.autocast (learner.autocast)
+    autocast: str = "off"  # or "bf16": losses under torch.autocast (learner.autocast, "auto" resolved)
     compile: bool = False  # learner.compile: the losses under torch.compile (dense models)
     mix_once: bool = True  # learner.mix_once: one expert mix per MoE layer and update (one_mix_per_update)
 
@@ -123,10 +124,21 @@ class SACHyperparams:
             algo=config.learner.algo,
             tqc_drop=config.learner.tqc_drop,
             action_l2=config.learner.action_l2,
-            autocast=config.learner.autocast,
+            autocast=resolve_autocast(config.learner.autocast, config.learner.device),
             compile=config.learner.compile,
             mix_once=config.learner.mix_once,
         )
+
+
+def resolve_autocast(autocast: str, device: str = "cpu", cpuinfo: str | None = None) -> str:
+    """learner.autocast as this learner runs it: 'auto' is 'bf16' on a CPU learner whose CPU has
+    BF16 instructions (foundation.cpu.has_bf16; `cpuinfo`: /proc/cpuinfo's text, None reads it),
+    else 'off' (a CUDA learner too: unmeasured there). Resolved where the learner runs, so each
+    host of a fleet decides for its own CPU."""
+    if autocast != "auto":
+        return autocast
+    on_cpu = device == "cpu" or (device == "auto" and not torch.cuda.is_available())
+    return "bf16" if on_cpu and has_bf16(cpuinfo) else "off"
 
 
 @dataclass(frozen=True)

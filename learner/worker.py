@@ -186,6 +186,13 @@ def run_learner(
             ledger: AckLedger | None = None
             try:  # an error anywhere here still stops the prefetch thread and closes the ledger
                 loop = _GradientLoop(config, learner_id, tasks.act_dim, agg, weights, batches, replay, heartbeat)
+                if config.learner.autocast != "off":
+                    log.info(
+                        "learner %d: autocast %s (learner.autocast %s)",
+                        learner_id,
+                        loop.hp.autocast,
+                        config.learner.autocast,
+                    )
                 if tasks.multi:
                     loop.schedule = TaskSchedule.for_run(config, tasks.names, agg, replay.set_task_shares)
                 if endpoints.ack_log_dir:

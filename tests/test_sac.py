@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from foundation.config import RunConfig, with_overrides
 from learner.models import GRADIENT_GROUPS, GROUPS, ModelSpec, SACModel, norm_stats
 from learner.sac import Batch, SACHyperparams, compute_gradients, critic_loss, quantile_huber_loss, tqc_critic_loss
 
@@ -257,6 +258,27 @@ def test_bf16_autocast_gradients_are_float32_and_point_where_float32_ones_do(kin
         cosine = float(full @ half / (np.linalg.norm(full) * np.linalg.norm(half)))
         assert cosine > 0.95, (group, cosine)
         assert not np.array_equal(full, half)  # bf16 really ran: rounding shows
+
+
+AMD_BF16 = "processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f avx512_bf16 avx512_vnni\n"
+XEON_NO_BF16 = "processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f avx512bw avx512_vnni\n"
+ARM_BF16 = "processor\t: 0\nFeatures\t: fp asimd sve bf16 i8mm\n"
+
+
+def test_autocast_auto_is_bf16_only_on_a_cpu_learner_with_bf16_instructions():
+    from foundation.cpu import has_bf16
+    from learner.sac import resolve_autocast
+
+    assert has_bf16(AMD_BF16) and has_bf16(ARM_BF16) and not has_bf16(XEON_NO_BF16) and not has_bf16("")
+    assert not has_bf16("model name\t: avx512_bf16 marketing\n")  # flags lines only
+    assert resolve_autocast("auto", "cpu", AMD_BF16) == "bf16"
+    assert resolve_autocast("auto", "cpu", XEON_NO_BF16) == "off"
+    assert resolve_autocast("auto", "cuda", AMD_BF16) == "off"
+    for explicit in ("off", "bf16"):  # the user's explicit choice stands on every CPU
+        assert resolve_autocast(explicit, "cpu", XEON_NO_BF16) == explicit
+        assert resolve_autocast(explicit, "cpu", AMD_BF16) == explicit
+    config = with_overrides(RunConfig(), ['learner.autocast="auto"', 'learner.device="cpu"'])
+    assert SACHyperparams.for_run(config, 4).autocast == ("bf16" if has_bf16() else "off")  # this machine's
 
 
 def _task_batch(spec: ModelSpec, task: np.ndarray, seed: int = 0) -> Batch:
