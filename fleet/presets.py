@@ -63,9 +63,36 @@ _PICK_AND_PLACE: dict[str, Any] = {
     "learner.max_grad_staleness": 2,
 }
 
+# FetchPush adds to that recipe, measured on its own (docs/presets.md, "FetchPush-v4, preset 7"):
+#   batch_size 1024, max_env_steps_per_update 4: 4x the rows per gradient and 4 env steps per
+#                       gradient, so as many env steps per row learned as preset 5's 1 per 256.
+#   autocast "auto"     bfloat16 losses where the learner's CPU has BF16 instructions, else float32.
+#   num_learners 2, grads_per_step 1, max_grad_staleness 2: both cores learn.
+#   min_replay_transitions 2000: a first batch of 1024 rows from more than a few episodes.
+#   Seeds 0-2, 15-minute cap, one idle 2-core AMD host with BF16 instructions: 90% on 50 held-out
+#                       episodes in 5.0, 5.4 and 7.6 min (median 5.4) in bfloat16, and in 7.6, 9.6
+#                       and 8.2 (median 8.2) in float32 (what a CPU without BF16 runs). Preset 5:
+#                       12.3 min median (stop 32's host); on this kind of host one learner missed
+#                       20 min on 2 seeds of 3. One learner in bfloat16: 5.8, 5.1, 5.8.
+#   A multi-task run does not take the batch, precision, env steps and first batch (SINGLE_TASK_ONLY):
+#                       every multi-task run measured used preset 5's batch 256, float32 and 1 env
+#                       step per gradient (MULTITASK sets its own first batch).
+_PUSH_ALONE: dict[str, Any] = {
+    "learner.batch_size": 1024,
+    "sampler.max_env_steps_per_update": 4.0,
+    "learner.autocast": "auto",
+    "learner.num_learners": 2,
+    "aggregator.grads_per_step": 1,
+    "learner.max_grad_staleness": 2,
+    "learner.min_replay_transitions": 2000,
+}
+SINGLE_TASK_ONLY = frozenset(
+    {"learner.batch_size", "sampler.max_env_steps_per_update", "learner.autocast", "learner.min_replay_transitions"}
+)
+
 TASK_PRESETS: dict[str, dict[str, Any]] = {
     "FetchReach-v4": {},  # the built-in defaults: 90% in ~20 s here
-    "FetchPush-v4": dict(_MANIPULATION),
+    "FetchPush-v4": _MANIPULATION | _PUSH_ALONE,
     "FetchPickAndPlace-v4": dict(_PICK_AND_PLACE),
     "FetchSlide-v4": dict(_MANIPULATION),
 }
@@ -125,9 +152,16 @@ def _as_overrides(preset: dict[str, Any]) -> list[str]:
     return [f"{key}={json.dumps(value)}" for key, value in preset.items()]
 
 
-def preset_overrides(task: str) -> list[str]:
+def task_preset(task: str, multitask: bool = False) -> dict[str, Any]:
+    """`task`'s preset ({} for a task without one); in a multi-task run without the fields
+    measured for the task alone (SINGLE_TASK_ONLY), which keep their defaults there."""
+    preset = TASK_PRESETS.get(task, {})
+    return {k: v for k, v in preset.items() if k not in SINGLE_TASK_ONLY} if multitask else dict(preset)
+
+
+def preset_overrides(task: str, multitask: bool = False) -> list[str]:
     """The preset as `section.field=json` override strings ([] for a task without one)."""
-    return _as_overrides(TASK_PRESETS.get(task, {}))
+    return _as_overrides(task_preset(task, multitask))
 
 
 def multitask_overrides(user: RunConfig) -> list[str]:
@@ -148,8 +182,8 @@ def preset_for(user: RunConfig) -> RunConfig:
     recipe. The user's overrides go on top of it and win."""
     tasks = list(user.sim.tasks) or [user.sim.task]
     first = preset_task(tasks)
-    config = preset_config(first)
     extra = multitask_overrides(user)
+    config = preset_config(first, multitask=bool(extra))
     if not extra:
         return config
     added, contributors = _later_presets(tasks, first)
@@ -164,11 +198,11 @@ def _later_presets(tasks: list[str], first: str) -> tuple[list[str], list[str]]:
     recipe in `--tasks FetchPush-v4,FetchReach-v4,FetchPickAndPlace-v4`; the gripper dimension it
     keeps is blocked, so ignored, in Reach and Push). Returns the overrides and the tasks that
     added something."""
-    taken = dict(TASK_PRESETS.get(first, {}))
+    taken = task_preset(first, multitask=True)
     added: dict[str, Any] = {}
     contributors = []
     for task in tasks:  # the first task's fields are all taken: it adds nothing
-        new = {k: v for k, v in TASK_PRESETS.get(task, {}).items() if k not in taken}
+        new = {k: v for k, v in task_preset(task, multitask=True).items() if k not in taken}
         if new:
             contributors.append(task)
             added |= new
@@ -176,7 +210,8 @@ def _later_presets(tasks: list[str], first: str) -> tuple[list[str], list[str]]:
     return _as_overrides(added), contributors
 
 
-def preset_config(task: str, base: RunConfig | None = None) -> RunConfig:
-    """`base` (default: built-in defaults) with `task` and its preset applied."""
+def preset_config(task: str, base: RunConfig | None = None, multitask: bool = False) -> RunConfig:
+    """`base` (default: built-in defaults) with `task` and its preset applied (`multitask`: as a
+    multi-task run takes it, task_preset)."""
     config = dataclasses.replace(base or RunConfig(), preset=task if task in TASK_PRESETS else "")
-    return with_overrides(config, [f"sim.task={json.dumps(task)}", *preset_overrides(task)])
+    return with_overrides(config, [f"sim.task={json.dumps(task)}", *preset_overrides(task, multitask)])

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from fleet.cli import main
-from fleet.presets import MULTITASK, TASK_PRESETS, TASK_ROUTED_MOE, preset_config
+from fleet.presets import MULTITASK, SINGLE_TASK_ONLY, TASK_PRESETS, TASK_ROUTED_MOE, preset_config
 from foundation.config import RunConfig, help_lines, with_overrides
 from sim.registry import get_task
 
@@ -26,6 +26,30 @@ def test_the_push_preset_differs_from_the_built_in_defaults():
     config = preset_config("FetchPush-v4")
     assert config.sampler.max_env_steps_per_update != RunConfig().sampler.max_env_steps_per_update
     assert config.sampler.random_action_prob > 0
+
+
+def test_push_alone_learns_on_both_cores_at_batch_1024_and_a_multi_task_run_keeps_preset_5s_batch(capsys):
+    alone = _cli_config(capsys, "--task", "FetchPush-v4")
+    defaults = RunConfig()
+    assert (alone["learner"]["batch_size"], alone["learner"]["autocast"]) == (1024, "auto")
+    assert (alone["sampler"]["max_env_steps_per_update"], alone["learner"]["num_learners"]) == (4.0, 2)
+    assert (alone["aggregator"]["grads_per_step"], alone["learner"]["max_grad_staleness"]) == (1, 2)
+    assert alone["learner"]["min_replay_transitions"] >= alone["learner"]["batch_size"]
+    assert SINGLE_TASK_ONLY <= set(TASK_PRESETS["FetchPush-v4"])
+    # Push and Slide still share preset 5's HER recipe; Slide and PickAndPlace keep their measured batch
+    assert preset_config("FetchSlide-v4").learner.batch_size == preset_config("FetchPickAndPlace-v4").learner.batch_size
+    assert preset_config("FetchSlide-v4").learner.batch_size == 256
+    for tasks in ("FetchPush-v4,FetchReach-v4", "FetchReach-v4,FetchPush-v4,FetchPickAndPlace-v4"):
+        multi = _cli_config(capsys, "--tasks", tasks, "--set", 'model.kind="moe"')
+        for dotted in SINGLE_TASK_ONLY - set(MULTITASK):  # every multi-task run measured used these at their defaults
+            assert not _differs(multi, dotted), (tasks, dotted)
+        assert multi["learner"]["min_replay_transitions"] == MULTITASK["learner.min_replay_transitions"]
+        assert multi["sampler"]["her_k_unmoved"] == alone["sampler"]["her_k_unmoved"] != defaults.sampler.her_k_unmoved
+    mine = _cli_config(capsys, "--tasks", "FetchPush-v4,FetchReach-v4", "--set", "learner.batch_size=1024")
+    assert mine["learner"]["batch_size"] == 1024  # the user's --set still wins
+    assert (
+        _cli_config(capsys, "--task", "FetchPush-v4", "--set", 'learner.autocast="off"')["learner"]["autocast"] == "off"
+    )
 
 
 def test_the_pick_and_place_preset_keeps_the_gripper_on_random_steps_and_trains_two_learners(capsys):
@@ -141,7 +165,10 @@ def test_a_multi_task_run_adds_the_multitask_recipe_and_a_task_routed_moe_its_sw
 
 def test_a_one_task_run_gets_no_multitask_recipe_and_the_users_set_wins_over_it(capsys):
     alone = _cli_config(capsys, "--task", "FetchPush-v4", "--set", 'model.kind="moe"')
-    assert not any(_differs(alone, d) for d in (*MULTITASK, *TASK_ROUTED_MOE))
+    own = TASK_PRESETS["FetchPush-v4"]  # its two learners and first batch are Push's own (the recipe's too)
+    assert {"learner.task_sampling", "model.task_alpha", *TASK_ROUTED_MOE}.isdisjoint(own)
+    assert not any(_differs(alone, d) for d in (*MULTITASK, *TASK_ROUTED_MOE) if d not in own)
+    assert all(alone[d.split(".")[0]][d.split(".")[1]] == own[d] for d in MULTITASK if d in own)
     mine = _cli_config(
         capsys,
         "--tasks",
