@@ -72,6 +72,14 @@ def _derived(spec: FleetSpec, config: RunConfig) -> list[str]:
             f"  warning: grads_per_step {agg.grads_per_step} > {learners} learners: every step closes by "
             f"aggregator.step_deadline_ms ({agg.step_deadline_ms:g})"
         )
+    behind = -(-learners // k) - 1  # versions the other learners' steps add while one computes
+    if behind > config.learner.max_grad_staleness:
+        lines.append(
+            f"  warning: {learners} learners at {k} gradients per step: a gradient arrives about {behind} "
+            f"versions behind, more than learner.max_grad_staleness {config.learner.max_grad_staleness}, so "
+            f"most are dropped as stale (a preset's two-learner K=1 settings?): set aggregator.grads_per_step=0 "
+            f"(every learner) or raise learner.max_grad_staleness"
+        )
     aggregator_host = next(h.name for h in spec.hosts if "aggregator" in h.services)
     lines += [
         f"stop: {aggregator_host} (the aggregator's host) stops the whole fleet at target_success "

@@ -32,7 +32,7 @@ DERIVED = """\
 derived settings:
   sampler.num_samplers = 8 (summed over the hosts)
   learner.num_learners = 1 (summed over the hosts)
-  aggregator.grads_per_step = 0 -> 1 gradients per step (every learner of the spec)
+  aggregator.grads_per_step = 1 -> 1 gradients per step (set in the config)
   buffer.replicas_to_ack = 0
 """
 
@@ -53,6 +53,23 @@ def test_check_prints_hosts_ports_and_derived_settings(tmp_path, capsys):
     assert "redis cluster: 3 nodes, 3 primaries, redis_replicas 0 (formed by redis-a" in out
     assert "results: summary.json, checkpoints, evals.jsonl and tb/ in runs/big/ on services" in out
     assert "stop: services (the aggregator's host) stops the whole fleet at target_success 0.9, max_wall_sec" in out
+
+
+def test_check_derives_the_step_from_the_learners_and_warns_of_learners_that_would_all_be_stale(tmp_path, capsys):
+    reach = README_SPEC.replace("{sim.task: FetchPush-v4}", "{sim.task: FetchReach-v4}")  # no preset K
+    status, out, _ = _check(tmp_path, capsys, reach.replace("learner: 1}", "learner: 4}"))
+    assert status == 0 and "aggregator.grads_per_step = 0 -> 4 gradients per step (every learner of the spec)" in out
+    assert "most are dropped as stale" not in out
+    # FetchPush's preset steps on every gradient (K=1) with max_grad_staleness 2, measured with 2 learners
+    status, out, _ = _check(tmp_path, capsys, README_SPEC.replace("learner: 1}", "learner: 2}"))
+    assert status == 0 and "most are dropped as stale" not in out
+    status, out, _ = _check(tmp_path, capsys, README_SPEC.replace("learner: 1}", "learner: 8}"))
+    assert status == 0
+    assert "warning: 8 learners at 1 gradients per step: a gradient arrives about 7 versions behind" in out
+    status, out, _ = _check(
+        tmp_path, capsys, README_SPEC.replace("learner: 1}", "learner: 8}"), "--set", "aggregator.grads_per_step=0"
+    )
+    assert status == 0 and "0 -> 8 gradients per step" in out and "most are dropped as stale" not in out
 
 
 def test_check_shows_replicas_and_a_replica_beside_its_primary(tmp_path, capsys):
