@@ -186,13 +186,6 @@ def run_learner(
             ledger: AckLedger | None = None
             try:  # an error anywhere here still stops the prefetch thread and closes the ledger
                 loop = _GradientLoop(config, learner_id, tasks.act_dim, agg, weights, batches, replay, heartbeat)
-                if config.learner.autocast != "off":
-                    log.info(
-                        "learner %d: autocast %s (learner.autocast %s)",
-                        learner_id,
-                        loop.hp.autocast,
-                        config.learner.autocast,
-                    )
                 if tasks.multi:
                     loop.schedule = TaskSchedule.for_run(config, tasks.names, agg, replay.set_task_shares)
                 if endpoints.ack_log_dir:
@@ -225,6 +218,10 @@ class _GradientLoop:
         heartbeat: Heartbeat,
     ) -> None:
         self.hp = SACHyperparams.for_run(config, act_dim)
+        if config.learner.autocast != "off":  # "auto" resolved on this learner's own CPU
+            log.info(
+                "learner %d: autocast %s (learner.autocast %s)", learner_id, self.hp.autocast, config.learner.autocast
+            )
         self.config, self.learner_id = config, learner_id
         self.agg, self.weights, self.batches, self.heartbeat = agg, weights, batches, heartbeat
         self.replay = replay  # its size and flow-control counters, for the heartbeat
