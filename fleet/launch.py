@@ -35,6 +35,7 @@ from fleet.observer import FleetObserver, Unobserved
 from fleet.progress import Progress, Snapshot
 from fleet.provenance import write_code_json
 from fleet.spec import FleetHost, FleetSpec, HostSpec, Workers
+from fleet.spec_plan import stale_gradient_warning
 from fleet.summary import INTERRUPTED, Ending, Summary, final_score, stop_reason, write_summary
 from fleet.watchdog import RoleSpec, Watchdog
 from foundation.config import RunConfig
@@ -106,6 +107,20 @@ class LocalFleet:
         self.cpus = (
             learner_cpus(os.sched_getaffinity(0), config.learner.num_learners) if config.learner.own_cpu else ((), ())
         )
+
+    def notes(self) -> list[str]:
+        """What the run says before it starts: where learner.own_cpu put the roles, and a warning
+        when the learners and aggregator.grads_per_step would make most gradients stale (as
+        `fleet check` warns of a spec)."""
+        lines = []
+        stale = stale_gradient_warning(self.config)
+        if stale:
+            lines.append(f"warning: {stale}")
+        if self.cpus[0]:
+            lines.append(
+                f"learner.own_cpu: learners on CPU {list(self.cpus[0])}, every other role on {list(self.cpus[1])}"
+            )
+        return lines
 
     def make_cluster(self) -> LocalRedisCluster:
         """The run's local Redis Cluster on ports chosen now (the roles' spec names them before
@@ -194,10 +209,8 @@ class LocalFleet:
         self._stop = stop_event()
         self.prepare()
         progress = Progress(self.config, self.run_dir, self.started_at)
-        if self.cpus[0]:
-            progress.note(
-                f"learner.own_cpu: learners on CPU {list(self.cpus[0])}, every other role on {list(self.cpus[1])}"
-            )
+        for line in self.notes():
+            progress.note(line)
         try:
             cluster = self.make_cluster()
             events = self.run_dir / "events.jsonl"  # every restart: what, when, why

@@ -56,6 +56,24 @@ def _redis(spec: FleetSpec) -> list[str]:
     return lines
 
 
+def stale_gradient_warning(config: RunConfig) -> str | None:
+    """Why most gradients would be dropped as stale, or None: with L learners and K gradients per
+    step, while one learner computes the others close about ceil(L/K) - 1 versions, so its gradient
+    arrives that far behind; past learner.max_grad_staleness, the aggregator drops it. `fleet check`
+    and `fleetrl train` (the local fleet) both say it before a run starts."""
+    learners = config.learner.num_learners
+    k = config.aggregator.grads_per_step or learners
+    behind = -(-learners // k) - 1  # versions the other learners' steps add while one computes
+    if behind <= config.learner.max_grad_staleness:
+        return None
+    return (
+        f"{learners} learners at {k} gradients per step: a gradient arrives about {behind} "
+        f"versions behind, more than learner.max_grad_staleness {config.learner.max_grad_staleness}, so "
+        f"most are dropped as stale (a preset's two-learner K=1 settings?): set aggregator.grads_per_step=0 "
+        f"(every learner) or raise learner.max_grad_staleness"
+    )
+
+
 def _derived(spec: FleetSpec, config: RunConfig) -> list[str]:
     agg, learners = config.aggregator, config.learner.num_learners
     k = agg.grads_per_step or learners
@@ -72,14 +90,9 @@ def _derived(spec: FleetSpec, config: RunConfig) -> list[str]:
             f"  warning: grads_per_step {agg.grads_per_step} > {learners} learners: every step closes by "
             f"aggregator.step_deadline_ms ({agg.step_deadline_ms:g})"
         )
-    behind = -(-learners // k) - 1  # versions the other learners' steps add while one computes
-    if behind > config.learner.max_grad_staleness:
-        lines.append(
-            f"  warning: {learners} learners at {k} gradients per step: a gradient arrives about {behind} "
-            f"versions behind, more than learner.max_grad_staleness {config.learner.max_grad_staleness}, so "
-            f"most are dropped as stale (a preset's two-learner K=1 settings?): set aggregator.grads_per_step=0 "
-            f"(every learner) or raise learner.max_grad_staleness"
-        )
+    stale = stale_gradient_warning(config)
+    if stale:
+        lines.append(f"  warning: {stale}")
     aggregator_host = next(h.name for h in spec.hosts if "aggregator" in h.services)
     lines += [
         f"stop: {aggregator_host} (the aggregator's host) stops the whole fleet at target_success "

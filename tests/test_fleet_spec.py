@@ -8,6 +8,7 @@ import os
 import pytest
 
 from fleet.launch import LocalFleet
+from fleet.presets import preset_config
 from fleet.spec import FleetHost, FleetSpec
 from fleet.spec_checks import redis_layout
 from foundation.config import ConfigError, RunConfig, with_overrides
@@ -126,6 +127,20 @@ def test_the_local_run_is_a_fleet_of_one_host_built_by_the_same_code(tmp_path):
     )
     assert all("--metrics" in argv for argv in roles.values())
     assert sorted(json.loads((tmp_path / "metrics.json").read_text())) == sorted(roles)
+
+
+def test_a_local_run_warns_before_it_starts_when_its_learners_would_make_most_gradients_stale(tmp_path):
+    """`fleetrl train --learners 8` on FetchPush's preset (K=1, max_grad_staleness 2) says what
+    `fleet check` says of such a spec; the preset's own two learners and K=0 say nothing."""
+    push = preset_config("FetchPush-v4")
+    eight = ["learner.num_learners=8"]
+    for sets, warned in (([], False), (eight, True), ([*eight, "aggregator.grads_per_step=0"], False)):
+        config = with_overrides(push, [f'run_dir="{tmp_path}"', *sets])
+        notes = LocalFleet(config, started_at=0.0).notes()
+        stale = [n for n in notes if "most are dropped as stale" in n]
+        assert bool(stale) == warned, (sets, notes)
+        if warned:
+            assert stale[0].startswith("warning: 8 learners at 1 gradients per step: a gradient arrives about 7")
 
 
 def test_learner_own_cpu_gives_the_learners_the_highest_cpus_and_everyone_else_the_rest(tmp_path):
