@@ -204,7 +204,7 @@ def run_aggregator(
     torch.set_num_threads(1)  # small vectors: one thread; spare cores belong to learners and samplers
     tasks = TaskSet.for_run(config)
     spec = model_spec(config, tasks)
-    grads_per_step = config.aggregator.grads_per_step or config.learner.num_learners
+    grads_per_step = config.grads_per_step()
     core = AggregatorCore(spec, config.aggregator, grads_per_step, config.learner.max_grad_staleness, tasks.label)
     host, port = parse_hostport(listen, "--listen")
     writer = summary_writer(run_dir, "aggregator")

@@ -61,8 +61,7 @@ def stale_gradient_warning(config: RunConfig) -> str | None:
     step, while one learner computes the others close about ceil(L/K) - 1 versions, so its gradient
     arrives that far behind; past learner.max_grad_staleness, the aggregator drops it. `fleet check`
     and `fleetrl train` (the local fleet) both say it before a run starts."""
-    learners = config.learner.num_learners
-    k = config.aggregator.grads_per_step or learners
+    learners, k = config.learner.num_learners, config.grads_per_step()
     behind = -(-learners // k) - 1  # versions the other learners' steps add while one computes
     if behind <= config.learner.max_grad_staleness:
         return None
@@ -75,8 +74,7 @@ def stale_gradient_warning(config: RunConfig) -> str | None:
 
 
 def _derived(spec: FleetSpec, config: RunConfig) -> list[str]:
-    agg, learners = config.aggregator, config.learner.num_learners
-    k = agg.grads_per_step or learners
+    agg, learners, k = config.aggregator, config.learner.num_learners, config.grads_per_step()
     why = "every learner of the spec" if not agg.grads_per_step else "set in the config"
     lines = [
         "derived settings:",

@@ -206,6 +206,11 @@ class RunConfig:
         self._check_task()
         return self
 
+    def grads_per_step(self) -> int:
+        """K, the gradients that close an aggregator step: aggregator.grads_per_step, where 0
+        means every learner (learner.num_learners)."""
+        return self.aggregator.grads_per_step or self.learner.num_learners
+
     def _check_task(self) -> None:
         if self.sim.task not in TASK_NAMES:
             raise ConfigError(
