@@ -121,7 +121,19 @@ class MoELinear(nn.Module):
 
     def route(self, gate_in: torch.Tensor) -> torch.Tensor:
         """Gate weights [batch, experts]: softmax over each row's top_k logits, 0 elsewhere."""
-        return self._gates(self.gate(gate_in))
+        return self._gates(self.logits(gate_in))
+
+    def logits(self, gate_in: torch.Tensor) -> torch.Tensor:
+        """The gate's logits, in float32 under bf16 autocast too (the Switch Transformer's
+        "selective precision"): routing must be the one samplers, the evaluator and export
+        compute in float32. Two logits 0.001 apart are one bfloat16 value, and a bf16 router
+        then picks another expert: the learner trains an expert the actors never run. Found
+        in stop 46: in 2 of 3 4-task runs at learner.autocast bf16, FetchReach's actor routed
+        to another expert in the learner than in float32 ({29, 19} against {29, 3}, and 3 was
+        MetaWorld-reach's), and those two seeds forgot FetchReach (0.78 and 0.02 at 45 min;
+        the seed whose routes agreed: 1.00). A gate is gate_dim x experts: small beside an expert."""
+        with torch.autocast(gate_in.device.type, enabled=False):
+            return self.gate(gate_in.float())
 
     def _gates(self, logits: torch.Tensor) -> torch.Tensor:
         kth = logits.topk(self.top_k, dim=-1).values[..., -1:]
@@ -129,7 +141,7 @@ class MoELinear(nn.Module):
 
     def _routed(self, gate_in: torch.Tensor) -> torch.Tensor:
         """Gates of `gate_in` (one row per batch row); kept for metrics in training."""
-        logits = self.gate(gate_in)
+        logits = self.logits(gate_in)
         gates = self._gates(logits)
         if self.training:  # an exported (eval) module stores nothing
             self._keep(_last_gates=gates, _last_logits=logits, last_task_logits=None, _task_gates=None, _task_rows=None)
@@ -173,7 +185,7 @@ class MoELinear(nn.Module):
     def task_mix(self, embeds: torch.Tensor, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Each task's k experts mixed into one Linear (weight [tasks, out, in], bias [tasks,
         out]) for the tasks of `embeds`; in training, keeps this routing for the metrics."""
-        logits = self.gate(embeds)
+        logits = self.logits(embeds)
         top, idx = logits.topk(self.top_k, dim=-1)  # ties at the k-th logit (measure zero): k kept
         g = torch.softmax(top, dim=-1)  # = the masked softmax over all experts, at the top k
         if self.training:  # per task; spread over the rows only if last_gates is read

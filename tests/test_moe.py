@@ -385,3 +385,31 @@ def test_a_task_tensor_changed_in_place_is_laid_out_anew():
     task[:] = torch.tensor([2, 2, 2, 2, 1, 1])
     torch.testing.assert_close(body(x, x, task), _masked(body, x, x, task))
     assert not torch.allclose(first, body(x, x, task))
+
+
+@pytest.mark.parametrize("router", ["task", "state"])
+def test_under_bf16_autocast_the_learner_routes_as_the_float32_actors_do(router):
+    """Learners train under bf16 autocast (learner.autocast); samplers, the evaluator and export
+    run float32. Two gate logits 0.0009 apart are one bfloat16 value (8 significant bits), so a
+    bf16 router may pick the other expert: the learner would then train an expert the actors
+    never run (stop 46: FetchReach forgotten on 2 of 3 seeds). The gates compute in float32."""
+    torch.manual_seed(0)
+    layer = MoELinear(6, 5, experts=4, top_k=2, gate_dim=3)
+    with torch.no_grad():
+        layer.gate.weight.zero_()
+        layer.gate.bias.copy_(torch.tensor([2.0, 0.5, 0.5009, -1.0]))  # float32's top 2: experts 0 and 2
+    layer.train()
+    x, gate_in = torch.randn(8, 6), torch.randn(8, 3)
+    routed = []
+    for bf16 in (False, True):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            if router == "task":
+                layer.task_forward([x], gate_in[:1], torch.zeros(8, dtype=torch.long))
+                logits = layer.last_task_logits
+            else:
+                layer(x, gate_in)
+                logits = layer.last_logits
+        assert logits.dtype == torch.float32
+        routed.append((layer.last_gates > 0).nonzero()[:, 1].view(-1, 2).sort(dim=1).values)
+    assert (routed[0] == torch.tensor([0, 2])).all()
+    assert torch.equal(routed[1], routed[0])
