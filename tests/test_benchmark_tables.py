@@ -201,3 +201,57 @@ def test_goal_split_scores_a_real_pickandplace_checkpoint_by_goal_height(monkeyp
     (tmp_path / "empty" / "checkpoints").mkdir(parents=True)
     with pytest.raises(SystemExit, match="no checkpoint"):
         goal_split.main([str(tmp_path / "empty")])
+
+
+def test_routing_precision_finds_the_route_a_bf16_gate_would_change(monkeypatch, tmp_path):
+    """benchmarks/routing_precision.py on a task-routed MoE checkpoint: a gate whose second and
+    third logits are 0.0009 apart routes task 0 to experts {0, 2} in float32 and to another
+    pair under bf16 autocast; that one route is listed, every other agrees; a dense run is
+    refused by name."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    routing_precision = importlib.import_module("routing_precision")
+    import numpy as np
+    import torch
+
+    from aggregator.core import AggregatorCore
+    from foundation.checkpoint import save_checkpoint
+    from foundation.config import AggregatorConfig
+    from foundation.policy import ModelSpec
+    from learner.models import SACModel
+
+    spec = ModelSpec(5, 3, 2, (16, 16), kind="moe", experts=4, top_k=2, tasks=2, router="task", task_heads=True)
+    core = AggregatorCore(spec, AggregatorConfig(), 1, 1, "FetchReach-v4,FetchPush-v4")
+    state = core.state()
+    model = SACModel(spec)
+    model.set_flat("actor", np.asarray(state["weights"]["actor"], np.float32))
+    body = model.actor.body
+    with torch.no_grad():
+        body.task_embed.copy_(torch.tensor([[1.0] + [0.0] * 7, [0.0, 1.0] + [0.0] * 6]))
+        gate = body.hidden[0].gate
+        gate.weight.zero_()
+        gate.weight[:, 0] = torch.tensor([2.0, 0.5, 0.5009, -1.0])  # task 0's logits
+        gate.weight[:, 1] = torch.tensor([-1.0, 0.0, 1.0, 2.0])  # task 1's: far apart
+        gate.bias.zero_()
+    state["weights"]["actor"] = model.get_flat("actor")
+    save_checkpoint(tmp_path / "checkpoints", state, keep=1)
+    out = routing_precision.run_routing(tmp_path)
+    assert out["tasks"] == ["FetchReach-v4", "FetchPush-v4"] and out["version"] == 0
+    reach = out["layers"]["actor.l0"]["FetchReach-v4"]
+    assert reach["float32"] == [0, 2] and reach["bfloat16"] != [0, 2], reach
+    assert out["layers"]["actor.l0"]["FetchPush-v4"] == {"float32": [2, 3], "bfloat16": [2, 3]}
+    assert out["differ"] == [f"actor.l0 FetchReach-v4: [0, 2] / {reach['bfloat16']}"]
+    assert set(out["layers"]) == {
+        "actor.l0",
+        "actor.l1",
+        "critic.q1.l0",
+        "critic.q1.l1",
+        "critic.q2.l0",
+        "critic.q2.l1",
+    }
+    dense = ModelSpec(5, 3, 2, (16, 16))
+    dense_dir = tmp_path / "dense"
+    save_checkpoint(
+        dense_dir / "checkpoints", AggregatorCore(dense, AggregatorConfig(), 1, 1, "FetchReach-v4").state(), 1
+    )
+    with pytest.raises(SystemExit, match="task-routed MoEs"):
+        routing_precision.run_routing(dense_dir)
