@@ -89,6 +89,9 @@ _PUSH_ALONE: dict[str, Any] = {
 SINGLE_TASK_ONLY = frozenset(
     {"learner.batch_size", "sampler.max_env_steps_per_update", "learner.autocast", "learner.min_replay_transitions"}
 )
+# ... and takes preset 5's value of those a manipulation preset sets (batch 256, 1 env step per
+# gradient), not the built-in defaults' (3 env steps per gradient: Reach's, never measured there).
+_MULTITASK_BASE: dict[str, Any] = {k: v for k, v in _MANIPULATION.items() if k in SINGLE_TASK_ONLY}
 
 TASK_PRESETS: dict[str, dict[str, Any]] = {
     "FetchReach-v4": {},  # the built-in defaults: 90% in ~20 s here
@@ -153,10 +156,14 @@ def _as_overrides(preset: dict[str, Any]) -> list[str]:
 
 
 def task_preset(task: str, multitask: bool = False) -> dict[str, Any]:
-    """`task`'s preset ({} for a task without one); in a multi-task run without the fields
-    measured for the task alone (SINGLE_TASK_ONLY), which keep their defaults there."""
+    """`task`'s preset ({} for a task without one); in a multi-task run the fields measured for
+    the task alone (SINGLE_TASK_ONLY) take preset 5's values where it sets them
+    (_MULTITASK_BASE), their defaults elsewhere."""
     preset = TASK_PRESETS.get(task, {})
-    return {k: v for k, v in preset.items() if k not in SINGLE_TASK_ONLY} if multitask else dict(preset)
+    if not multitask:
+        return dict(preset)
+    shared = {k: v for k, v in preset.items() if k not in SINGLE_TASK_ONLY}
+    return shared | {k: v for k, v in _MULTITASK_BASE.items() if k in preset}
 
 
 def preset_overrides(task: str, multitask: bool = False) -> list[str]:
