@@ -55,6 +55,10 @@ def test_combine_checks_each_goal_on_every_seed_and_a_missed_target_has_no_media
     assert figures["goals"]["moe_reach_and_push_ge_0.9_every_seed"] is True
     assert figures["goals"]["moe_cost_of_sharing_le_2_every_seed"] is True
     assert figures["goals"]["moe_mean_ge_dense_mean"] is True
+    records[1] = _record("r/moe-seed1", 20.03, good, "c1")  # 2.003: the goal is checked unrounded
+    figures = multitask_moe.combine(records, single_task_minutes=10.0)
+    assert figures["arms"]["moe"]["cost_of_sharing"] == [2.0, 2.0]
+    assert figures["goals"]["moe_cost_of_sharing_le_2_every_seed"] is False
 
 
 def test_combine_refuses_a_file_that_is_not_a_score_result(multitask_moe, tmp_path, capsys):
@@ -142,6 +146,9 @@ def test_learner_throughput_model_arms_are_valid_configs(monkeypatch):
     assert configs["dense"].learner.gamma == 0.95  # FetchPush's preset, the first task with one
     assert lt.arm_config("moe-e32", ["learner.batch_size=128"]).learner.batch_size == 128
     assert configs["dense"].learner.batch_size == configs["moe-e32"].learner.batch_size == 256
+    # not the task-routed MoE recipe's batch 1024 in bfloat16: the yardstick is batch 256 in float32
+    assert configs["moe-e32"].learner.autocast == configs["dense"].learner.autocast == "off"
+    assert configs["moe-e32-bf16"].learner.autocast == "bf16"
     assert configs["dense-b512"].learner.batch_size == configs["moe-e32-b512"].learner.batch_size == 512
     assert configs["moe-e32-b512"].model.kind == "moe" and configs["moe-e32-b512"].model.experts == 32
     assert configs["dense-b512"].model.kind == "dense"
