@@ -145,12 +145,17 @@ MODEL_ARMS: dict[str, list[str]] = {
     "moe-e32-b512": ['model.kind="moe"', "model.experts=32", "learner.batch_size=512"],
 }
 MODEL_TASKS = ["FetchReach-v4", "FetchPush-v4", "MetaWorld-reach-v3", "MetaWorld-push-v3"]
+# every arm at batch 256 in float32 unless it says otherwise, whatever the multi-task recipe's
+# (a task-routed MoE's is batch 1024 with autocast "auto": TASK_ROUTED_MOE_BATCH)
+MODEL_BASE = ["learner.batch_size=256", 'learner.autocast="off"']
 
 
 def arm_config(arm: str, extra: list[str] | None = None) -> RunConfig:
     """`arm`'s config on the 4-task set as the CLI builds a run's (fleet/cli.py): the preset and
-    multi-task recipe chosen by what was set, then what was set on top; one torch thread."""
-    overrides = [f"sim.tasks={json.dumps(MODEL_TASKS)}", *MODEL_ARMS[arm], *(extra or []), "learner.torch_threads=1"]
+    multi-task recipe chosen by what was set, then what was set on top (batch 256 in float32
+    unless the arm or `extra` sets them: MODEL_BASE); one torch thread."""
+    overrides = [f"sim.tasks={json.dumps(MODEL_TASKS)}", *MODEL_BASE, *MODEL_ARMS[arm], *(extra or [])]
+    overrides.append("learner.torch_threads=1")
     return with_overrides(preset_for(with_overrides(RunConfig(), overrides)), overrides).validate()
 
 

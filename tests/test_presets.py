@@ -7,7 +7,14 @@ import json
 import pytest
 
 from fleet.cli import main
-from fleet.presets import MULTITASK, SINGLE_TASK_ONLY, TASK_PRESETS, TASK_ROUTED_MOE, preset_config
+from fleet.presets import (
+    MULTITASK,
+    SINGLE_TASK_ONLY,
+    TASK_PRESETS,
+    TASK_ROUTED_MOE,
+    TASK_ROUTED_MOE_BATCH,
+    preset_config,
+)
 from foundation.config import RunConfig, help_lines, with_overrides
 from sim.registry import get_task
 
@@ -40,7 +47,7 @@ def test_push_alone_learns_on_both_cores_at_batch_1024_and_a_multi_task_run_keep
     assert preset_config("FetchSlide-v4").learner.batch_size == preset_config("FetchPickAndPlace-v4").learner.batch_size
     assert preset_config("FetchSlide-v4").learner.batch_size == 256
     for tasks in ("FetchPush-v4,FetchReach-v4", "FetchReach-v4,FetchPush-v4,FetchPickAndPlace-v4"):
-        multi = _cli_config(capsys, "--tasks", tasks, "--set", 'model.kind="moe"')
+        multi = _cli_config(capsys, "--tasks", tasks)
         # every multi-task run measured used preset 5's batch 256, float32 and 1 env step per gradient
         assert (multi["learner"]["batch_size"], multi["learner"]["autocast"]) == (256, RunConfig().learner.autocast)
         assert multi["sampler"]["max_env_steps_per_update"] == 1.0 != defaults.sampler.max_env_steps_per_update
@@ -157,6 +164,15 @@ def test_a_multi_task_run_adds_the_multitask_recipe_and_a_task_routed_moe_its_sw
         assert not _differs(dense, dotted) and not _differs(state, dotted), (
             dotted
         )  # a dense or state-routed run keeps them
+    for dotted, value in TASK_ROUTED_MOE_BATCH.items():  # the dense and state-routed runs keep preset 5's
+        section, name = dotted.split(".")
+        assert moe[section][name] == value != dense[section][name] == state[section][name], dotted
+    assert (dense["learner"]["batch_size"], state["learner"]["batch_size"], moe["learner"]["batch_size"]) == (
+        256,
+        256,
+        1024,
+    )
+    assert moe["learner"]["min_replay_transitions"] >= moe["learner"]["batch_size"]
     assert (dense["preset"], moe["preset"], state["preset"]) == (
         "FetchPush-v4 + multi-task",
         "FetchPush-v4 + multi-task MoE",
