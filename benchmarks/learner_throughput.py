@@ -146,7 +146,7 @@ MODEL_ARMS: dict[str, list[str]] = {
 }
 MODEL_TASKS = ["FetchReach-v4", "FetchPush-v4", "MetaWorld-reach-v3", "MetaWorld-push-v3"]
 # every arm at batch 256 in float32 unless it says otherwise, whatever the multi-task recipe's
-# (a task-routed MoE's is batch 1024 with autocast "auto": TASK_ROUTED_MOE_BATCH)
+# (a dense or task-routed MoE multi-task run's is batch 1024 with autocast "auto": MULTITASK_BATCH)
 MODEL_BASE = ["learner.batch_size=256", 'learner.autocast="off"']
 
 

@@ -77,7 +77,8 @@ _PICK_AND_PLACE: dict[str, Any] = {
 #   A multi-task run does not take the batch, precision, env steps and first batch (SINGLE_TASK_ONLY):
 #                       the dense multi-task runs measured used preset 5's batch 256, float32 and 1
 #                       env step per gradient (MULTITASK sets its own first batch); a task-routed
-#                       MoE takes FetchPush's three again (TASK_ROUTED_MOE_BATCH).
+#                       MoE takes FetchPush's three again (MULTITASK_BATCH), and so since stop 48 a
+#                       dense one.
 _PUSH_ALONE: dict[str, Any] = {
     "learner.batch_size": 1024,
     "sampler.max_env_steps_per_update": 4.0,
@@ -141,15 +142,17 @@ TASK_ROUTED_MOE: dict[str, Any] = {
     "model.task_heads": True,
     "model.gate_grad": False,
 }
-# ... and it learns at FetchPush's preset-7 batch (TASK_ROUTED_MOE_BATCH: batch 1024, 4 env steps
-#   per gradient, autocast "auto"). 4 tasks, 45 min, seeds 0-2, one idle AMD host of 2 cores with
-#   BF16 instructions, the gates in float32 (stop 47): FetchPush / FetchReach held-out at 45 min
-#   0.96 / 1.00, 0.98 / 1.00, 0.96 / 1.00 (>= 0.9 on every seed; at batch 256 FetchPush 0.74 on
-#   seed 2), FetchPush 90% (curve) at 13.2, 22.8, 24.6 min (40.9 on seed 2 at batch 256), mean
-#   over the 4 tasks 0.702 (0.717 at batch 256: MetaWorld-reach 0.84 against 0.98). A dense
-#   policy keeps preset 5's batch (unmeasured with this one), and a CPU without BF16 instructions
-#   runs it in float32 (measured for FetchPush alone: median 8.2 min against bfloat16's 5.4).
-TASK_ROUTED_MOE_BATCH: dict[str, Any] = {
+# ... and a dense or task-routed MoE run learns at FetchPush's preset-7 batch (MULTITASK_BATCH:
+#   batch 1024, 4 env steps per gradient, autocast "auto"). 4 tasks, 45 min, seeds 0-2, one idle
+#   AMD host of 2 cores with BF16 instructions. The task-routed MoE, gates in float32 (stop 47):
+#   FetchPush / FetchReach held-out at 45 min 0.96 / 1.00, 0.98 / 1.00, 0.96 / 1.00 (>= 0.9 on
+#   every seed; at batch 256 FetchPush 0.74 on seed 2), FetchPush 90% (curve) at 13.2, 22.8, 24.6
+#   min (40.9 on seed 2 at batch 256), mean over the 4 tasks 0.702 (0.717 at batch 256). The dense
+#   policy (stop 48): means 0.73, 0.73, 0.74 against 0.705, 0.70, 0.70 at batch 256 (FetchPush
+#   0.94, 0.92, 0.98 against 0.82, 0.88, 0.88), FetchPush 90% (curve) at 12.6, 15.9, 14.9 min.
+#   A state-routed MoE keeps preset 5's batch (unmeasured with this one), and a CPU without BF16
+#   instructions runs it in float32 (measured for FetchPush alone: median 8.2 min against 5.4).
+MULTITASK_BATCH: dict[str, Any] = {
     "learner.batch_size": 1024,
     "sampler.max_env_steps_per_update": 4.0,
     "learner.autocast": "auto",
@@ -187,11 +190,13 @@ def preset_overrides(task: str, multitask: bool = False) -> list[str]:
 
 def multitask_overrides(user: RunConfig) -> list[str]:
     """The multi-task recipe for a run the user set up as `user` ([] for a one-task run): MULTITASK,
-    and TASK_ROUTED_MOE with TASK_ROUTED_MOE_BATCH when the user chose a MoE with the task router."""
+    and MULTITASK_BATCH for a dense policy or a MoE with the task router, which takes
+    TASK_ROUTED_MOE too (a state-routed MoE: neither, unmeasured)."""
     if len(user.sim.tasks) < 2:
         return []
     moe = user.model.kind == "moe" and user.model.router == "task"
-    recipe = MULTITASK | (TASK_ROUTED_MOE | TASK_ROUTED_MOE_BATCH if moe else {})
+    batch = moe or user.model.kind == "dense"
+    recipe = MULTITASK | (TASK_ROUTED_MOE if moe else {}) | (MULTITASK_BATCH if batch else {})
     # never below the user's batch (a check refuses fewer rows than one batch)
     recipe["learner.min_replay_transitions"] = max(recipe["learner.min_replay_transitions"], user.learner.batch_size)
     return _as_overrides(recipe)
@@ -208,7 +213,7 @@ def preset_for(user: RunConfig) -> RunConfig:
     if not extra:
         return config
     added, contributors = _later_presets(tasks, first)
-    recipe = "multi-task" if len(extra) == len(MULTITASK) else "multi-task MoE"
+    recipe = "multi-task MoE" if user.model.kind == "moe" and user.model.router == "task" else "multi-task"
     label = " + ".join([*([config.preset] if config.preset else []), *contributors, recipe])
     return dataclasses.replace(with_overrides(config, [*added, *extra]), preset=label)
 

@@ -9,10 +9,10 @@ import pytest
 from fleet.cli import main
 from fleet.presets import (
     MULTITASK,
+    MULTITASK_BATCH,
     SINGLE_TASK_ONLY,
     TASK_PRESETS,
     TASK_ROUTED_MOE,
-    TASK_ROUTED_MOE_BATCH,
     preset_config,
 )
 from foundation.config import RunConfig, help_lines, with_overrides
@@ -35,7 +35,7 @@ def test_the_push_preset_differs_from_the_built_in_defaults():
     assert config.sampler.random_action_prob > 0
 
 
-def test_push_alone_learns_on_both_cores_at_batch_1024_and_a_multi_task_run_keeps_preset_5s_batch(capsys):
+def test_push_alone_learns_on_both_cores_at_batch_1024_and_a_multi_task_run_takes_it_but_a_state_routed_moe(capsys):
     alone = _cli_config(capsys, "--task", "FetchPush-v4")
     defaults = RunConfig()
     assert (alone["learner"]["batch_size"], alone["learner"]["autocast"]) == (1024, "auto")
@@ -46,16 +46,21 @@ def test_push_alone_learns_on_both_cores_at_batch_1024_and_a_multi_task_run_keep
     # Push and Slide still share preset 5's HER recipe; Slide and PickAndPlace keep their measured batch
     assert preset_config("FetchSlide-v4").learner.batch_size == preset_config("FetchPickAndPlace-v4").learner.batch_size
     assert preset_config("FetchSlide-v4").learner.batch_size == 256
+    state_routed = ("--set", 'model.kind="moe"', "--set", 'model.router="state"')
     for tasks in ("FetchPush-v4,FetchReach-v4", "FetchReach-v4,FetchPush-v4,FetchPickAndPlace-v4"):
-        multi = _cli_config(capsys, "--tasks", tasks)
-        # every multi-task run measured used preset 5's batch 256, float32 and 1 env step per gradient
+        dense = _cli_config(capsys, "--tasks", tasks)  # MULTITASK_BATCH: measured on 4 tasks, 3 seeds
+        assert (dense["learner"]["batch_size"], dense["learner"]["autocast"]) == (1024, "auto")
+        assert dense["sampler"]["max_env_steps_per_update"] == 4.0
+        multi = _cli_config(capsys, "--tasks", tasks, *state_routed)
+        # a state-routed MoE (unmeasured with the batch) keeps preset 5's batch 256, float32 and
+        # 1 env step per gradient, not the built-in defaults' 3
         assert (multi["learner"]["batch_size"], multi["learner"]["autocast"]) == (256, RunConfig().learner.autocast)
         assert multi["sampler"]["max_env_steps_per_update"] == 1.0 != defaults.sampler.max_env_steps_per_update
         assert multi["learner"]["batch_size"] == preset_config("FetchPickAndPlace-v4").learner.batch_size
         assert multi["learner"]["min_replay_transitions"] == MULTITASK["learner.min_replay_transitions"]
         assert multi["sampler"]["her_k_unmoved"] == alone["sampler"]["her_k_unmoved"] != defaults.sampler.her_k_unmoved
-    mine = _cli_config(capsys, "--tasks", "FetchPush-v4,FetchReach-v4", "--set", "learner.batch_size=1024")
-    assert mine["learner"]["batch_size"] == 1024  # the user's --set still wins
+    mine = _cli_config(capsys, "--tasks", "FetchPush-v4,FetchReach-v4", "--set", "learner.batch_size=512")
+    assert mine["learner"]["batch_size"] == 512  # the user's --set still wins
     assert (
         _cli_config(capsys, "--task", "FetchPush-v4", "--set", 'learner.autocast="off"')["learner"]["autocast"] == "off"
     )
@@ -164,15 +169,16 @@ def test_a_multi_task_run_adds_the_multitask_recipe_and_a_task_routed_moe_its_sw
         assert not _differs(dense, dotted) and not _differs(state, dotted), (
             dotted
         )  # a dense or state-routed run keeps them
-    for dotted, value in TASK_ROUTED_MOE_BATCH.items():  # the dense and state-routed runs keep preset 5's
+    for dotted, value in MULTITASK_BATCH.items():  # dense and task-routed MoE; a state-routed run keeps preset 5's
         section, name = dotted.split(".")
-        assert moe[section][name] == value != dense[section][name] == state[section][name], dotted
+        assert moe[section][name] == dense[section][name] == value != state[section][name], dotted
     assert (dense["learner"]["batch_size"], state["learner"]["batch_size"], moe["learner"]["batch_size"]) == (
-        256,
+        1024,
         256,
         1024,
     )
-    assert moe["learner"]["min_replay_transitions"] >= moe["learner"]["batch_size"]
+    for config in (dense, moe):
+        assert config["learner"]["min_replay_transitions"] >= config["learner"]["batch_size"]
     assert (dense["preset"], moe["preset"], state["preset"]) == (
         "FetchPush-v4 + multi-task",
         "FetchPush-v4 + multi-task MoE",
