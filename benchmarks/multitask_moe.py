@@ -25,9 +25,10 @@ run / --single-task-minutes (FetchPush alone, median of 3 seeds), <= 2 on every 
 keeps the commit it was scored at and the `runs_command` its record names.
 
 The arms start from the multi-task preset (fleet/presets.py: "focus" task sampling, a temperature
-per task and, for a task-routed MoE, its switches and FetchPush's preset-7 batch: 1024 rows, 4 env
-steps per gradient, autocast "auto"; a dense arm keeps preset 5's 256 and 1); override any with
---set, applied to every arm:
+per task, FetchPush's preset-7 batch: 1024 rows, 4 env steps per gradient, autocast "auto" and,
+for a task-routed MoE, its switches; a dense arm at batch 256 was stop 40's preset: --set
+learner.batch_size=256 --set sampler.max_env_steps_per_update=1 --set 'learner.autocast="off"');
+override any with --set, applied to every arm:
     dense         learner.hidden_sizes 256x256
     moe           the default MoE: 32 experts, top-2, 128 wide, task router, router decay 1
     moe-nodecay   the same, router decay 0 (the balancing loss at full weight throughout)
