@@ -7,8 +7,8 @@
 A preset is a set of `section.field` overrides on the built-in defaults (which are the
 FetchReach preset). Each entry says why; the figures behind them are in
 docs/presets.md and benchmarks/results/. A run of several tasks adds the multi-task recipe
-(MULTITASK, and TASK_ROUTED_MOE with its batch when the user chose a task-routed MoE). `fleetrl config --task X`
-(or `--tasks A,B`) prints the preset in force.
+(MULTITASK; MULTITASK_BATCH for a dense policy or a task-routed MoE; TASK_ROUTED_MOE for the
+latter). `fleetrl config --task X` (or `--tasks A,B`) prints the preset in force.
 """
 
 from __future__ import annotations
@@ -77,8 +77,8 @@ _PICK_AND_PLACE: dict[str, Any] = {
 #   A multi-task run does not take the batch, precision, env steps and first batch (SINGLE_TASK_ONLY):
 #                       the dense multi-task runs measured used preset 5's batch 256, float32 and 1
 #                       env step per gradient (MULTITASK sets its own first batch); a task-routed
-#                       MoE takes FetchPush's three again (MULTITASK_BATCH), and so since stop 48 a
-#                       dense one.
+#                       MoE (since stop 47) and a dense policy (since stop 48) take FetchPush's three
+#                       again with the multi-task recipe (MULTITASK_BATCH).
 _PUSH_ALONE: dict[str, Any] = {
     "learner.batch_size": 1024,
     "sampler.max_env_steps_per_update": 4.0,
@@ -188,13 +188,17 @@ def preset_overrides(task: str, multitask: bool = False) -> list[str]:
     return _as_overrides(task_preset(task, multitask))
 
 
+def _task_routed_moe(user: RunConfig) -> bool:
+    return user.model.kind == "moe" and user.model.router == "task"
+
+
 def multitask_overrides(user: RunConfig) -> list[str]:
     """The multi-task recipe for a run the user set up as `user` ([] for a one-task run): MULTITASK,
     and MULTITASK_BATCH for a dense policy or a MoE with the task router, which takes
     TASK_ROUTED_MOE too (a state-routed MoE: neither, unmeasured)."""
     if len(user.sim.tasks) < 2:
         return []
-    moe = user.model.kind == "moe" and user.model.router == "task"
+    moe = _task_routed_moe(user)
     batch = moe or user.model.kind == "dense"
     recipe = MULTITASK | (TASK_ROUTED_MOE if moe else {}) | (MULTITASK_BATCH if batch else {})
     # never below the user's batch (a check refuses fewer rows than one batch)
@@ -213,7 +217,7 @@ def preset_for(user: RunConfig) -> RunConfig:
     if not extra:
         return config
     added, contributors = _later_presets(tasks, first)
-    recipe = "multi-task MoE" if user.model.kind == "moe" and user.model.router == "task" else "multi-task"
+    recipe = "multi-task MoE" if _task_routed_moe(user) else "multi-task"
     label = " + ".join([*([config.preset] if config.preset else []), *contributors, recipe])
     return dataclasses.replace(with_overrides(config, [*added, *extra]), preset=label)
 

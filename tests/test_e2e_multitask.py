@@ -37,7 +37,7 @@ def test_a_multi_task_moe_run_scores_and_reports_every_task(tmp_path: pathlib.Pa
         "eval.min_interval_sec": "3",
         "eval.max_interval_sec": "3",
         "learner.min_replay_transitions": "300",
-        "learner.batch_size": "256",  # a minute's run: not the task-routed MoE recipe's 1024 (fleet/presets.py)
+        "learner.batch_size": "256",  # a minute's run: not the multi-task recipe's 1024 (fleet/presets.py)
         "sampler.random_steps": "100",
         "learner.task_sampling": f'"{sampling}"',  # batches shared by the evaluator's per-task scores
     }
