@@ -33,6 +33,7 @@ override any with --set, applied to every arm:
     moe           the default MoE: 32 experts, top-2, 128 wide, task router, router decay 1
     moe-nodecay   the same, router decay 0 (the balancing loss at full weight throughout)
     moe-success   the default MoE with learner.task_sampling "success"
+    moe-shared    the default MoE with one shared expert per layer beside its two routed ones (top_k 3)
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ ARMS = {
     "moe": ['model.kind="moe"'],
     "moe-nodecay": ['model.kind="moe"', "model.router_decay=0"],
     "moe-success": ['model.kind="moe"', 'learner.task_sampling="success"'],
+    "moe-shared": ['model.kind="moe"', "model.top_k=3", "model.shared_experts=1"],
 }
 TARGET = 0.9
 SINGLE_TASK_PUSH_MINUTES = 12.3  # FetchPush-v4 alone to 0.9, median of 3 seeds (README)

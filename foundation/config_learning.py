@@ -172,6 +172,14 @@ class ModelConfig:
         32, "'moe': experts per hidden layer (training computes only the routed ones: cost grows with top_k, not this)"
     )
     top_k: int = config_field(2, "'moe': experts each input is routed to")
+    shared_experts: int = config_field(
+        0,
+        "'moe': of an input's top_k experts, how many are always the layer's first ones whatever the gate says "
+        "(DeepSeekMoE's shared experts); the other top_k - shared_experts are routed. With the task router, weights "
+        "every task trains (the routed experts of a 4-task run share none): what one task learns can reach "
+        "another, as in a dense network, at no extra cost per row (a task's k experts are mixed into one Linear). "
+        "0: none. Unmeasured in a learning run",
+    )
     expert_width: int = config_field(
         128,
         "'moe': width of every expert (each MoE hidden layer; as many layers as learner.hidden_sizes); "
@@ -232,6 +240,7 @@ class ModelConfig:
             (self.experts >= 1, "experts", ">= 1"),
             (self.router in ROUTERS, "router", f"one of {one_of(ROUTERS)}"),
             (1 <= self.top_k <= self.experts, "top_k", "in 1..model.experts"),
+            (0 <= self.shared_experts < self.top_k, "shared_experts", "in 0..model.top_k - 1"),
             (self.task_embed_dim >= 1, "task_embed_dim", ">= 1"),
             (self.expert_width >= 0, "expert_width", ">= 0 (0 = learner.hidden_sizes)"),
             (

@@ -71,6 +71,10 @@ class ModelSpec:
     # algo 'crossq': batch renormalization in both critics, on their input and after every hidden
     # layer (False in older specs). The actor never has it: samplers, evaluator and export are SAC's.
     critic_renorm: bool = False
+    # 'moe': the first `shared_experts` experts of every MoE layer are among every input's top_k
+    # whatever the gate says (DeepSeekMoE's shared experts): with the task router, weights every
+    # task trains. 0 in older specs.
+    shared_experts: int = 0
 
     def __post_init__(self) -> None:
         if self.kind not in MODEL_KINDS:
@@ -83,6 +87,10 @@ class ModelSpec:
             raise ValueError("critic_renorm (algo 'crossq') needs a 'dense' model")
         if self.kind == "moe" and not 1 <= self.top_k <= self.experts:
             raise ValueError(f"top_k ({self.top_k}) must be in 1..experts ({self.experts})")
+        if self.shared_experts < 0 or (
+            self.shared_experts and (self.kind != "moe" or self.shared_experts >= self.top_k)
+        ):
+            raise ValueError(f"shared_experts ({self.shared_experts}) must be 0, or in 1..top_k - 1 on a 'moe' model")
 
     @property
     def input_dim(self) -> int:
@@ -189,11 +197,23 @@ def model_spec(config: RunConfig, task: TaskDims) -> ModelSpec:
         task_heads=m.task_heads,
         critic_quantiles=config.learner.tqc_quantiles if config.learner.algo == "tqc" else 1,
         critic_renorm=config.learner.algo == "crossq",
+        shared_experts=m.shared_experts if m.kind == "moe" else 0,
     )
 
 
-def top_k_gates(logits: np.ndarray, k: int) -> np.ndarray:
-    """Softmax over each row's k largest logits, 0 elsewhere (ties at the k-th may add more)."""
+def top_k_gates(logits: np.ndarray, k: int, shared: int = 0) -> np.ndarray:
+    """Softmax over each row's k largest logits, 0 elsewhere (ties at the k-th may add more).
+    With `shared`, experts 0..shared-1 are always among the k, and the other k - shared are the
+    largest logits of the rest (learner/moe.py's route_top_k)."""
+    if shared:
+        chosen = np.zeros(logits.shape, bool)
+        chosen[..., :shared] = True
+        rest = logits[..., shared:]
+        kth = -np.partition(-rest, k - shared - 1, axis=-1)[..., k - shared - 1 : k - shared]
+        chosen[..., shared:] = rest >= kth
+        masked = np.where(chosen, logits, -np.inf)
+        e = np.exp(masked - masked.max(axis=-1, keepdims=True))
+        return e / e.sum(axis=-1, keepdims=True)
     kth = -np.partition(-logits, k - 1, axis=-1)[..., k - 1 : k]
     masked = np.where(logits >= kth, logits, -np.inf)
     e = np.exp(masked - masked.max(axis=-1, keepdims=True))
@@ -257,7 +277,8 @@ class NumpyActor:
         elif self.embed is not None:
             gate_in = np.concatenate([x, np.broadcast_to(self.embed[task], (len(x), self.spec.task_embed_dim))], -1)
             for w, b, gw, gb in self.moe:
-                x = np.maximum(_routed_rows(x, top_k_gates(gate_in @ gw + gb, self.spec.top_k), w, b), 0.0)
+                gates = top_k_gates(gate_in @ gw + gb, self.spec.top_k, self.spec.shared_experts)
+                x = np.maximum(_routed_rows(x, gates, w, b), 0.0)
         for i, (w, b) in enumerate(self.layers):
             x = x @ w + b
             if i < len(self.layers) - 1:
@@ -275,7 +296,8 @@ class NumpyActor:
             assert self.embed is not None
             mixed = []
             for w, b, gw, gb in self.moe:
-                gates = top_k_gates(self.embed[task : task + 1] @ gw + gb, self.spec.top_k)[0]
+                logits = self.embed[task : task + 1] @ gw + gb
+                gates = top_k_gates(logits, self.spec.top_k, self.spec.shared_experts)[0]
                 used = np.flatnonzero(gates)
                 mixed.append((np.einsum("e,eio->io", gates[used], w[used]), gates[used] @ b[used]))
             self._mixed[task] = mixed

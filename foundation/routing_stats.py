@@ -47,7 +47,7 @@ def _gates_per_layer(
             take(spec.experts, fan_out, fan_in)
             take(spec.experts, fan_out)
             gw, gb = take(spec.experts, spec.gate_dim), take(spec.experts)
-            layers.append(top_k_gates(embed @ gw.T + gb, spec.top_k))
+            layers.append(top_k_gates(embed @ gw.T + gb, spec.top_k, spec.shared_experts))
         take(spec.heads, out_dim, dims[-1])  # the output layer(s): one per task with task_heads
         take(spec.heads, out_dim)
         out.append(layers)

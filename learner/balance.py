@@ -50,14 +50,19 @@ def balance_loss(layers: list[MoELinear]) -> torch.Tensor:
     slots. Switch's form never reaches its minimum when tasks * k < E (most experts must stay
     idle), so its gradient kept lowering the chosen experts' logits until another expert
     overtook one: a task's experts were swapped for untrained ones every few thousand updates
-    (docs/architecture.md, "Routing that settles")."""
+    (docs/architecture.md, "Routing that settles").
+
+    Shared experts (model.shared_experts) are in every input's top_k whatever the gate says:
+    both forms balance the routed slots over the other experts only, so the loss never pushes
+    on what it cannot move."""
     total = torch.zeros(())
     for layer in layers:
+        routed = layer.top_k - layer.shared  # the balance of the routed slots: shared experts take every input
         if layer.last_task_logits is not None:
-            logits = layer.last_task_logits
+            logits = layer.last_task_logits[..., layer.shared :]
             experts = logits.shape[-1]
-            chosen = torch.zeros_like(logits).scatter(-1, logits.topk(layer.top_k, dim=-1).indices, 1.0)
-            slots = chosen.shape[0] * layer.top_k
+            chosen = torch.zeros_like(logits).scatter(-1, logits.topk(routed, dim=-1).indices, 1.0)
+            slots = chosen.shape[0] * routed
             # In whole slots, so an even load is exactly 0 (a rounding residue would be a
             # gradient, and Adam scales any gradient up to a full step).
             excess = (chosen.sum(0) - max(1.0, slots / experts)).clamp_min(0.0) / slots
@@ -65,9 +70,10 @@ def balance_loss(layers: list[MoELinear]) -> torch.Tensor:
             total = total + 1.0 + experts * (excess * prob).sum()
             continue
         assert layer.last_gates is not None and layer.last_logits is not None, "run a training forward first"
-        experts = layer.last_logits.shape[-1]
-        share = (layer.last_gates > 0).float().mean(0) / layer.top_k
-        prob = torch.softmax(layer.last_logits, dim=-1).mean(0)
+        logits = layer.last_logits[..., layer.shared :]
+        experts = logits.shape[-1]
+        share = (layer.last_gates[..., layer.shared :] > 0).float().mean(0) / routed
+        prob = torch.softmax(logits, dim=-1).mean(0)
         total = total + experts * (share * prob).sum()
     return total
 

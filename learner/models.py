@@ -66,7 +66,8 @@ class Body(nn.Module):
         self.task_embed = nn.Parameter(torch.randn(spec.tasks, spec.task_embed_dim) * 0.1)
         dims = [in_dim, *spec.hidden_sizes]
         self.hidden = nn.ModuleList(
-            MoELinear(i, o, spec.experts, spec.top_k, spec.gate_dim) for i, o in zip(dims[:-1], dims[1:], strict=True)
+            MoELinear(i, o, spec.experts, spec.top_k, spec.gate_dim, spec.shared_experts)
+            for i, o in zip(dims[:-1], dims[1:], strict=True)
         )
         self.out: nn.Linear | TaskHeads = (
             TaskHeads(spec.heads, dims[-1], out_dim) if spec.heads > 1 else nn.Linear(dims[-1], out_dim)

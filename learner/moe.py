@@ -49,6 +49,18 @@ class _TakeExperts(torch.autograd.Function):
         ), None
 
 
+def route_top_k(logits: torch.Tensor, k: int, shared: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """(logits, indices) of the k experts each row is routed to: its k largest logits, or with
+    `shared`, experts 0..shared-1 whatever their logits and the k - shared largest of the rest
+    (foundation/policy.py's top_k_gates routes alike). The gates are a softmax over these logits."""
+    if not shared:
+        return logits.topk(k, dim=-1)
+    rest = logits[..., shared:].topk(k - shared, dim=-1)
+    first = torch.arange(shared, device=logits.device).expand(*logits.shape[:-1], shared)
+    idx = torch.cat([first, rest.indices + shared], dim=-1)
+    return torch.cat([logits[..., :shared], rest.values], dim=-1), idx
+
+
 def take_experts(experts: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
     """experts[idx], with a gradient sparse over the experts (_TakeExperts)."""
     return _TakeExperts.apply(experts, idx)
@@ -80,9 +92,12 @@ class MoELinear(nn.Module):
       no data-dependent control flow, what export traces. Costs `experts` Linears per row
       (measured before the sparse forms: 8 experts 8.3x a dense update, 32 experts 35x)."""
 
-    def __init__(self, fan_in: int, fan_out: int, experts: int, top_k: int, gate_dim: int) -> None:
+    def __init__(self, fan_in: int, fan_out: int, experts: int, top_k: int, gate_dim: int, shared: int = 0) -> None:
         super().__init__()
+        if not 0 <= shared < top_k:
+            raise ValueError(f"shared experts ({shared}) must be in 0..top_k - 1 ({top_k - 1})")
         self.top_k = top_k
+        self.shared = shared  # experts 0..shared-1: in every input's top_k (route_top_k)
         bound = 1.0 / fan_in**0.5  # nn.Linear's default init, per expert
         self.weight = nn.Parameter(torch.empty(experts, fan_out, fan_in).uniform_(-bound, bound))
         self.bias = nn.Parameter(torch.empty(experts, fan_out).uniform_(-bound, bound))
@@ -136,8 +151,15 @@ class MoELinear(nn.Module):
             return self.gate(gate_in.float())
 
     def _gates(self, logits: torch.Tensor) -> torch.Tensor:
+        if self.shared:
+            chosen = torch.zeros_like(logits, dtype=torch.bool).scatter(-1, self._top_k(logits)[1], True)
+            return torch.softmax(logits.masked_fill(~chosen, float("-inf")), dim=-1)
         kth = logits.topk(self.top_k, dim=-1).values[..., -1:]
         return torch.softmax(logits.masked_fill(logits < kth, float("-inf")), dim=-1)
+
+    def _top_k(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(logits, experts) of each row's top_k (route_top_k with this layer's shared experts)."""
+        return route_top_k(logits, self.top_k, self.shared)
 
     def _routed(self, gate_in: torch.Tensor) -> torch.Tensor:
         """Gates of `gate_in` (one row per batch row); kept for metrics in training."""
@@ -186,7 +208,7 @@ class MoELinear(nn.Module):
         """Each task's k experts mixed into one Linear (weight [tasks, out, in], bias [tasks,
         out]) for the tasks of `embeds`; in training, keeps this routing for the metrics."""
         logits = self.logits(embeds)
-        top, idx = logits.topk(self.top_k, dim=-1)  # ties at the k-th logit (measure zero): k kept
+        top, idx = self._top_k(logits)  # ties at the k-th logit (measure zero): k kept
         g = torch.softmax(top, dim=-1)  # = the masked softmax over all experts, at the top k
         if self.training:  # per task; spread over the rows only if last_gates is read
             gates = torch.zeros_like(logits).scatter(-1, idx, g.detach())

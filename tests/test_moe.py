@@ -26,9 +26,12 @@ def _model(spec: ModelSpec = MOE) -> SACModel:
     return model
 
 
-@pytest.mark.parametrize(("router", "experts"), [("state", 4), ("state", 32), ("task", 32)])
-def test_the_numpy_actor_matches_the_torch_moe_actor_for_every_task(router, experts):
-    spec = dataclasses.replace(MOE, router=router, experts=experts)
+@pytest.mark.parametrize(
+    ("router", "experts", "shared"),
+    [("state", 4, 0), ("state", 32, 0), ("task", 32, 0), ("state", 6, 1), ("task", 32, 1)],
+)
+def test_the_numpy_actor_matches_the_torch_moe_actor_for_every_task(router, experts, shared):
+    spec = dataclasses.replace(MOE, router=router, experts=experts, top_k=2 + shared, shared_experts=shared)
     model = _model(spec)
     flat = model.get_flat("actor")
     assert flat.shape == (spec.actor_size(),)
@@ -89,6 +92,10 @@ def test_a_spec_from_before_the_moe_fields_is_dense_and_a_bad_one_is_refused():
         ModelSpec(5, 3, 2, kind="sparse")
     with pytest.raises(ValueError, match="top_k \\(9\\) must be in 1..experts \\(8\\)"):
         ModelSpec(5, 3, 2, kind="moe", top_k=9)
+    assert ModelSpec.from_json(MOE.to_json()).shared_experts == 0  # older specs: none
+    for bad in (dict(kind="moe", top_k=2, shared_experts=2), dict(kind="dense", shared_experts=1)):
+        with pytest.raises(ValueError, match="shared_experts"):
+            ModelSpec(5, 3, 2, **bad)
 
 
 def _batch(n: int = 64, seed: int = 4) -> Batch:
@@ -335,10 +342,11 @@ def _masked(body, x: torch.Tensor, state: torch.Tensor, task: torch.Tensor) -> t
     return body.out(x)
 
 
+@pytest.mark.parametrize("shared", [0, 1])
 @pytest.mark.parametrize("router", ["state", "task"])
 @pytest.mark.parametrize("counts", [(20, 20, 20), (5, 0, 40), (1, 1, 1)])
-def test_sparse_experts_match_the_masked_form_in_values_and_gradients(router, counts):
-    spec = dataclasses.replace(MOE, router=router, experts=6, top_k=2)
+def test_sparse_experts_match_the_masked_form_in_values_and_gradients(router, counts, shared):
+    spec = dataclasses.replace(MOE, router=router, experts=6, top_k=2, shared_experts=shared)
     model = _model(spec)
     body = model.critic.q1
     rng = np.random.default_rng(7)
@@ -413,3 +421,77 @@ def test_under_bf16_autocast_the_learner_routes_as_the_float32_actors_do(router)
         routed.append((layer.last_gates > 0).nonzero()[:, 1].view(-1, 2).sort(dim=1).values)
     assert (routed[0] == torch.tensor([0, 2])).all()
     assert torch.equal(routed[1], routed[0])
+
+
+# Shared experts (model.shared_experts): the first S experts of a layer are among every input's
+# top_k whatever the gate says, so every task of a task-routed MoE trains them.
+
+
+def test_shared_experts_are_in_every_inputs_top_k_in_torch_and_numpy_alike():
+    from learner.moe import route_top_k
+
+    logits = np.random.default_rng(9).normal(size=(200, 8)).astype(np.float32)
+    logits[:100, 0] = -10.0  # the shared expert's logit the smallest: chosen all the same
+    gates = top_k_gates(logits, 3, shared=1)
+    assert (gates[:, 0] > 0).all() and ((gates > 0).sum(axis=1) == 3).all()
+    np.testing.assert_allclose(gates.sum(axis=1), 1.0, rtol=1e-6)
+    top_rest = np.argsort(-logits[:, 1:], axis=1)[:, :2] + 1  # the routed two: the largest of the rest
+    assert (np.take_along_axis(gates, top_rest, axis=1) > 0).all()
+    values, idx = route_top_k(torch.from_numpy(logits), 3, shared=1)
+    assert (idx[:, 0] == 0).all() and torch.equal(values, torch.from_numpy(logits).gather(-1, idx))
+    layer = MoELinear(4, 6, experts=8, top_k=3, gate_dim=5, shared=1)
+    np.testing.assert_allclose(layer._gates(torch.from_numpy(logits)).numpy(), gates, rtol=1e-6, atol=1e-7)
+    assert torch.equal(route_top_k(torch.from_numpy(logits), 3)[1], torch.from_numpy(logits).topk(3).indices)
+    with pytest.raises(ValueError, match="shared experts \\(2\\)"):
+        MoELinear(4, 6, experts=8, top_k=2, gate_dim=5, shared=2)
+
+
+def test_every_task_trains_the_shared_expert_and_only_its_own_routed_ones():
+    spec = dataclasses.replace(MOE, router="task", experts=16, top_k=2, shared_experts=1)
+    body = _model(spec).actor.body
+    layer = body.moe_layers()[0]
+    x = torch.randn(12, spec.input_dim)
+    own = {}
+    for t in range(spec.tasks):
+        (grad,) = torch.autograd.grad(body(x, x, torch.full((12,), t)).sum(), [layer.weight])
+        own[t] = set(grad.coalesce().indices()[0].tolist())
+        assert 0 in own[t] and len(own[t]) == 2  # the shared expert and one routed
+    routed = [own[t] - {0} for t in range(spec.tasks)]
+    assert all(r and 0 not in r for r in routed)
+
+
+def test_the_balancing_loss_leaves_shared_experts_out():
+    """Every task holds the shared expert: counted, it would be overloaded and its logits pushed
+    down for ever (it cannot be left). Tasks whose routed experts are disjoint get no balancing
+    gradient, as without shared experts."""
+    from learner.balance import balance_loss
+    from learner.moe import TaskLayout
+
+    layer = MoELinear(4, 6, experts=8, top_k=2, gate_dim=2, shared=1)
+    with torch.no_grad():  # task t's logits: row t; both favour expert 0 (shared), then 1 and 2
+        layer.gate.bias.zero_()
+        layer.gate.weight.copy_(torch.tensor([[5.0, 3.0, 0, 0, 0, 0, 0, 0], [5.0, 0, 3.0, 0, 0, 0, 0, 0]]).t())
+    task = torch.tensor([0] * 30 + [1] * 10)
+    layout = TaskLayout.of(task)
+    layer.task_forward(list(torch.randn(40, 4)[layout.order].split(layout.counts)), torch.eye(2), layout.place)
+    assert (layer._task_gates[:, 0] > 0).all()
+    loss = balance_loss([layer])
+    assert loss.item() == 1.0
+    assert torch.autograd.grad(loss, layer.gate.weight)[0].abs().max().item() == 0.0
+
+
+def test_a_task_routed_moe_with_a_shared_expert_freezes_exactly_and_its_stats_name_it():
+    from deploy_npu.routing import freeze_routing
+    from foundation.routing_stats import expert_routing
+
+    spec = dataclasses.replace(MOE, router="task", experts=8, top_k=2, shared_experts=1)
+    assert ModelSpec.from_json(spec.to_json()) == spec
+    model = _model(spec)
+    x = np.random.default_rng(1).normal(size=(64, spec.input_dim)).astype(np.float32)
+    routing = expert_routing(spec, {"actor": model.get_flat("actor")}, ["a", "b", "c"])
+    for task, name in enumerate("abc"):
+        table = freeze_routing(model.actor, name, x, task)
+        assert table.agreement == 1.0 and table.action_error_max < 1e-5
+        assert 0 in table.layers[0].experts
+        assert set(routing["actor"]["l0"]["tasks"][name]["experts"]) == set(table.layers[0].experts)
+    assert all(v > 0 for v in routing["actor"]["l0"]["overlap"].values())  # every pair shares expert 0
