@@ -178,7 +178,7 @@ class ModelConfig:
         "(DeepSeekMoE's shared experts); the other top_k - shared_experts are routed. With the task router, weights "
         "every task trains (the routed experts of a 4-task run share none): what one task learns can reach "
         "another, as in a dense network, at no extra cost per row (a task's k experts are mixed into one Linear). "
-        "0: none. Unmeasured in a learning run",
+        "0: none. One 4-task seed measured (docs/presets.md, 'Multi-task'): not a preset",
     )
     expert_width: int = config_field(
         128,
