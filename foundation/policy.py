@@ -205,17 +205,11 @@ def top_k_gates(logits: np.ndarray, k: int, shared: int = 0) -> np.ndarray:
     """Softmax over each row's k largest logits, 0 elsewhere (ties at the k-th may add more).
     With `shared`, experts 0..shared-1 are always among the k, and the other k - shared are the
     largest logits of the rest (learner/moe.py's route_top_k)."""
-    if shared:
-        chosen = np.zeros(logits.shape, bool)
-        chosen[..., :shared] = True
-        rest = logits[..., shared:]
-        kth = -np.partition(-rest, k - shared - 1, axis=-1)[..., k - shared - 1 : k - shared]
-        chosen[..., shared:] = rest >= kth
-        masked = np.where(chosen, logits, -np.inf)
-        e = np.exp(masked - masked.max(axis=-1, keepdims=True))
-        return e / e.sum(axis=-1, keepdims=True)
-    kth = -np.partition(-logits, k - 1, axis=-1)[..., k - 1 : k]
-    masked = np.where(logits >= kth, logits, -np.inf)
+    chosen = np.ones(logits.shape, bool)  # experts 0..shared-1 always; the rest by rank
+    rest = logits[..., shared:]
+    kth = -np.partition(-rest, k - shared - 1, axis=-1)[..., k - shared - 1 : k - shared]
+    chosen[..., shared:] = rest >= kth
+    masked = np.where(chosen, logits, -np.inf)
     e = np.exp(masked - masked.max(axis=-1, keepdims=True))
     return e / e.sum(axis=-1, keepdims=True)
 
