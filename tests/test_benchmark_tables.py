@@ -45,6 +45,7 @@ def test_combine_checks_each_goal_on_every_seed_and_a_missed_target_has_no_media
     assert figures["goals"]["moe_cost_of_sharing_le_2_every_seed"] is False
     assert figures["goals"]["mean_over_tasks_at_last_mark"] == {"moe": 0.865, "dense": 1.0}
     assert figures["goals"]["moe_mean_ge_dense_mean"] is False
+    assert figures["goals"]["moe_minus_dense"] == {"difference": -0.135, "standard_error": None, "seeds": [2, 1]}
     assert [r["scored_at"] for r in figures["runs"]] == ["c0", "c1", "c2"]
     assert figures["by_mark"]["moe"]["45min/live"]["FetchPush-v4"] == {"mean": 0.73, "min": 0.5, "max": 0.96, "n": 2}
 
@@ -59,6 +60,22 @@ def test_combine_checks_each_goal_on_every_seed_and_a_missed_target_has_no_media
     figures = multitask_moe.combine(records, single_task_minutes=10.0)
     assert figures["arms"]["moe"]["cost_of_sharing"] == [2.0, 2.0]
     assert figures["goals"]["moe_cost_of_sharing_le_2_every_seed"] is False
+
+
+def test_combine_checks_every_moe_arm_against_dense_with_the_seeds_standard_error(multitask_moe):
+    def rec(run_dir: str, push: float) -> dict:
+        return _record(run_dir, 12.0, {"FetchReach-v4": 1.0, "FetchPush-v4": push}, "c")
+
+    records = [rec("r/moe-shared-seed0", 0.9), rec("r/moe-shared-seed1", 1.0)]
+    records += [rec("r/dense-seed0", 0.8), rec("r/dense-seed1", 1.0), rec("r/moe-seed0", 0.6)]
+    goals = multitask_moe.combine(records, single_task_minutes=10.0)["goals"]
+    assert goals["moe-shared_reach_and_push_ge_0.9_every_seed"] is True
+    assert goals["moe_reach_and_push_ge_0.9_every_seed"] is False
+    assert goals["mean_over_tasks_at_last_mark"] == {"moe-shared": 0.975, "dense": 0.95, "moe": 0.8}
+    assert goals["moe-shared_mean_ge_dense_mean"] is True
+    # per-seed means 0.95, 1.0 against 0.9, 1.0: sample variances 0.00125 and 0.005, 2 seeds each
+    assert goals["moe-shared_minus_dense"] == {"difference": 0.025, "standard_error": 0.0559, "seeds": [2, 2]}
+    assert goals["moe_minus_dense"]["standard_error"] is None  # one seed: no spread to measure
 
 
 def test_combine_refuses_a_file_that_is_not_a_score_result(multitask_moe, tmp_path, capsys):
