@@ -30,10 +30,12 @@ for a task-routed MoE, its switches; a dense arm at batch 256 was stop 40's pres
 learner.batch_size=256 --set sampler.max_env_steps_per_update=1 --set 'learner.autocast="off"');
 override any with --set, applied to every arm:
     dense         learner.hidden_sizes 256x256
-    moe           the default MoE: 32 experts, top-2, 128 wide, task router, router decay 1
-    moe-nodecay   the same, router decay 0 (the balancing loss at full weight throughout)
-    moe-success   the default MoE with learner.task_sampling "success"
-    moe-shared    the default MoE with one shared expert per layer beside its two routed ones (top_k 3)
+    moe           the multi-task MoE: 32 experts, 128 wide, task router, router decay 1 and, since
+                  stop 50, the recipe's top_k 3 with one shared expert per layer (TASK_ROUTED_SHARED)
+    moe-plain     the design's plain top-2 with no shared expert (the moe arm until stop 49)
+    moe-nodecay   the moe arm with router decay 0 (the balancing loss at full weight throughout)
+    moe-success   the moe arm with learner.task_sampling "success"
+    moe-shared    top_k 3 and one shared expert set explicitly (stop 49-50's runs; now the moe arm)
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ TASKS = "FetchPush-v4,FetchReach-v4,MetaWorld-reach-v3,MetaWorld-push-v3"
 ARMS = {
     "dense": ['model.kind="dense"'],
     "moe": ['model.kind="moe"'],
+    "moe-plain": ['model.kind="moe"', "model.top_k=2", "model.shared_experts=0"],
     "moe-nodecay": ['model.kind="moe"', "model.router_decay=0"],
     "moe-success": ['model.kind="moe"', 'learner.task_sampling="success"'],
     "moe-shared": ['model.kind="moe"', "model.top_k=3", "model.shared_experts=1"],

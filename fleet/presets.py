@@ -7,8 +7,8 @@
 A preset is a set of `section.field` overrides on the built-in defaults (which are the
 FetchReach preset). Each entry says why; the figures behind them are in
 docs/presets.md and benchmarks/results/. A run of several tasks adds the multi-task recipe
-(MULTITASK; MULTITASK_BATCH for a dense policy or a task-routed MoE; TASK_ROUTED_MOE for the
-latter). `fleetrl config --task X` (or `--tasks A,B`) prints the preset in force.
+(MULTITASK; MULTITASK_BATCH for a dense policy or a task-routed MoE; TASK_ROUTED_MOE and
+TASK_ROUTED_SHARED for the latter). `fleetrl config --task X` (or `--tasks A,B`) prints the preset in force.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import dataclasses
 import json
 from typing import Any
 
-from foundation.config import RunConfig, with_overrides
+from foundation.config import ModelConfig, RunConfig, with_overrides
 
 # The harder Fetch tasks share one recipe: the object must first be touched by chance, and
 # the sparse reward only then says anything. Why each value (runs in docs/presets.md):
@@ -142,6 +142,21 @@ TASK_ROUTED_MOE: dict[str, Any] = {
     "model.task_heads": True,
     "model.gate_grad": False,
 }
+# ... and its experts keep one shared per layer (TASK_ROUTED_SHARED, since stop 50): top_k 3, of
+#   which expert 0 is in every task's routing and two are the task's own, at the same cost per row
+#   (a task's k experts are mixed into one Linear). 4 tasks, 45 min, seeds 0-2, one idle AMD host
+#   of 2 cores, with MULTITASK_BATCH: FetchPush 90% (curve) at 11.3, 14.6, 18.2 min against 13.2,
+#   22.8, 24.6 without the shared expert (cost of sharing 0.92, 1.19, 1.48: <= 2 on every seed,
+#   where 24.6 missed it), mean held-out success over the 4 tasks at 45 min 0.715, 0.725, 0.735
+#   against 0.695, 0.74, 0.67 (dense: 0.73, 0.73, 0.74; shared minus dense -0.008, standard
+#   error over the seeds 0.007). Held-out FetchPush at 45: 0.86, 0.90, 0.94 (without: 0.96,
+#   0.98, 0.96). Only where the user left the routing as the design has it (model.top_k 2,
+#   model.shared_experts 0): a run that sets either to something else keeps what it set, and
+#   `--set model.top_k=2 --set model.shared_experts=0` runs the design's plain top-2.
+TASK_ROUTED_SHARED: dict[str, Any] = {
+    "model.top_k": 3,
+    "model.shared_experts": 1,
+}
 # ... and a dense or task-routed MoE run learns at FetchPush's preset-7 batch (MULTITASK_BATCH:
 #   batch 1024, 4 env steps per gradient, autocast "auto"). 4 tasks, 45 min, seeds 0-2, one idle
 #   AMD host of 2 cores with BF16 instructions. The task-routed MoE, gates in float32 (stop 47):
@@ -195,12 +210,16 @@ def _task_routed_moe(user: RunConfig) -> bool:
 def multitask_overrides(user: RunConfig) -> list[str]:
     """The multi-task recipe for a run the user set up as `user` ([] for a one-task run): MULTITASK,
     and MULTITASK_BATCH for a dense policy or a MoE with the task router, which takes
-    TASK_ROUTED_MOE too (a state-routed MoE: neither, unmeasured)."""
+    TASK_ROUTED_MOE too, and TASK_ROUTED_SHARED where the user left its routing as the design has
+    it (a state-routed MoE: none of them, unmeasured)."""
     if len(user.sim.tasks) < 2:
         return []
     moe = _task_routed_moe(user)
     batch = moe or user.model.kind == "dense"
     recipe = MULTITASK | (TASK_ROUTED_MOE if moe else {}) | (MULTITASK_BATCH if batch else {})
+    design = ModelConfig()
+    if moe and (user.model.top_k, user.model.shared_experts) == (design.top_k, design.shared_experts):
+        recipe |= TASK_ROUTED_SHARED
     # never below the user's batch (a check refuses fewer rows than one batch)
     recipe["learner.min_replay_transitions"] = max(recipe["learner.min_replay_transitions"], user.learner.batch_size)
     return _as_overrides(recipe)

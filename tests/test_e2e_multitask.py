@@ -81,8 +81,10 @@ def test_a_multi_task_moe_run_scores_and_reports_every_task(tmp_path: pathlib.Pa
     # ... and what each task is routed to, read from the newest checkpoint (the task router).
     routing = summary["expert_routing"]
     assert set(routing) == {"actor", "critic.q1", "critic.q2", "version"}, routing.keys()
+    # The recipe's routing (fleet/presets.py TASK_ROUTED_SHARED): top_k 3, expert 0 in every task's.
     for layer in routing["actor"].values():
-        assert set(layer["tasks"]) == set(TASKS) and all(len(t["experts"]) == 2 for t in layer["tasks"].values())
+        assert set(layer["tasks"]) == set(TASKS)
+        assert all(len(t["experts"]) == 3 and 0 in t["experts"] for t in layer["tasks"].values()), layer
         assert set(layer["overlap"]) == {"|".join(TASKS)}
     # The multi-task recipe starts two learners (fleet/presets.py MULTITASK): each took its
     # batch shares, and the sampler its env-step shares, from curve scores by the run's rule:

@@ -21,9 +21,12 @@ TASKS = TaskSet.of(("FetchReach-v4", "FetchPush-v4"))
 CHECK = DeployCheckConfig(episodes=1, calibration_episodes=2, latency_calls=100, random_inputs=64, env_inputs=64)
 
 
-def _checkpoint(kind: str, task_norm: bool = True, task_onehot: bool = True, task_heads: bool = False) -> dict:
+def _checkpoint(
+    kind: str, task_norm: bool = True, task_onehot: bool = True, task_heads: bool = False, shared: int = 0
+) -> dict:
     """A multi-task checkpoint after 3 steps, its normalizer far from identity (and, with
-    per-task statistics, each task's far from the other's)."""
+    per-task statistics, each task's far from the other's); `shared` experts per layer beside
+    two routed ones."""
     spec = ModelSpec(
         TASKS.obs_dim,
         TASKS.goal_dim,
@@ -31,6 +34,8 @@ def _checkpoint(kind: str, task_norm: bool = True, task_onehot: bool = True, tas
         (32, 32),
         kind=kind,
         experts=4,
+        top_k=2 + shared,
+        shared_experts=shared,
         tasks=2,
         task_norm=task_norm,
         task_onehot=task_onehot,
@@ -78,10 +83,13 @@ def test_folding_the_padding_into_the_first_layer_is_exact(kind, task_norm, task
         ("moe", True, False),
         ("moe", False, False),
         ("moe", False, True),
+        ("moe-shared", False, True),  # the multi-task MoE recipe: task router, one shared expert
     ],
 )
 def test_each_task_exports_on_its_own_input_and_passes_every_check(kind, task_onehot, task_heads, tmp_path):
-    state = _checkpoint(kind, task_onehot=task_onehot, task_heads=task_heads)
+    shared = int(kind == "moe-shared")
+    kind = "moe" if shared else kind
+    state = _checkpoint(kind, task_onehot=task_onehot, task_heads=task_heads, shared=shared)
     for task, width in (("FetchReach-v4", 13), ("FetchPush-v4", 28)):
         config = DeployCheckConfig(**{**CHECK.__dict__, "task": task})
         report = export_and_check(state, tmp_path / f"{task}.onnx", config)
@@ -91,7 +99,10 @@ def test_each_task_exports_on_its_own_input_and_passes_every_check(kind, task_on
         props = {p.key: p.value for p in onnx.load(tmp_path / f"{task}.onnx").metadata_props}
         assert props["fleetrl.task"] == task
         if kind == "moe":
-            assert json.loads(props["fleetrl.routing"])["task_index"] == TASKS.names.index(task)
+            routing = json.loads(props["fleetrl.routing"])
+            assert routing["task_index"] == TASKS.names.index(task)
+            if shared:  # every layer's table holds the shared expert 0 and the task's two routed ones
+                assert all(0 in layer["experts"] and len(layer["experts"]) == 3 for layer in routing["layers"]), routing
 
 
 def test_a_multi_task_checkpoint_needs_one_of_its_tasks_named(tmp_path):

@@ -13,6 +13,7 @@ from fleet.presets import (
     SINGLE_TASK_ONLY,
     TASK_PRESETS,
     TASK_ROUTED_MOE,
+    TASK_ROUTED_SHARED,
     preset_config,
 )
 from foundation.config import RunConfig, help_lines, with_overrides
@@ -164,7 +165,7 @@ def test_a_multi_task_run_adds_the_multitask_recipe_and_a_task_routed_moe_its_sw
     for config in (dense, moe, state):
         for dotted, value in MULTITASK.items():
             assert config[dotted.split(".")[0]][dotted.split(".")[1]] == value and _differs(config, dotted), dotted
-    for dotted, value in TASK_ROUTED_MOE.items():
+    for dotted, value in (TASK_ROUTED_MOE | TASK_ROUTED_SHARED).items():
         assert moe[dotted.split(".")[0]][dotted.split(".")[1]] == value and _differs(moe, dotted), dotted
         assert not _differs(dense, dotted) and not _differs(state, dotted), (
             dotted
@@ -185,6 +186,21 @@ def test_a_multi_task_run_adds_the_multitask_recipe_and_a_task_routed_moe_its_sw
         "FetchPush-v4 + multi-task",
     )
     RunConfig.from_json(json.dumps(moe)).validate()
+
+
+def test_the_shared_expert_recipe_leaves_a_routing_the_user_set_alone(capsys):
+    moe = ("--tasks", "FetchReach-v4,FetchPush-v4", "--set", 'model.kind="moe"')
+    # the design's plain top-2, asked for in full: the user's overrides win over the recipe
+    plain = _cli_config(capsys, *moe, "--set", "model.top_k=2", "--set", "model.shared_experts=0")
+    assert (plain["model"]["top_k"], plain["model"]["shared_experts"]) == (2, 0)
+    for top_k, shared in ((1, 0), (4, 0), (4, 2)):  # top_k 1 cannot hold a shared expert: the recipe stays out
+        mine = _cli_config(capsys, *moe, "--set", f"model.top_k={top_k}", "--set", f"model.shared_experts={shared}")
+        assert (mine["model"]["top_k"], mine["model"]["shared_experts"]) == (top_k, shared)
+        RunConfig.from_json(json.dumps(mine)).validate()
+    own = _cli_config(capsys, *moe, "--set", "model.shared_experts=1")  # top_k left as the design's 2
+    assert (own["model"]["top_k"], own["model"]["shared_experts"]) == (2, 1)
+    alone = _cli_config(capsys, "--task", "FetchPush-v4", "--set", 'model.kind="moe"')  # one task: no recipe
+    assert (alone["model"]["top_k"], alone["model"]["shared_experts"]) == (2, 0)
 
 
 def test_a_one_task_run_gets_no_multitask_recipe_and_the_users_set_wins_over_it(capsys):
