@@ -168,6 +168,9 @@ def test_learner_throughput_model_arms_are_valid_configs(monkeypatch):
     assert configs["moe-e32-bf16"].learner.autocast == "bf16"
     assert configs["dense-b512"].learner.batch_size == configs["moe-e32-b512"].learner.batch_size == 512
     assert configs["moe-e32-b512"].model.kind == "moe" and configs["moe-e32-b512"].model.experts == 32
+    # the k = 2 on every MoE arm but the one that measures the multi-task recipe's shared expert
+    moe = {arm: (c.model.top_k, c.model.shared_experts) for arm, c in configs.items() if c.model.kind == "moe"}
+    assert moe.pop("moe-e32-shared") == (3, 1) and set(moe.values()) == {(2, 0)}, moe
     assert configs["dense-b512"].model.kind == "dense"
 
 
