@@ -164,7 +164,7 @@ def arm_config(arm: str, extra: list[str] | None = None) -> RunConfig:
     unless the arm or `extra` sets them: MODEL_BASE); one torch thread."""
     overrides = [f"sim.tasks={json.dumps(MODEL_TASKS)}", *MODEL_BASE, *MODEL_ARMS[arm], *(extra or [])]
     overrides.append("learner.torch_threads=1")
-    return with_overrides(preset_for(with_overrides(RunConfig(), overrides)), overrides).validate()
+    return with_overrides(preset_for(with_overrides(RunConfig(), overrides), overrides), overrides).validate()
 
 
 def model_cost(arms: list[str], extra: list[str], seconds: float, repeats: int) -> dict:

@@ -70,7 +70,7 @@ def _config(args: argparse.Namespace):
         return with_overrides(RunConfig.load(args.config), overrides)
     # The presets go under the overrides, so a user's --set always wins; what the user set
     # (the tasks, the model) picks them.
-    return with_overrides(preset_for(with_overrides(RunConfig(), overrides)), overrides)
+    return with_overrides(preset_for(with_overrides(RunConfig(), overrides), overrides), overrides)
 
 
 def _train(args: argparse.Namespace) -> int:

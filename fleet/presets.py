@@ -2,7 +2,7 @@
 
     config = preset_config("FetchPush-v4")                 # RunConfig with the preset applied
     config = with_overrides(config, ["learner.batch_size=512"])   # the user's overrides still win
-    config = with_overrides(preset_for(user), overrides)   # what the CLI does: user = defaults + overrides
+    config = with_overrides(preset_for(user, overrides), overrides)   # what the CLI does: user = defaults + overrides
 
 A preset is a set of `section.field` overrides on the built-in defaults (which are the
 FetchReach preset). Each entry says why; the figures behind them are in
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Collection
 from typing import Any
 
 from foundation.config import ModelConfig, RunConfig, with_overrides
@@ -150,9 +151,9 @@ TASK_ROUTED_MOE: dict[str, Any] = {
 #   where 24.6 missed it), mean held-out success over the 4 tasks at 45 min 0.715, 0.725, 0.735
 #   against 0.695, 0.74, 0.67 (dense: 0.73, 0.73, 0.74; shared minus dense -0.008, standard
 #   error over the seeds 0.007). Held-out FetchPush at 45: 0.86, 0.90, 0.94 (without: 0.96,
-#   0.98, 0.96). Only where the user left the routing as the design has it (model.top_k 2,
-#   model.shared_experts 0): a run that sets either to something else keeps what it set, and
-#   `--set model.top_k=2 --set model.shared_experts=0` runs the design's plain top-2.
+#   0.98, 0.96). Only where the user left the routing alone (set neither model.top_k nor
+#   model.shared_experts): a run that sets either keeps what it set, and `--set model.top_k=2`
+#   runs the design's plain top-2.
 TASK_ROUTED_SHARED: dict[str, Any] = {
     "model.top_k": 3,
     "model.shared_experts": 1,
@@ -207,31 +208,33 @@ def _task_routed_moe(user: RunConfig) -> bool:
     return user.model.kind == "moe" and user.model.router == "task"
 
 
-def multitask_overrides(user: RunConfig) -> list[str]:
+def multitask_overrides(user: RunConfig, user_set: Collection[str] = ()) -> list[str]:
     """The multi-task recipe for a run the user set up as `user` ([] for a one-task run): MULTITASK,
     and MULTITASK_BATCH for a dense policy or a MoE with the task router, which takes
-    TASK_ROUTED_MOE too, and TASK_ROUTED_SHARED where the user left its routing as the design has
-    it (a state-routed MoE: none of them, unmeasured)."""
+    TASK_ROUTED_MOE too, and TASK_ROUTED_SHARED where the user left its routing alone: neither
+    field named in `user_set` (the `section.field` names the user set) nor changed from the
+    design's (a state-routed MoE: none of them, unmeasured)."""
     if len(user.sim.tasks) < 2:
         return []
     moe = _task_routed_moe(user)
     batch = moe or user.model.kind == "dense"
     recipe = MULTITASK | (TASK_ROUTED_MOE if moe else {}) | (MULTITASK_BATCH if batch else {})
     design = ModelConfig()
-    if moe and (user.model.top_k, user.model.shared_experts) == (design.top_k, design.shared_experts):
+    routing_left = (user.model.top_k, user.model.shared_experts) == (design.top_k, design.shared_experts)
+    if moe and routing_left and TASK_ROUTED_SHARED.keys().isdisjoint(user_set):
         recipe |= TASK_ROUTED_SHARED
     # never below the user's batch (a check refuses fewer rows than one batch)
     recipe["learner.min_replay_transitions"] = max(recipe["learner.min_replay_transitions"], user.learner.batch_size)
     return _as_overrides(recipe)
 
 
-def preset_for(user: RunConfig) -> RunConfig:
+def preset_for(user: RunConfig, overrides: Collection[str] = ()) -> RunConfig:
     """What a run starts from, chosen by what the user set (`user`: the built-in defaults with the
-    user's overrides): its task's preset (preset_task) and, with several tasks, the multi-task
-    recipe. The user's overrides go on top of it and win."""
+    user's `overrides`, `section.field=value` strings): its task's preset (preset_task) and, with
+    several tasks, the multi-task recipe. The user's overrides go on top of it and win."""
     tasks = list(user.sim.tasks) or [user.sim.task]
     first = preset_task(tasks)
-    extra = multitask_overrides(user)
+    extra = multitask_overrides(user, {o.split("=", 1)[0].strip() for o in overrides})
     config = preset_config(first, multitask=bool(extra))
     if not extra:
         return config

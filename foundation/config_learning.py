@@ -178,9 +178,8 @@ class ModelConfig:
         "(DeepSeekMoE's shared experts); the other top_k - shared_experts are routed. With the task router, weights "
         "every task trains (the routed experts of a 4-task run share none): what one task learns can reach "
         "another, as in a dense network, at no extra cost per row (a task's k experts are mixed into one Linear). "
-        "0: none. A multi-task run of a task-routed MoE whose routing is left as the design's (top_k 2, "
-        "shared_experts 0) takes top_k 3 with 1 shared (fleet/presets.py TASK_ROUTED_SHARED; 4 tasks, 3 seeds, "
-        "docs/presets.md 'Multi-task')",
+        "0: none. A multi-task run of a task-routed MoE that sets neither this nor model.top_k takes top_k 3 "
+        "with 1 shared (fleet/presets.py TASK_ROUTED_SHARED; 4 tasks, 3 seeds, docs/presets.md 'Multi-task')",
     )
     expert_width: int = config_field(
         128,

@@ -190,9 +190,10 @@ def test_a_multi_task_run_adds_the_multitask_recipe_and_a_task_routed_moe_its_sw
 
 def test_the_shared_expert_recipe_leaves_a_routing_the_user_set_alone(capsys):
     moe = ("--tasks", "FetchReach-v4,FetchPush-v4", "--set", 'model.kind="moe"')
-    # the design's plain top-2, asked for in full: the user's overrides win over the recipe
-    plain = _cli_config(capsys, *moe, "--set", "model.top_k=2", "--set", "model.shared_experts=0")
-    assert (plain["model"]["top_k"], plain["model"]["shared_experts"]) == (2, 0)
+    # the design's plain top-2: naming either routing field, even at its default, keeps the recipe out
+    for plain in (("model.top_k=2",), ("model.shared_experts=0",), ("model.top_k=2", "model.shared_experts=0")):
+        config = _cli_config(capsys, *moe, *[a for s in plain for a in ("--set", s)])
+        assert (config["model"]["top_k"], config["model"]["shared_experts"]) == (2, 0), plain
     for top_k, shared in ((1, 0), (4, 0), (4, 2)):  # top_k 1 cannot hold a shared expert: the recipe stays out
         mine = _cli_config(capsys, *moe, "--set", f"model.top_k={top_k}", "--set", f"model.shared_experts={shared}")
         assert (mine["model"]["top_k"], mine["model"]["shared_experts"]) == (top_k, shared)
