@@ -57,12 +57,24 @@ class Policy:
     """The newest actor this process has; acts stochastically or deterministically."""
 
     def __init__(
-        self, seed: int = 0, random_action_prob: float = 0.0, noise_std: float | None = None, random_keep_dims: int = 0
+        self,
+        seed: int = 0,
+        random_action_prob: float = 0.0,
+        noise_std: float | None = None,
+        random_keep_dims: int = 0,
+        random_action_repeat: int = 1,
     ) -> None:
         self.version = -1
         self.actor: NumpyActor | None = None
         self.random_action_prob = random_action_prob  # stochastic acting only; see SamplerConfig
         self.random_keep_dims = random_keep_dims  # trailing dims a random step takes from the policy
+        # A random stretch of n steps starts with probability p / (n - p (n - 1)), which keeps p the
+        # share of random steps (a stretch of n random steps per 1/start - 1 + n steps).
+        n = random_action_repeat
+        self.random_action_repeat = n
+        self._stretch_start = random_action_prob / (n - random_action_prob * (n - 1)) if random_action_prob else 0.0
+        self._held: np.ndarray | None = None  # the random stretch's action, and its steps left
+        self._held_left = 0
         self.noise_std = noise_std  # None: SAC's own sampling; else tanh(mu) + N(0, noise_std) (DDPG)
         self._rng = np.random.default_rng(seed)
 
@@ -76,6 +88,7 @@ class Policy:
             random_action_prob=config.sampler.random_action_prob,
             noise_std=noise,
             random_keep_dims=config.sampler.random_keep_dims,
+            random_action_repeat=config.sampler.random_action_repeat,
         )
 
     @classmethod
@@ -93,11 +106,28 @@ class Policy:
         self.version = snapshot.version
         return True
 
+    def new_episode(self) -> None:
+        """An episode starts: a random stretch of the last one ends (rollout calls this)."""
+        self._held, self._held_left = None, 0
+
+    def _random_step(self) -> np.ndarray | None:
+        """The uniform action of this step if it is a random one (a stretch going on, or one
+        starting now), else None."""
+        if self._held is not None and self._held_left > 0:
+            self._held_left -= 1
+            return self._held.copy()
+        if self._rng.random() >= self._stretch_start:
+            return None
+        action = self._rng.uniform(-1.0, 1.0, self.actor.spec.act_dim).astype(np.float32)
+        if self.random_action_repeat > 1:
+            self._held, self._held_left = action.copy(), self.random_action_repeat - 1
+        return action
+
     def act(self, obs: dict[str, np.ndarray], deterministic: bool, task: int = 0) -> np.ndarray:
         """An action for `obs` of the run's task place `task` (multi-task runs; 0 otherwise)."""
         assert self.actor is not None, "refresh() with weights before acting"
-        if not deterministic and self.random_action_prob > 0 and self._rng.random() < self.random_action_prob:
-            action = self._rng.uniform(-1.0, 1.0, self.actor.spec.act_dim).astype(np.float32)
+        action = None if deterministic or self.random_action_prob <= 0 else self._random_step()
+        if action is not None:
             if self.random_keep_dims:  # e.g. Fetch's gripper: a random step does not open a grasp
                 keep = self.random_keep_dims
                 action[-keep:] = self._own_action(_input_row(obs), task)[-keep:]
@@ -127,6 +157,8 @@ def rollout(
     """One episode of the run's task place `task`; policy None means uniform random actions.
     Returns (Episode, success)."""
     obs, _ = env.reset(seed=seed)
+    if policy is not None:
+        policy.new_episode()
     rows: dict[str, list[np.ndarray | float]] = {k: [] for k in ("obs", "ag", "dg", "action", "next_obs", "term")}
     info: dict = {}
     while True:

@@ -131,6 +131,13 @@ class SamplerConfig:
         "trailing action dimensions an epsilon-random step (random_action_prob) takes from the policy instead "
         "(Fetch and Meta-World: 1, the gripper, so a random step moves the arm without opening a grasp)",
     )
+    random_action_repeat: int = config_field(
+        1,
+        "env steps an epsilon-random step's uniform action is held for (temporally extended epsilon-greedy, "
+        "Dabney et al. 2021): a random stretch starts with the probability that keeps random_action_prob the "
+        "share of random steps, and ends early at the episode's end. Steps of 1 cm (Meta-World's hand) make a "
+        "walk of single random steps go nowhere; 1 = one step each",
+    )
     action_noise_std: float = config_field(
         0.2, "learner.algo 'ddpg': std of the Gaussian noise added to the actor's action (the HER paper's 0.2)"
     )
@@ -162,5 +169,6 @@ class SamplerConfig:
             (self.her_k_unmoved >= -1, "her_k_unmoved", ">= -1 (-1: her_k)"),
             (0.0 <= self.random_action_prob <= 1.0, "random_action_prob", "in [0, 1]"),
             (self.random_keep_dims >= 0, "random_keep_dims", ">= 0"),
+            (self.random_action_repeat >= 1, "random_action_repeat", ">= 1"),
             (self.max_env_steps_per_update >= 0, "max_env_steps_per_update", ">= 0"),
         ]
