@@ -70,3 +70,28 @@ def test_both_sides_turning_as_allowed_keep_the_ratio_and_never_deadlock():
     warmup = config.sampler.random_steps * config.sampler.num_samplers
     # One gradient per env step past the warm-up, within an episode's slack.
     assert abs((env_steps - warmup) - gradients * config.sampler.max_env_steps_per_update) <= 100
+
+
+def test_the_ratio_counts_rows_so_episodes_stored_without_her_copies_come_up_to_1_plus_her_k_times_faster():
+    """max_env_steps_per_update is kept in rows of 1 + her_k per env step. An episode that moved
+    nothing under sampler.her_k_unmoved 0 stores 1 row per step, so its env steps count a fifth
+    (her_k 4): FetchPush preset 7 (4 per gradient) measured 7.1-8.0 env steps per version to 90%,
+    MetaWorld-push alone about 20. The docs say so; this pins the arithmetic."""
+    config = with_overrides(
+        RunConfig(), ["sampler.max_env_steps_per_update=4.0", "learner.batch_size=1024", "sampler.her_k=4"]
+    )
+    limit = rate_limit(config)
+    assert limit is not None
+
+    def env_steps_per_gradient(rows_per_step: int) -> float:
+        inserted = sampled = gradients = steps = 0
+        for _ in range(40_000):
+            if limit.insert_ok(inserted, sampled, 50 * rows_per_step):  # one 50-step episode
+                inserted, steps = inserted + 50 * rows_per_step, steps + 50
+            if limit.sample_ok(inserted, sampled, 1024):
+                sampled, gradients = sampled + 1024, gradients + 1
+        warmup = config.sampler.random_steps * config.sampler.num_samplers
+        return (steps - warmup * 5 / rows_per_step) / gradients
+
+    assert env_steps_per_gradient(5) == pytest.approx(4.0, rel=0.02)  # every episode moved: 4 as named
+    assert env_steps_per_gradient(1) == pytest.approx(20.0, rel=0.02)  # none moved: 5x
