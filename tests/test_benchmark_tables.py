@@ -282,3 +282,16 @@ def test_routing_precision_finds_the_route_a_bf16_gate_would_change(monkeypatch,
     )
     with pytest.raises(SystemExit, match="task-routed MoEs"):
         routing_precision.run_routing(dense_dir)
+
+
+def test_exploration_probe_counts_moved_episodes_with_the_samplers_policy(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    probe = importlib.import_module("exploration_probe")
+    low, high = probe.wilson(3, 10)  # the 95% Wilson interval of 3/10, by hand: 0.108 to 0.603
+    assert low == pytest.approx(0.1078, abs=1e-3) and high == pytest.approx(0.6032, abs=1e-3)
+    assert probe.wilson(0, 5)[0] == 0.0 and probe.wilson(5, 5)[1] == 1.0
+    policy = probe.fresh_policy("FetchPush-v4", random_share=0.3, repeat=5, seed=0)
+    assert policy.random_action_repeat == 5 and policy.random_action_prob == 0.3 and policy.version == 0
+    # FetchReach's achieved goal is the gripper: a walk of uniform steps always leaves its first 5 cm.
+    reach = probe.probe("FetchReach-v4", random_share=1.0, repeat=1, episodes=3, seed=0)
+    assert reach["moved"] == 3 and reach["moved_share"] == 1.0 and reach["episodes"] == 3
