@@ -32,7 +32,6 @@ from deploy_npu.parity import OnnxPolicy, drive
 from deploy_npu.pipeline import frozen_and_timed, resolve_task
 from foundation.checkpoint import load_policy_checkpoint
 from foundation.config import RunConfig
-from sim.rate import NATIVE_HZ
 from sim.registry import control_rate_problem, get_task
 
 
@@ -70,6 +69,11 @@ class ControllerReport:
                 f"note       the policy was trained at {self.trained_hz:g} Hz: its velocity inputs re-timed "
                 "to those units in the graph's normalizer (--no-retime: as trained)"
             )
+        elif self.trained_hz != self.hz and not get_task(self.task).gym_id.startswith("Fetch"):
+            lines.append(
+                f"note       the policy was trained at {self.trained_hz:g} Hz; the task's observation keeps its "
+                "previous frame 1/80 s old at any rate (sim/metaworld.py), so nothing is re-timed"
+            )
         elif self.trained_hz != self.hz:
             lines.append(
                 f"note       the policy was trained at {self.trained_hz:g} Hz and reads velocities in those units, "
@@ -80,8 +84,8 @@ class ControllerReport:
 
 def controller_checks(run_dir: str | pathlib.Path, **options: Any) -> tuple[list[ControllerReport], dict[str, str]]:
     """controller_check(run_dir, **options) of every task of the run that can run at the rate,
-    and {task: why} for those that cannot (Meta-World runs at its own rate: sim/rate.py re-times
-    Fetch only). One report for a one-task run; a multi-task run's graphs are per task, each on
+    and {task: why} for those that cannot (a Meta-World task runs at its own 80 Hz or faster:
+    sim/metaworld.py). One report for a one-task run; a multi-task run's graphs are per task, each on
     its task's own input (deploy/<task>.onnx)."""
     ckpt = load_policy_checkpoint(pathlib.Path(run_dir) / "checkpoints")
     if len(ckpt.task_names) < 2:
@@ -118,7 +122,7 @@ def controller_check(
     ckpt = load_policy_checkpoint(run_dir / "checkpoints")
     spec, task_input = resolve_task(ckpt, task if task is not None else (None if ckpt.task else config.sim.task))
     place = task_input.index if task_input is not None else 0
-    trained_hz = config.sim.control_hz or NATIVE_HZ
+    trained_hz = config.sim.control_hz or spec.native_hz
     ckpt, routing, retimed = frozen_and_timed(
         ckpt, spec, task_input, hz=hz if retime else 0.0, trained_hz=trained_hz, seed=seed
     )

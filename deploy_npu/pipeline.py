@@ -93,16 +93,16 @@ class ControlRate:
     retimed: bool
 
 
-def run_control_hz(source: str) -> float:
+def run_control_hz(source: str, native_hz: float = NATIVE_HZ) -> float:
     """The rate a checkpoint's run trained at: sim.control_hz of the config.json beside its
-    checkpoints/ directory (`source`: the checkpoint file or that directory), else Fetch's own
-    25 Hz (a checkpoint moved out of its run)."""
+    checkpoints/ directory (`source`: the checkpoint file or that directory), else the task's own
+    rate `native_hz` (Fetch's 25 Hz by default; also for a checkpoint moved out of its run)."""
     path = pathlib.Path(source)
     if path.exists():
         run_dir = path.parent if path.is_dir() else path.parent.parent
         if (run_dir / "config.json").exists():
-            return RunConfig.load(run_dir / "config.json").sim.control_hz or NATIVE_HZ
-    return NATIVE_HZ
+            return RunConfig.load(run_dir / "config.json").sim.control_hz or native_hz
+    return native_hz
 
 
 @dataclass(frozen=True)
@@ -198,8 +198,11 @@ class DeployReport:
         r = self.rate
         if r is None or r.hz == r.trained_hz:
             return []
-        how = "re-timed to those units in the normalizer" if r.retimed else "not re-timed (not a Fetch task)"
-        return [f"rate      info a {r.hz:g} Hz controller; trained at {r.trained_hz:g} Hz, velocity inputs {how}"]
+        if r.retimed:
+            how = "velocity inputs re-timed to those units in the normalizer"
+        else:  # Meta-World: sim/metaworld.py keeps the observation's previous frame 1/80 s old at any rate
+            how = "its observation read in those units at any rate (not re-timed: nothing to)"
+        return [f"rate      info a {r.hz:g} Hz controller; trained at {r.trained_hz:g} Hz, {how}"]
 
     def _int8_lines(self) -> list[str]:
         q = self.int8
@@ -264,7 +267,8 @@ def frozen_and_timed(
 ) -> tuple[PolicyCheckpoint, RoutingTable | None, bool]:
     """What every export does before tracing: a MoE's routing frozen over fresh rollouts of the
     task (at its training rate), then, for a Fetch task run at another rate `hz` (0: none), its
-    velocity inputs re-timed (deploy_npu/retime.py). (checkpoint to trace, routing, re-timed)."""
+    velocity inputs re-timed (deploy_npu/retime.py; a Meta-World task's observation reads the same
+    at any rate, sim/metaworld.py). (checkpoint to trace, routing, re-timed)."""
     place = task_input.index if task_input is not None else 0  # the task's row of per-task tables
     routing = None
     if ckpt.spec.kind == "moe":
@@ -283,7 +287,7 @@ def export_and_check(
     ckpt = load_policy_checkpoint(checkpoint, config.weights)
     task, task_input = resolve_task(ckpt, config.task)
     place = task_input.index if task_input is not None else 0  # the task's row of per-task tables
-    trained_hz = config.trained_hz or run_control_hz(ckpt.source)
+    trained_hz = config.trained_hz or run_control_hz(ckpt.source, task.native_hz)
     ckpt, routing, was_retimed = frozen_and_timed(
         ckpt, task, task_input, hz=config.control_hz, trained_hz=trained_hz, seed=config.seed,
         calibration_episodes=config.calibration_episodes,

@@ -50,7 +50,9 @@ class SimConfig:
     )
     randomization: RandomizationConfig = field(default_factory=RandomizationConfig)
     control_hz: float = config_field(
-        0.0, "decisions per simulated second (sim/rate.py: same seconds and hand speed); 0 = Fetch's own 25 Hz"
+        0.0,
+        "decisions per simulated second, the same seconds and hand speed (Fetch: sim/rate.py; Meta-World, 80 "
+        "Hz or faster: sim/metaworld.py); 0 = each task's own rate (Fetch 25 Hz, Meta-World 80 Hz)",
     )
 
     def checks(self) -> list[Check]:

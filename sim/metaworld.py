@@ -20,16 +20,38 @@ horizon (no termination on success) shorter than Meta-World's 500 steps: the reg
 max_episode_steps. Each reset picks one of Meta-World's 50 variations of the task (MT1's train
 tasks: goal and object positions) with the env's own seeded generator, so reset(seed=s)
 gives the same episode start every time, as the evaluator's held-out seeds need.
+
+Meta-World decides at 80 Hz (5 physics steps of 2.5 ms). `set_control_rate(hz)` runs the task
+at a faster rate with the same physics and the same hand speed, as sim/rate.py does for Fetch:
+
+- physics: n = round((1 / hz) / 2.5 ms) steps per decision, the timestep (1 / hz) / n;
+- the hand: an action moves the hand's mocap target by action / 100 m, and the target
+  accumulates (it is not re-anchored on the hand, unlike Fetch's), so the position part of every
+  action is scaled by exactly 80 / hz: the target moves as far per second as at 80 Hz;
+- the observation's previous frame (entries 18-35) stays 1/80 s old: at `hz` it is the frame
+  hz / 80 decisions ago, interpolated between the two stored frames around it (at 120 Hz, the
+  mean of the frames 1 and 2 decisions ago), so a policy trained at 80 Hz reads the same
+  differences for the same motion and needs no re-timing in its graph;
+- the episode: as many seconds as at 80 Hz (sim/registry.py make_env).
+
+Slower than 80 Hz is refused: a full-scale action could not move the target as fast.
 """
 
 from __future__ import annotations
 
+import collections
+import math
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 
 GOAL = slice(36, 39)  # where Meta-World's v3 observation holds the goal position
+FRAME = 18  # one frame: hand 3, gripper 1, two objects' position 3 and quaternion 4
+NATIVE_HZ = 80.0  # NATIVE_SUBSTEPS physics steps of NATIVE_TIMESTEP per decision
+NATIVE_TIMESTEP = 0.0025
+NATIVE_SUBSTEPS = 5
+POSITION_DIMS = 3  # action[:3] moves the hand's mocap target; action[3] the gripper
 ACHIEVED = {"reach-v3": slice(0, 3), "push-v3": slice(4, 7)}  # hand, and the first object
 
 
@@ -59,6 +81,46 @@ class MetaWorldGoal(gym.Env):
         self.observation_space = gym.spaces.Dict(
             {"observation": box(36), "achieved_goal": box(3), "desired_goal": box(3)}
         )
+        self.control_hz = NATIVE_HZ
+        self._position_scale = 1.0
+        self._frames: collections.deque[np.ndarray] | None = None  # newest first, at another rate
+
+    def set_control_rate(self, hz: float) -> None:
+        """Decide `hz` times per simulated second (>= 80); see the module docstring."""
+        if not hz >= NATIVE_HZ:
+            raise ValueError(
+                f"control_hz ({hz:g}) is below Meta-World's own {NATIVE_HZ:g} Hz: a full-scale action "
+                "could not move the hand's target as fast as at its own rate"
+            )
+        period = 1.0 / hz
+        substeps = max(1, round(period / NATIVE_TIMESTEP))
+        self._env.frame_skip = substeps
+        self._env.model.opt.timestep = period / substeps
+        self.control_hz = float(hz)
+        self._position_scale = NATIVE_HZ / hz
+        lag = hz / NATIVE_HZ  # decisions in one native decision
+        self._frames = None if hz == NATIVE_HZ else collections.deque(maxlen=math.ceil(lag) + 1)
+
+    def _previous_frame(self) -> np.ndarray:
+        """The frame 1/80 s before the newest, interpolated between the stored ones around it."""
+        assert self._frames is not None
+        lag = self.control_hz / NATIVE_HZ
+        near, share = int(math.floor(lag)), lag - math.floor(lag)
+        frames = self._frames
+        older = frames[min(near + 1, len(frames) - 1)]
+        return (1.0 - share) * frames[min(near, len(frames) - 1)] + share * older
+
+    def _retimed(self, flat: np.ndarray, reset: bool) -> np.ndarray:
+        if self._frames is None:
+            return flat
+        flat = np.array(flat, np.float64, copy=True)
+        if reset:  # Meta-World starts an episode with the previous frame equal to the first
+            self._frames.clear()
+            self._frames.extend([flat[:FRAME].copy()] * self._frames.maxlen)
+        else:
+            self._frames.appendleft(flat[:FRAME].copy())
+        flat[FRAME : 2 * FRAME] = self._previous_frame()
+        return flat
 
     @property
     def model(self):
@@ -76,12 +138,19 @@ class MetaWorldGoal(gym.Env):
     def reset(self, *, seed: int | None = None, options: dict | None = None):
         super().reset(seed=seed)
         self._env.set_task(self._variations[int(self.np_random.integers(len(self._variations)))])
-        flat, info = self._env.reset()
-        return self._split(flat), dict(info)
+        rate = (self._env.frame_skip, self._env.model.opt.timestep)
+        self._env.frame_skip, self._env.model.opt.timestep = NATIVE_SUBSTEPS, NATIVE_TIMESTEP  # settle as at 80 Hz:
+        try:  # the same episode start at every rate
+            flat, info = self._env.reset()
+        finally:
+            self._env.frame_skip, self._env.model.opt.timestep = rate
+        return self._split(self._retimed(flat, reset=True)), dict(info)
 
     def step(self, action):
-        flat, _, _, _, info = self._env.step(np.asarray(action, np.float32))
-        obs = self._split(flat)
+        action = np.array(action, np.float32, copy=True)
+        action[:POSITION_DIMS] *= self._position_scale
+        flat, _, _, _, info = self._env.step(action)
+        obs = self._split(self._retimed(flat, reset=False))
         reward = float(self.compute_reward(obs["achieved_goal"], obs["desired_goal"], info))
         return obs, reward, False, False, {**info, "is_success": float(reward == 0.0)}
 

@@ -49,8 +49,9 @@ def velocity_columns(obs_dim: int) -> slice:
     return VELOCITY_COLUMNS[obs_dim]
 
 
-def episode_steps(native_steps: int, hz: float) -> int:
-    return max(1, round(native_steps * hz / NATIVE_HZ))
+def episode_steps(native_steps: int, hz: float, native_hz: float = NATIVE_HZ) -> int:
+    """Decisions at `hz` in the seconds of `native_steps` decisions at `native_hz`."""
+    return max(1, round(native_steps * hz / native_hz))
 
 
 class ControlRate(gym.ActionWrapper):

@@ -32,6 +32,7 @@ from foundation.config import RandomizationConfig
 from foundation.config_experience import TASK_NAMES
 from foundation.errors import FleetrlError
 from foundation.wire import TransitionSchema
+from sim.metaworld import NATIVE_HZ as METAWORLD_HZ  # metaworld itself is imported only when built
 from sim.randomization import DomainRandomization
 from sim.rate import NATIVE_HZ, ControlRate, episode_steps
 
@@ -65,6 +66,7 @@ class TaskSpec:
     goal_dim: int
     act_dim: int
     max_episode_steps: int
+    native_hz: float = NATIVE_HZ  # decisions per simulated second of the task's own env (Fetch 25)
 
     def schema(self) -> TransitionSchema:
         """The column layout of this task's transitions (fixed-size records in the buffer)."""
@@ -82,7 +84,10 @@ def _metaworld(env_name: str, task_id: int, max_episode_steps: int) -> TaskSpec:
     # action), built lazily so that metaworld is imported only by who runs it.
     name = f"MetaWorld-{env_name}"
     gym.register(id=f"fleetrl/{name}", entry_point="sim.metaworld:MetaWorldGoal", kwargs={"env_name": env_name})
-    return TaskSpec(name, task_id, f"fleetrl/{name}", 36, goal_dim=3, act_dim=4, max_episode_steps=max_episode_steps)
+    return TaskSpec(
+        name, task_id, f"fleetrl/{name}", 36, goal_dim=3, act_dim=4, max_episode_steps=max_episode_steps,
+        native_hz=METAWORLD_HZ,
+    )  # fmt: skip
 
 
 # Ids are part of the wire format and of stored data: never renumber, only append.
@@ -140,7 +145,8 @@ def make_env(
 
     With `randomization` given and enabled, the env is wrapped in DomainRandomization;
     with None or `enabled=False` it is the nominal task (the evaluator's default).
-    `control_hz` (0: Fetch's own 25 Hz) runs the task at another decision rate (sim/rate.py).
+    `control_hz` (0: the task's own rate, `native_hz`) runs the task at another decision rate
+    (Fetch: sim/rate.py; Meta-World, 80 Hz or faster: sim/metaworld.py).
 
         >>> env = make_env("FetchReach-v4")                          # nominal
         >>> env = make_env(0, RandomizationConfig(obs_noise_std=0.0))  # randomized dynamics
@@ -149,9 +155,13 @@ def make_env(
     problem = control_rate_problem(spec, control_hz)
     if problem is not None:
         raise ValueError(problem)
-    if control_hz and control_hz != NATIVE_HZ:  # sim/rate.py: the same seconds at another rate
-        env = gym.make(spec.gym_id, max_episode_steps=episode_steps(spec.max_episode_steps, control_hz))
-        env = ControlRate(env, control_hz)
+    if control_hz and control_hz != spec.native_hz:  # the same seconds at another rate
+        steps = episode_steps(spec.max_episode_steps, control_hz, spec.native_hz)
+        env = gym.make(spec.gym_id, max_episode_steps=steps)
+        if spec.gym_id.startswith("Fetch"):
+            env = ControlRate(env, control_hz)  # sim/rate.py
+        else:
+            env.unwrapped.set_control_rate(control_hz)  # sim/metaworld.py
     else:
         env = gym.make(spec.gym_id, max_episode_steps=spec.max_episode_steps)
     if randomization is not None and randomization.enabled:
@@ -160,10 +170,12 @@ def make_env(
 
 
 def control_rate_problem(spec: TaskSpec, control_hz: float) -> str | None:
-    """Why `spec` cannot run at `control_hz` (0: its own rate), or None when it can."""
-    if control_hz and control_hz != NATIVE_HZ and not spec.gym_id.startswith("Fetch"):
+    """Why `spec` cannot run at `control_hz` (0: its own rate), or None when it can: Fetch runs at
+    any rate (sim/rate.py), Meta-World at its own 80 Hz or faster (sim/metaworld.py)."""
+    if control_hz and not spec.gym_id.startswith("Fetch") and control_hz < spec.native_hz:
         return (
-            f"sim.control_hz ({control_hz:g}) re-times Fetch tasks only (sim/rate.py); {spec.name} runs at its own rate"
+            f"sim.control_hz ({control_hz:g}) is below {spec.name}'s own {spec.native_hz:g} Hz: a Meta-World "
+            "task runs at its own rate or faster (sim/metaworld.py)"
         )
     return None
 

@@ -48,18 +48,22 @@ def test_a_multi_task_run_is_checked_task_by_task_on_each_tasks_own_input(tmp_pa
     task_set = TaskSet.of(tasks)
     core = AggregatorCore(model_spec(config, task_set), config.aggregator, 1, 1, task_set.label)
     save_checkpoint(tmp_path / "checkpoints", core.state(), keep=1)
-    reports, skipped = controller_checks(tmp_path, hz=25.0, delay_ms=0.0, episodes=1)
+    reports, skipped = controller_checks(tmp_path, hz=120.0, delay_ms=10.0, episodes=1)
     assert [r.task for r in reports] == tasks and skipped == {}
-    assert [r.ticks for r in reports] == [50, 100]  # each task's own horizon at its own rate
+    # Each task's own seconds at 120 Hz: FetchReach's 2 s (50 at 25 Hz), MetaWorld-reach's 1.25 s
+    # (100 at 80 Hz), each trained at its own rate.
+    assert [(r.ticks, r.trained_hz, r.delay_ticks) for r in reports] == [(240, 25.0, 1), (150, 80.0, 1)]
+    assert "nothing is re-timed" in reports[1].summary() and "re-timed" in reports[0].summary()
     for task in tasks:
         assert (tmp_path / "deploy" / f"{task}.onnx").exists()
-    controller_checks(tmp_path, hz=25.0, delay_ms=0.0, episodes=1, onnx_path=tmp_path / "elsewhere")
+    controller_checks(tmp_path, hz=120.0, delay_ms=0.0, episodes=1, onnx_path=tmp_path / "elsewhere")
     assert sorted(p.name for p in (tmp_path / "elsewhere").glob("*.onnx")) == sorted(f"{t}.onnx" for t in tasks)
-    # At 120 Hz the Fetch task is checked and the Meta-World one, which runs only at its own
-    # rate, is skipped with the reason (it used to end the whole check in a traceback).
-    reports, skipped = controller_checks(tmp_path, hz=120.0, delay_ms=10.0, episodes=1)
-    assert [(r.task, r.ticks) for r in reports] == [("FetchReach-v4", 240)]
-    assert list(skipped) == ["MetaWorld-reach-v3"] and "re-times Fetch tasks only" in skipped["MetaWorld-reach-v3"]
+    # Below Meta-World's own 80 Hz the Fetch task is checked and the Meta-World one is skipped
+    # with the reason (it used to end the whole check in a traceback).
+    reports, skipped = controller_checks(tmp_path, hz=25.0, delay_ms=0.0, episodes=1)
+    assert [(r.task, r.ticks) for r in reports] == [("FetchReach-v4", 50)]
+    assert list(skipped) == ["MetaWorld-reach-v3"]
+    assert "below MetaWorld-reach-v3's own 80 Hz" in skipped["MetaWorld-reach-v3"]
 
 
 def test_deploy_check_writes_its_figures_as_json_and_exits_by_the_deadline_verdict(tmp_path):

@@ -57,6 +57,60 @@ def test_fetch_and_metaworld_tasks_train_together_at_one_padded_width():
         env.close()
 
 
-def test_another_control_rate_is_refused_for_a_metaworld_task():
-    with pytest.raises(ValueError, match="re-times Fetch tasks only"):
-        make_env("MetaWorld-reach-v3", control_hz=120.0)
+def test_a_metaworld_task_slower_than_its_own_80_hz_is_refused():
+    with pytest.raises(ValueError, match="below MetaWorld-reach-v3's own 80 Hz"):
+        make_env("MetaWorld-reach-v3", control_hz=25.0)
+
+
+def _held(hz: float, seconds: float, action) -> tuple[list[np.ndarray], object]:
+    """The observations of `action` held for `seconds` of simulated time at `hz`, reset first."""
+    env = make_env("MetaWorld-reach-v3", control_hz=hz)
+    obs, _ = env.reset(seed=3)
+    seen = [obs["observation"].copy()]
+    for _ in range(round(seconds * hz)):
+        obs, *_ = env.step(np.asarray(action, np.float32))
+        seen.append(obs["observation"].copy())
+    return seen, env
+
+
+def test_a_metaworld_task_at_120_hz_keeps_its_seconds_hand_speed_and_previous_frame_age():
+    native, env80 = _held(80.0, 0.125, [0.5, 0.0, -1.0, 0.0])
+    fast, env120 = _held(120.0, 0.125, [0.5, 0.0, -1.0, 0.0])
+    try:
+        inner = env120.unwrapped._env
+        assert inner.frame_skip == 3 and inner.model.opt.timestep == pytest.approx(1 / 360)
+        assert env80.unwrapped._env.frame_skip == 5  # 80 Hz is its own rate: untouched
+        assert env120.spec.max_episode_steps == 150  # 100 decisions of 12.5 ms = 150 of 8.33 ms
+    finally:
+        env80.close()
+        env120.close()
+    # The same episode start at both rates, and the hand as far along after the same seconds.
+    np.testing.assert_allclose(native[0], fast[0], atol=1e-9)
+    moved80, moved120 = native[-1][:3] - native[0][:3], fast[-1][:3] - fast[0][:3]
+    assert np.linalg.norm(moved80) > 0.01
+    np.testing.assert_allclose(moved120, moved80, atol=0.1 * np.linalg.norm(moved80))
+    # The previous frame is 1/80 s old: at 120 Hz the mean of the frames 1 and 2 decisions ago
+    # (the reset frame stands in for frames before it), and the difference the policy reads from
+    # it matches 80 Hz's for the same motion.
+    frames = [o[:18] for o in fast]
+    for t in range(1, len(fast)):
+        expected = 0.5 * (frames[t - 1] + frames[max(t - 2, 0)])
+        np.testing.assert_allclose(fast[t][18:36], expected, atol=1e-12)
+    step80, step120 = native[-1][:3] - native[-1][18:21], fast[-1][:3] - fast[-1][18:21]
+    np.testing.assert_allclose(step120, step80, atol=0.15 * np.linalg.norm(step80))
+
+
+def test_a_metaworld_task_at_its_own_rate_draws_what_it_drew():
+    plain, at80 = make_env("MetaWorld-push-v3"), make_env("MetaWorld-push-v3", control_hz=80.0)
+    try:
+        a, _ = plain.reset(seed=1)
+        b, _ = at80.reset(seed=1)
+        rng = np.random.default_rng(0)
+        for _ in range(20):
+            action = rng.uniform(-1, 1, 4).astype(np.float32)
+            np.testing.assert_array_equal(a["observation"], b["observation"])
+            a, *_ = plain.step(action)
+            b, *_ = at80.step(action)
+    finally:
+        plain.close()
+        at80.close()
