@@ -100,6 +100,7 @@ def _train(args: argparse.Namespace) -> int:
 
     # a bad task list, or an option the task's actions cannot take, fails here, not in every role
     check_keep_dims(config.sampler.random_keep_dims, TaskSet.for_run(config).act_dim)
+    _check_control_rate(config, TaskSet.for_run(config))
     if not args.run_dir and not any(s.startswith("run_dir=") for s in args.set):
         stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
         config = dataclasses.replace(config, run_dir=f"runs/{config.sim.task}-{stamp}")
@@ -123,6 +124,16 @@ def _train(args: argparse.Namespace) -> int:
     holds = "checkpoints/, tb/ for TensorBoard, logs/" if summary.mode == "async" else "evals.jsonl, checkpoints/"
     print(f"results: {summary.run_dir} (summary.json, {holds})")
     return 0 if summary.reached_target or "interrupted" in summary.stop_reason else 1
+
+
+def _check_control_rate(config, tasks) -> None:
+    """sim.control_hz every task of the run can run at (sim/registry.py), checked before any role starts."""
+    from foundation.config import ConfigError
+    from sim.registry import control_rate_problem
+
+    for spec in tasks.tasks:
+        if problem := control_rate_problem(spec, config.sim.control_hz):
+            raise ConfigError(problem, field="sim.control_hz")
 
 
 def _role(args: argparse.Namespace) -> int:

@@ -78,6 +78,18 @@ def test_train_refuses_redis_replicas_it_cannot_start(flags, monkeypatch, capsys
     assert "--redis-replicas" in capsys.readouterr().err and not _FakeFleet.built
 
 
+def test_train_refuses_a_control_rate_a_task_cannot_run_at_before_starting_anything(monkeypatch, capsys):
+    monkeypatch.setattr("fleet.launch.LocalFleet", _FakeFleet)
+    _FakeFleet.built.clear()
+    tasks = "FetchReach-v4,MetaWorld-reach-v3"
+    assert main(["train", "--tasks", tasks, "--set", "sim.control_hz=25"]) == 2
+    err = capsys.readouterr().err
+    assert "sim.control_hz (25) is below MetaWorld-reach-v3's own 80 Hz" in err, err
+    assert not _FakeFleet.built
+    assert main(["train", "--tasks", tasks, "--set", "sim.control_hz=120"]) == 0  # both run at 120 Hz
+    assert len(_FakeFleet.built) == 1
+
+
 def test_train_refuses_random_keep_dims_beyond_the_tasks_actions_before_starting_anything(monkeypatch, capsys):
     monkeypatch.setattr("fleet.launch.LocalFleet", _FakeFleet)
     _FakeFleet.built.clear()
