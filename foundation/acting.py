@@ -113,6 +113,7 @@ class Policy:
     def _random_step(self) -> np.ndarray | None:
         """The uniform action of this step if it is a random one (a stretch going on, or one
         starting now), else None."""
+        assert self.actor is not None, "refresh() with weights before acting"
         if self._held is not None and self._held_left > 0:
             self._held_left -= 1
             return self._held.copy()

@@ -33,6 +33,7 @@ from foundation.config_experience import TASK_NAMES
 from foundation.errors import FleetrlError
 from foundation.wire import TransitionSchema
 from sim.metaworld import NATIVE_HZ as METAWORLD_HZ  # metaworld itself is imported only when built
+from sim.metaworld import MetaWorldGoal
 from sim.randomization import DomainRandomization
 from sim.rate import NATIVE_HZ, ControlRate, episode_steps
 
@@ -161,7 +162,7 @@ def make_env(
         if spec.gym_id.startswith("Fetch"):
             env = ControlRate(env, control_hz)  # sim/rate.py
         else:
-            env.unwrapped.set_control_rate(control_hz)  # sim/metaworld.py
+            cast("MetaWorldGoal", env.unwrapped).set_control_rate(control_hz)  # sim/metaworld.py
     else:
         env = gym.make(spec.gym_id, max_episode_steps=spec.max_episode_steps)
     if randomization is not None and randomization.enabled:
