@@ -158,8 +158,8 @@ def rollout(
     """One episode of the run's task place `task`; policy None means uniform random actions.
     Returns (Episode, success)."""
     obs, _ = env.reset(seed=seed)
-    if policy is not None:
-        policy.new_episode()
+    if (new_episode := getattr(policy, "new_episode", None)) is not None:
+        new_episode()  # a Policy's held random action ends with its episode; an act-only policy has none
     rows: dict[str, list[np.ndarray | float]] = {k: [] for k in ("obs", "ag", "dg", "action", "next_obs", "term")}
     info: dict = {}
     while True:
