@@ -84,6 +84,7 @@ class MetaWorldGoal(gym.Env):
         self.control_hz = NATIVE_HZ
         self._position_scale = 1.0
         self._frames: collections.deque[np.ndarray] | None = None  # newest first, at another rate
+        self._near, self._share = 1, 0.0
 
     def set_control_rate(self, hz: float) -> None:
         """Decide `hz` times per simulated second (>= 80); see the module docstring."""
@@ -98,17 +99,16 @@ class MetaWorldGoal(gym.Env):
         self._env.model.opt.timestep = period / substeps
         self.control_hz = float(hz)
         self._position_scale = NATIVE_HZ / hz
-        lag = hz / NATIVE_HZ  # decisions in one native decision
-        self._frames = None if hz == NATIVE_HZ else collections.deque(maxlen=math.ceil(lag) + 1)
+        lag = hz / NATIVE_HZ  # decisions in one native decision: 1/80 s lies `near` + `share` frames back
+        self._near, self._share = math.floor(lag), lag - math.floor(lag)
+        self._frames = None if hz == NATIVE_HZ else collections.deque(maxlen=self._near + 2)
 
     def _previous_frame(self) -> np.ndarray:
-        """The frame 1/80 s before the newest, interpolated between the stored ones around it."""
+        """The frame 1/80 s before the newest, interpolated between the two stored ones around it
+        (the history is always full: a reset fills it)."""
         assert self._frames is not None
-        lag = self.control_hz / NATIVE_HZ
-        near, share = int(math.floor(lag)), lag - math.floor(lag)
         frames = self._frames
-        older = frames[min(near + 1, len(frames) - 1)]
-        return (1.0 - share) * frames[min(near, len(frames) - 1)] + share * older
+        return (1.0 - self._share) * frames[self._near] + self._share * frames[self._near + 1]
 
     def _retimed(self, flat: np.ndarray, reset: bool) -> np.ndarray:
         if self._frames is None:
