@@ -69,7 +69,7 @@ class ControllerReport:
                 f"note       the policy was trained at {self.trained_hz:g} Hz: its velocity inputs re-timed "
                 "to those units in the graph's normalizer (--no-retime: as trained)"
             )
-        elif self.trained_hz != self.hz and not get_task(self.task).gym_id.startswith("Fetch"):
+        elif self.trained_hz != self.hz and not get_task(self.task).is_fetch:
             lines.append(
                 f"note       the policy was trained at {self.trained_hz:g} Hz; the task's observation keeps its "
                 "previous frame 1/80 s old at any rate (sim/metaworld.py), so nothing is re-timed"

@@ -275,7 +275,7 @@ def frozen_and_timed(
         tasks = task_input.tasks if task_input is not None else None
         states = calibration_states(ckpt.spec, ckpt.actor, ckpt.obs_norm, task, calibration_episodes, seed, tasks)
         routing = freeze_routing(reference_actor(ckpt), task.name, states, task_index=place)
-    if hz and hz != trained_hz and task.gym_id.startswith("Fetch"):
+    if hz and hz != trained_hz and task.is_fetch:
         return retimed(ckpt, task, trained_hz, hz, place), routing, True
     return ckpt, routing, False
 

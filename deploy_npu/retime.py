@@ -35,7 +35,7 @@ def retimed(ckpt: PolicyCheckpoint, task: TaskSpec, trained_hz: float, hz: float
     only; the same checkpoint when the rates are equal."""
     if trained_hz == hz:
         return ckpt
-    if not task.gym_id.startswith("Fetch"):
+    if not task.is_fetch:
         raise ValueError(f"{task.name}: only Fetch tasks are re-timed (sim/rate.py)")
     factor = retime_factor(task, trained_hz, hz)
     spec = ckpt.spec

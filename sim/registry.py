@@ -68,6 +68,14 @@ class TaskSpec:
     act_dim: int
     max_episode_steps: int
     native_hz: float = NATIVE_HZ  # decisions per simulated second of the task's own env (Fetch 25)
+    family: str = "fetch"  # "fetch" (gymnasium-robotics) or "metaworld" (sim/metaworld.py)
+
+    @property
+    def is_fetch(self) -> bool:
+        """A Fetch task: it runs at any rate through sim/rate.py, and an exported graph re-times its
+        velocity inputs (deploy_npu/retime.py). A Meta-World task re-times itself, from its own
+        80 Hz up, and its observation reads the same at any rate (sim/metaworld.py)."""
+        return self.family == "fetch"
 
     def schema(self) -> TransitionSchema:
         """The column layout of this task's transitions (fixed-size records in the buffer)."""
@@ -87,7 +95,7 @@ def _metaworld(env_name: str, task_id: int, max_episode_steps: int) -> TaskSpec:
     gym.register(id=f"fleetrl/{name}", entry_point="sim.metaworld:MetaWorldGoal", kwargs={"env_name": env_name})
     return TaskSpec(
         name, task_id, f"fleetrl/{name}", 36, goal_dim=3, act_dim=4, max_episode_steps=max_episode_steps,
-        native_hz=METAWORLD_HZ,
+        native_hz=METAWORLD_HZ, family="metaworld",
     )  # fmt: skip
 
 
@@ -159,7 +167,7 @@ def make_env(
     if control_hz and control_hz != spec.native_hz:  # the same seconds at another rate
         steps = episode_steps(spec.max_episode_steps, control_hz, spec.native_hz)
         env = gym.make(spec.gym_id, max_episode_steps=steps)
-        if spec.gym_id.startswith("Fetch"):
+        if spec.is_fetch:
             env = ControlRate(env, control_hz)  # sim/rate.py
         else:
             cast("MetaWorldGoal", env.unwrapped).set_control_rate(control_hz)  # sim/metaworld.py
@@ -173,7 +181,7 @@ def make_env(
 def control_rate_problem(spec: TaskSpec, control_hz: float) -> str | None:
     """Why `spec` cannot run at `control_hz` (0: its own rate), or None when it can: Fetch runs at
     any rate (sim/rate.py), Meta-World at its own 80 Hz or faster (sim/metaworld.py)."""
-    if control_hz and not spec.gym_id.startswith("Fetch") and control_hz < spec.native_hz:
+    if control_hz and not spec.is_fetch and control_hz < spec.native_hz:
         return (
             f"sim.control_hz ({control_hz:g}) is below {spec.name}'s own {spec.native_hz:g} Hz: a Meta-World "
             "task runs at its own rate or faster (sim/metaworld.py)"

@@ -62,6 +62,15 @@ def test_config_accepts_exactly_the_registered_tasks() -> None:
 
 
 @pytest.mark.parametrize("name", list(TASKS))
+def test_family_and_native_rate_follow_the_env_behind_the_task(name: str) -> None:
+    spec = get_task(name)
+    fetch = spec.gym_id.startswith("Fetch")  # gymnasium-robotics; Meta-World's are sim/metaworld.py's
+    assert spec.is_fetch == fetch
+    assert (spec.family, spec.native_hz) == (("fetch", 25.0) if fetch else ("metaworld", 80.0))
+    assert fetch == (make_env(spec).unwrapped.__class__.__name__ != "MetaWorldGoal")
+
+
+@pytest.mark.parametrize("name", list(TASKS))
 def test_dims_match_the_real_env(name: str) -> None:
     spec = get_task(name)
     env = make_env(spec)
