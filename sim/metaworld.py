@@ -116,7 +116,7 @@ class MetaWorldGoal(gym.Env):
         flat = np.array(flat, np.float64, copy=True)
         if reset:  # Meta-World starts an episode with the previous frame equal to the first
             self._frames.clear()
-            self._frames.extend(flat[:FRAME].copy() for _ in range(self._frames.maxlen or 1))
+            self._frames.extend(flat[:FRAME].copy() for _ in range(self._near + 2))  # its maxlen
         else:
             self._frames.appendleft(flat[:FRAME].copy())
         flat[FRAME : 2 * FRAME] = self._previous_frame()

@@ -23,7 +23,7 @@ import numbers
 import types
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, Literal, cast
 
 import gymnasium as gym
 import numpy as np
@@ -68,7 +68,7 @@ class TaskSpec:
     act_dim: int
     max_episode_steps: int
     native_hz: float = NATIVE_HZ  # decisions per simulated second of the task's own env (Fetch 25)
-    family: str = "fetch"  # "fetch" (gymnasium-robotics) or "metaworld" (sim/metaworld.py)
+    family: Literal["fetch", "metaworld"] = "fetch"  # gymnasium-robotics, or sim/metaworld.py
 
     @property
     def is_fetch(self) -> bool:
