@@ -4,7 +4,8 @@
     print(report.summary())
 
 The ONNX graph `fleetrl export` writes drives the simulated task at `hz` decisions per
-simulated second (sim/rate.py), with the run's domain randomization on, its action held until
+simulated second (sim/rate.py), with domain randomization on (the run's ranges, switched on where
+the run trained on the nominal task: `nominal=True` drives the nominal task), its action held until
 the next tick (zero-order hold: one env step per tick) and applied `delay_ms` late (rounded to
 whole ticks, a queue of actions: what a real actuator chain adds). The torch policy the run
 trained (dynamic routing for a MoE) drives the same episodes under the same delay, so the two
@@ -19,6 +20,7 @@ rate it will run at. The report says which.
 
 from __future__ import annotations
 
+import dataclasses
 import pathlib
 from dataclasses import dataclass
 from typing import Any
@@ -50,16 +52,25 @@ class ControllerReport:
     p99_ms: float
     max_ms: float
     retimed: bool = False  # velocity inputs re-timed from hz to trained_hz (deploy_npu/retime.py)
+    randomized: bool = True  # driven with domain randomization on (False: the nominal task)
+    trained_randomized: bool = True  # the run itself trained with it (sim.randomization.enabled)
 
     @property
     def passed(self) -> bool:
         return self.deadline_misses == 0
 
+    def _randomization(self) -> str:
+        if not self.randomized:
+            return "domain randomization off (the nominal task)"
+        if self.trained_randomized:
+            return "domain randomization on (the run's ranges)"
+        return "domain randomization on (the run's ranges, which it trained without: sim.randomization.enabled false)"
+
     def summary(self) -> str:
         tick_ms = 1000.0 / self.hz
         lines = [
             f"controller {self.task} at {self.hz:g} Hz (tick {tick_ms:.2f} ms), actuation delay {self.delay_ticks} "
-            f"tick(s), domain randomization on, {self.episodes} episodes",
+            f"tick(s), {self._randomization()}, {self.episodes} episodes",
             f"success    onnx {self.onnx_successes}/{self.episodes}, torch {self.torch_successes}/{self.episodes}",
             f"deadline   {'ok  ' if self.passed else 'FAIL'} {self.deadline_misses} of {self.ticks} calls over one "
             f"tick; policy call p50 {self.p50_ms:.4f} ms, p99 {self.p99_ms:.4f} ms, max {self.max_ms:.4f} ms",
@@ -113,10 +124,13 @@ def controller_check(
     onnx_path: str | pathlib.Path | None = None,
     task: str | None = None,
     retime: bool = True,
+    nominal: bool = False,
 ) -> ControllerReport:
     """Export the run's newest checkpoint (MoE: routing frozen on fresh rollouts) and drive
     the task with it and with the torch policy; see the module docstring. A multi-task run's
-    `task` is exported on its own input and its torch policy fed the padded input."""
+    `task` is exported on its own input and its torch policy fed the padded input. The sim is
+    randomized with the run's ranges even where the run trained without them (a controller meets
+    a real robot's friction and masses), `nominal=True` drives the nominal task."""
     run_dir = pathlib.Path(run_dir)
     config = RunConfig.load(run_dir / "config.json")
     ckpt = load_policy_checkpoint(run_dir / "checkpoints")
@@ -139,8 +153,9 @@ def controller_check(
 
     delay_ticks = round(delay_ms * hz / 1000.0)
     setting = {"episodes": episodes, "delay_ticks": delay_ticks, "seed": seed}  # both policies, the same episodes
-    onnx_ok, calls = drive(lambda x: onnx_policy.run_batch(x[None])[0], spec, hz, config.sim.randomization, **setting)
-    torch_ok, _ = drive(torch_policy, spec, hz, config.sim.randomization, **setting)
+    randomization = dataclasses.replace(config.sim.randomization, enabled=not nominal)
+    onnx_ok, calls = drive(lambda x: onnx_policy.run_batch(x[None])[0], spec, hz, randomization, **setting)
+    torch_ok, _ = drive(torch_policy, spec, hz, randomization, **setting)
     ms = np.array(calls) * 1000.0
     return ControllerReport(
         spec.name,
@@ -156,4 +171,6 @@ def controller_check(
         float(np.percentile(ms, 99)),
         float(ms.max()),
         retimed,
+        randomized=not nominal,
+        trained_randomized=config.sim.randomization.enabled,
     )

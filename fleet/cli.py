@@ -255,12 +255,12 @@ def _deploy_check(args: argparse.Namespace) -> int:
 
     reports, skipped = controller_checks(
         args.run_dir, hz=args.hz, delay_ms=args.delay_ms, episodes=args.episodes, seed=args.seed,
-        onnx_path=args.onnx, retime=args.retime,
+        onnx_path=args.onnx, retime=args.retime, nominal=args.nominal,
     )  # fmt: skip
     print("\n\n".join([report.summary() for report in reports] + [f"skipped    {t}: {w}" for t, w in skipped.items()]))
     if args.json:
         settings = {"run_dir": args.run_dir, "hz": args.hz, "delay_ms": args.delay_ms, "seed": args.seed}
-        settings |= {"retime": args.retime}
+        settings |= {"retime": args.retime, "nominal": args.nominal}
         rows = [dataclasses.asdict(r) | {"passed": r.passed} for r in reports]
         out = settings | {"tasks": rows, "skipped": skipped}
         pathlib.Path(args.json).write_text(json.dumps(out, indent=1) + "\n")

@@ -199,3 +199,9 @@ def _add_deploy_check(sub: Any) -> None:
         help="run a policy trained at another rate as it is; by default its velocity inputs are re-timed to the "
         "units it was trained on (deploy_npu/retime.py)",
     )
+    check.add_argument(
+        "--nominal",
+        action="store_true",
+        help="drive the nominal task; by default domain randomization is on with the run's ranges, also for a run "
+        "that trained without it (sim.randomization.enabled false)",
+    )

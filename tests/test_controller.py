@@ -79,3 +79,30 @@ def test_deploy_check_writes_its_figures_as_json_and_exits_by_the_deadline_verdi
     [row] = result["tasks"]
     assert row["task"] == "FetchReach-v4" and row["ticks"] == 50 and row["episodes"] == 1
     assert code == (0 if row["passed"] else 1) and row["passed"] == (row["deadline_misses"] == 0)
+
+
+def test_a_run_trained_on_the_nominal_task_is_still_checked_randomized_unless_asked_nominal(tmp_path, monkeypatch):
+    # deploy-check once drove such a run on the nominal task while its summary said "randomization
+    # on": the sim it drives now follows the flag, and the report says which it was.
+    import deploy_npu.controller as controller
+
+    seen = []
+    real_drive = controller.drive
+
+    def spy(policy, spec, hz, randomization, **setting):
+        seen.append(randomization)
+        return real_drive(policy, spec, hz, randomization, **setting)
+
+    monkeypatch.setattr(controller, "drive", spy)
+    run_dir = _run_dir(tmp_path, "learner.hidden_sizes=[32]", "sim.randomization.enabled=false")
+    report = controller_check(run_dir, hz=25.0, delay_ms=0.0, episodes=1)
+    assert [r.enabled for r in seen] == [True, True]  # ONNX and torch, both randomized
+    assert tuple(seen[0].friction_scale) == (0.8, 1.2)  # the run's ranges (here the defaults)
+    assert (report.randomized, report.trained_randomized) == (True, False)
+    assert "randomization on (the run's ranges, which it trained without" in report.summary()
+    seen.clear()
+    report = controller_check(run_dir, hz=25.0, delay_ms=0.0, episodes=1, nominal=True)
+    assert [r.enabled for r in seen] == [False, False] and not report.randomized
+    assert "randomization off (the nominal task)" in report.summary()
+    trained_randomized = controller_check(_run_dir(tmp_path / "r", "learner.hidden_sizes=[32]"), hz=25.0, episodes=1)
+    assert "randomization on (the run's ranges)," in trained_randomized.summary()
