@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 
 import pytest
@@ -26,8 +27,7 @@ def test_every_preset_names_a_registered_task_and_validates(task):
     config = preset_config(task).validate()
     assert (config.sim.task, config.preset) == (task, task)
     for dotted, value in TASK_PRESETS[task].items():
-        section, name = dotted.split(".")
-        assert getattr(getattr(config, section), name) == value
+        assert functools.reduce(getattr, dotted.split("."), config) == value  # sim.randomization.enabled too
 
 
 def test_the_push_preset_differs_from_the_built_in_defaults():
@@ -44,9 +44,8 @@ def test_push_alone_learns_on_both_cores_at_batch_1024_and_a_multi_task_run_take
     assert (alone["aggregator"]["grads_per_step"], alone["learner"]["max_grad_staleness"]) == (1, 2)
     assert alone["learner"]["min_replay_transitions"] >= alone["learner"]["batch_size"]
     assert SINGLE_TASK_ONLY <= set(TASK_PRESETS["FetchPush-v4"])
-    # Push and Slide still share preset 5's HER recipe; Slide and PickAndPlace keep their measured batch
-    assert preset_config("FetchSlide-v4").learner.batch_size == preset_config("FetchPickAndPlace-v4").learner.batch_size
-    assert preset_config("FetchSlide-v4").learner.batch_size == 256
+    # PickAndPlace keeps its measured batch; Slide takes Push's recipe (test below)
+    assert preset_config("FetchPickAndPlace-v4").learner.batch_size == 256
     state_routed = ("--set", 'model.kind="moe"', "--set", 'model.router="state"')
     for tasks in ("FetchPush-v4,FetchReach-v4", "FetchReach-v4,FetchPush-v4,FetchPickAndPlace-v4"):
         dense = _cli_config(capsys, "--tasks", tasks)  # MULTITASK_BATCH: measured on 4 tasks, 3 seeds
@@ -229,3 +228,18 @@ def test_the_multitask_recipe_never_asks_for_fewer_replay_rows_than_the_users_ba
     big = _cli_config(capsys, "--tasks", "FetchReach-v4,FetchPush-v4", "--set", "learner.batch_size=4096")
     assert big["learner"]["min_replay_transitions"] == 4096
     RunConfig.from_json(json.dumps(big)).validate()
+
+
+def test_slide_alone_trains_push_s_recipe_on_the_nominal_task_at_gamma_098_but_not_in_a_multi_task_run(capsys):
+    slide, push = preset_config("FetchSlide-v4"), preset_config("FetchPush-v4")
+    assert (slide.learner.batch_size, slide.learner.num_learners) == (push.learner.batch_size, 2) == (1024, 2)
+    assert slide.sampler.her_k_unmoved == push.sampler.her_k_unmoved == 0  # preset 5's HER rule
+    assert (slide.learner.gamma, slide.sim.randomization.enabled) == (0.98, False)
+    assert (push.learner.gamma, push.sim.randomization.enabled) == (0.95, True)
+    user = _cli_config(capsys, "--task", "FetchSlide-v4", "--set", "sim.randomization.enabled=true")
+    assert user["sim"]["randomization"]["enabled"] is True  # the user's --set wins
+    # Slide first in a multi-task run: its preset picks the recipe, but gamma and the dynamics
+    # measured for Slide alone take preset 5's gamma and the default randomization
+    multi = _cli_config(capsys, "--tasks", "FetchSlide-v4,FetchReach-v4")
+    assert (multi["learner"]["gamma"], multi["sim"]["randomization"]["enabled"]) == (0.95, True)
+    assert multi["learner"]["batch_size"] == 1024  # the dense multi-task batch (MULTITASK_BATCH)
