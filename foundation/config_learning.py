@@ -260,6 +260,13 @@ class ModelConfig:
 @dataclass(frozen=True)
 class AggregatorConfig:
     lr: float = config_field(1e-3, "Adam learning rate of actor, critics and temperature")
+    lr_final: float = config_field(
+        0.0,
+        "the learning rate falls linearly from lr to this between versions lr_decay_start and lr_decay_end "
+        "and stays there (a late, finer step for precise tasks); 0 = lr throughout",
+    )
+    lr_decay_start: int = config_field(0, "the version where the fall to lr_final begins (with lr_final > 0)")
+    lr_decay_end: int = config_field(0, "the version where the learning rate reaches lr_final (with lr_final > 0)")
     tau: float = config_field(0.05, "target critic Polyak factor per version")
     adam_beta1: float = config_field(
         0.9, "Adam's first-moment decay (CrossQ's recipe: 0.5; torch's default 0.9); the second stays 0.999"
@@ -313,6 +320,12 @@ class AggregatorConfig:
             (0.0 <= self.adam_beta1 < 1.0, "adam_beta1", "in [0, 1)"),
             (self.expert_adam in ("lazy", "dense"), "expert_adam", "one of 'lazy', 'dense'"),
             (self.lr > 0, "lr", "> 0"),
+            (self.lr_final >= 0, "lr_final", ">= 0 (0 = lr throughout)"),
+            (
+                self.lr_final == 0 or 0 <= self.lr_decay_start < self.lr_decay_end,
+                "lr_decay_end",
+                "> aggregator.lr_decay_start >= 0 when aggregator.lr_final > 0",
+            ),
             (self.max_grad_norm >= 0, "max_grad_norm", ">= 0 (0 = no clipping)"),
             (self.max_input_abs > 0, "max_input_abs", "> 0"),
             (self.checkpoint_every_versions >= 1, "checkpoint_every_versions", ">= 1"),

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from aggregator.core import AggregatorCore, GradientError
+from aggregator.core import AggregatorCore, GradientError, learning_rate
 from foundation.checkpoint import (
     CheckpointError,
     checkpoint_path,
@@ -77,6 +77,35 @@ def test_successive_steps_follow_one_adam_optimizer():
     for group in GRADIENT_GROUPS:
         expected = adam_steps(before[group], [g[group] for g in pushes], CONFIG.lr)
         np.testing.assert_allclose(core.weights()[group], expected, rtol=1e-5, atol=1e-6)
+
+
+def test_learning_rate_falls_on_a_line_between_the_decay_versions_and_stays_at_lr_final():
+    config = dataclasses.replace(CONFIG, lr=1e-3, lr_final=1e-4, lr_decay_start=100, lr_decay_end=200)
+    assert [learning_rate(config, v) for v in (0, 100)] == [1e-3, 1e-3]
+    assert learning_rate(config, 150) == pytest.approx(5.5e-4)
+    assert [learning_rate(config, v) for v in (200, 10**6)] == [1e-4, 1e-4]
+    assert learning_rate(dataclasses.replace(config, lr_final=0.0), 10**6) == 1e-3  # off: lr throughout
+
+
+def test_steps_past_the_decay_use_each_versions_learning_rate_in_one_adam():
+    config = dataclasses.replace(CONFIG, lr_final=1e-3, lr_decay_start=0, lr_decay_end=2)
+    core = make_core(config=config)
+    before = core.weights()
+    pushes = [grads(core, s) for s in range(4)]
+    for version, g in enumerate(pushes):
+        assert core.submit(version, g, stats(version)).version == version + 1
+    rates = [learning_rate(config, v) for v in range(4)]
+    assert rates == [1e-2, pytest.approx(5.5e-3), 1e-3, 1e-3]
+    for group in GRADIENT_GROUPS:
+        param = torch.nn.Parameter(torch.from_numpy(before[group].copy()))
+        optim = torch.optim.Adam([param], lr=1e-2)
+        for lr, g in zip(rates, pushes, strict=True):
+            optim.param_groups[0]["lr"] = lr
+            param.grad = torch.from_numpy(g[group].copy())
+            optim.step()
+        np.testing.assert_allclose(core.weights()[group], param.detach().numpy(), rtol=1e-5, atol=1e-6)
+        constant = adam_steps(before[group], [g[group] for g in pushes], CONFIG.lr)
+        assert not np.allclose(core.weights()[group], constant)
 
 
 def test_push_older_than_max_staleness_is_dropped_and_changes_nothing():

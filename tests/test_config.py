@@ -34,6 +34,12 @@ BAD_CONFIGS: list[tuple[list[str], str]] = [
     (["learner.gamma=0"], "learner.gamma (0.0) must be in (0, 1)"),
     (["aggregator.tau=0"], "aggregator.tau (0.0) must be in (0, 1]"),
     (["aggregator.tau=1.5"], "aggregator.tau (1.5) must be in (0, 1]"),
+    (["aggregator.lr_final=-1e-4"], "aggregator.lr_final (-0.0001) must be >= 0"),
+    (["aggregator.lr_final=1e-4"], "aggregator.lr_decay_end (0) must be > aggregator.lr_decay_start >= 0"),
+    (
+        ["aggregator.lr_final=1e-4", "aggregator.lr_decay_start=500", "aggregator.lr_decay_end=400"],
+        "aggregator.lr_decay_end (400) must be > aggregator.lr_decay_start >= 0",
+    ),
     (["aggregator.lr=0"], "aggregator.lr (0.0) must be > 0"),
     (["aggregator.checkpoint_every_versions=0"], "aggregator.checkpoint_every_versions (0) must be >= 1"),
     (["eval.episodes=0"], "eval.episodes (0) must be >= 1"),
