@@ -225,13 +225,18 @@ def _evaluate(args: argparse.Namespace) -> int:
         raise ConfigError(f"{run_dir}: no config.json there (not a run directory)")
     if args.episodes < 1:
         raise ConfigError(f"--episodes: {args.episodes} < 1")
+    if args.first_seed is not None and args.first_seed < 0:
+        raise ConfigError(f"--first-seed: {args.first_seed} < 0")
     config = RunConfig.load(str(run_dir / "config.json"))
+    if args.first_seed is not None:
+        config = dataclasses.replace(config, eval=dataclasses.replace(config.eval, seed=args.first_seed))
     source = args.checkpoint or run_dir / "checkpoints"
     version, result = score_checkpoint(source, config, args.episodes, args.weights)
     outcome = {
         "run_dir": str(run_dir),
         "version": version,
         "weights": args.weights,
+        "first_seed": config.eval.seed,
         "episodes": result.episodes,
         "success_rate": result.success_rate,
         "mean_return": result.mean_return,

@@ -168,6 +168,12 @@ def _add_evaluate(sub: Any) -> None:
     evaluate.add_argument("run_dir", help="a run directory (its config.json and newest checkpoint)")
     evaluate.add_argument("--checkpoint", help="a ckpt_<version>.pt file instead of the run's newest")
     evaluate.add_argument("--episodes", type=int, default=50, help="deterministic episodes, never cut short")
+    evaluate.add_argument(
+        "--first-seed",
+        type=int,
+        help="episode seeds start here instead of the run's eval.seed, the evaluator's own: a fresh held-out set "
+        "for a checkpoint chosen by the evaluator's scores",
+    )
     evaluate.add_argument("--json", action="store_true", help="print the result as JSON")
     evaluate.add_argument(
         "--weights",

@@ -212,6 +212,31 @@ def test_fleetrl_evaluate_names_what_is_missing(tmp_path, capsys):
     assert "no config.json" in capsys.readouterr().err
 
 
+def test_fleetrl_evaluate_first_seed_scores_a_disjoint_held_out_set(tmp_path, capsys):
+    import dataclasses
+    import json
+
+    from aggregator.core import AggregatorCore
+    from fleet.cli import main
+    from foundation.checkpoint import save_checkpoint
+    from foundation.config import AggregatorConfig, RunConfig
+
+    config = RunConfig()
+    (tmp_path / "config.json").write_text(config.to_json())
+    core = AggregatorCore(ModelSpec(10, 3, 4, (32, 32)), AggregatorConfig(), grads_per_step=1, max_staleness=1)
+    save_checkpoint(tmp_path / "checkpoints", core.state(), keep=1)
+    assert main(["evaluate", str(tmp_path), "--episodes", "3", "--first-seed", "2000000", "--json"]) == 0
+    fresh = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    moved = dataclasses.replace(config, eval=dataclasses.replace(config.eval, seed=2_000_000))
+    expected = score_checkpoint(tmp_path / "checkpoints", moved, episodes=3)[1]
+    assert fresh["first_seed"] == 2_000_000 and fresh["episodes"] == 3
+    assert fresh["mean_return"] == expected.mean_return
+    own = score_checkpoint(tmp_path / "checkpoints", config, episodes=3)[1]
+    assert fresh["mean_return"] != own.mean_return  # other episodes than the evaluator's seeds
+    assert main(["evaluate", str(tmp_path), "--first-seed", "-1"]) == 2
+    assert "--first-seed: -1 < 0" in capsys.readouterr().err
+
+
 def test_a_checkpoint_with_nan_weights_is_refused_before_any_episode(tmp_path):
     # score_checkpoint reads the policy with the same function as export (foundation.checkpoint).
     from aggregator.core import AggregatorCore
