@@ -271,17 +271,13 @@ class AggregatorCore:
         self.version += 1
 
     def _optimize(self, mean: dict[str, np.ndarray]) -> list[tuple[int, int]] | None:
-        if self.config.lr_final > 0:  # the version's learning rate (aggregator.lr_final)
-            lr = learning_rate(self.config, self.version)
-            for param_group in self._optim.param_groups:
-                param_group["lr"] = lr
-        return self._adam(mean)
-
-    def _adam(self, mean: dict[str, np.ndarray]) -> list[tuple[int, int]] | None:
         """Adam on every gradient group (their .grad set); with lazy expert steps, only on what
         the gradient touches, and returns the critic ranges the Polyak average must cover (None:
         all of it). The first step is dense: it makes the optimizer's state (and, every moment
-        being zero, moves no untouched expert)."""
+        being zero, moves no untouched expert). Its learning rate is the version's (lr_at)."""
+        if self.config.lr_final > 0:
+            for param_group in self._optim.param_groups:
+                param_group["lr"] = self.config.lr_at(self.version)
         if self._segments is None or not self._optim.state:
             self._optim.step()
             if self._segments is not None:
@@ -365,18 +361,6 @@ class AggregatorCore:
         self._weights.clear()
         self._squares.clear()
         self._critic_ever = None
-
-
-def learning_rate(config: AggregatorConfig, version: int) -> float:
-    """The learning rate of the step that makes version + 1: lr until lr_decay_start, then a
-    straight line to lr_final at lr_decay_end, lr_final after (lr throughout when lr_final is 0).
-    A function of the version alone, so a restored aggregator resumes on the same line."""
-    if config.lr_final <= 0 or version <= config.lr_decay_start:
-        return config.lr
-    if version >= config.lr_decay_end:
-        return config.lr_final
-    share = (version - config.lr_decay_start) / (config.lr_decay_end - config.lr_decay_start)
-    return config.lr + share * (config.lr_final - config.lr)
 
 
 def per_group_state(state: dict) -> dict[str, dict]:

@@ -11,7 +11,6 @@ import json
 import os
 import pathlib
 
-from aggregator.core import learning_rate
 from aggregator.servicer import AggregatorServicer
 from foundation.tb import ScalarWriter
 
@@ -28,7 +27,7 @@ def write_version_scalars(writer: ScalarWriter, servicer: AggregatorServicer, ru
     writer.add_scalar("aggregator/gradients_stale", servicer.counts["stale"], version)
     writer.add_scalar("aggregator/steps_skipped", core.steps_skipped, version)
     writer.add_scalar("aggregator/gradients_clipped", core.clipped, version)
-    writer.add_scalar("aggregator/learning_rate", learning_rate(core.config, version), version)
+    writer.add_scalar("aggregator/learning_rate", core.config.lr_at(version), version)
     for learner, count in dict(servicer.rejected_by_learner).items():
         writer.add_scalar(f"aggregator/rejected/{learner}", count, version)
     writer.flush()

@@ -313,6 +313,17 @@ class AggregatorConfig:
     keep_checkpoints: int = config_field(3, "checkpoints kept on disk (the newest)")
     seed: int = config_field(0, "seed of the initial weights")
 
+    def lr_at(self, version: int) -> float:
+        """The learning rate of the step that makes version + 1: lr until lr_decay_start, then a
+        straight line to lr_final at lr_decay_end, lr_final after (lr throughout when lr_final is 0).
+        A function of the version alone, so a restored aggregator resumes on the same line."""
+        if self.lr_final <= 0 or version <= self.lr_decay_start:
+            return self.lr
+        if version >= self.lr_decay_end:
+            return self.lr_final
+        share = (version - self.lr_decay_start) / (self.lr_decay_end - self.lr_decay_start)
+        return self.lr + share * (self.lr_final - self.lr)
+
     def checks(self) -> list[Check]:
         """(ok, field, limit) of every check on this section's fields; RunConfig.validate runs them."""
         return [

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from aggregator.core import AggregatorCore, GradientError, learning_rate
+from aggregator.core import AggregatorCore, GradientError
 from foundation.checkpoint import (
     CheckpointError,
     checkpoint_path,
@@ -81,10 +81,10 @@ def test_successive_steps_follow_one_adam_optimizer():
 
 def test_learning_rate_falls_on_a_line_between_the_decay_versions_and_stays_at_lr_final():
     config = dataclasses.replace(CONFIG, lr=1e-3, lr_final=1e-4, lr_decay_start=100, lr_decay_end=200)
-    assert [learning_rate(config, v) for v in (0, 100)] == [1e-3, 1e-3]
-    assert learning_rate(config, 150) == pytest.approx(5.5e-4)
-    assert [learning_rate(config, v) for v in (200, 10**6)] == [1e-4, 1e-4]
-    assert learning_rate(dataclasses.replace(config, lr_final=0.0), 10**6) == 1e-3  # off: lr throughout
+    assert [config.lr_at(v) for v in (0, 100)] == [1e-3, 1e-3]
+    assert config.lr_at(150) == pytest.approx(5.5e-4)
+    assert [config.lr_at(v) for v in (200, 10**6)] == [1e-4, 1e-4]
+    assert dataclasses.replace(config, lr_final=0.0).lr_at(10**6) == 1e-3  # off: lr throughout
 
 
 def test_steps_past_the_decay_use_each_versions_learning_rate_in_one_adam():
@@ -94,7 +94,7 @@ def test_steps_past_the_decay_use_each_versions_learning_rate_in_one_adam():
     pushes = [grads(core, s) for s in range(4)]
     for version, g in enumerate(pushes):
         assert core.submit(version, g, stats(version)).version == version + 1
-    rates = [learning_rate(config, v) for v in range(4)]
+    rates = [config.lr_at(v) for v in range(4)]
     assert rates == [1e-2, pytest.approx(5.5e-3), 1e-3, 1e-3]
     for group in GRADIENT_GROUPS:
         param = torch.nn.Parameter(torch.from_numpy(before[group].copy()))
