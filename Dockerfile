@@ -26,7 +26,7 @@ RUN python3 -m venv /opt/fleetrl/.venv \
  && useradd --create-home --uid 10001 fleetrl \
  && mkdir -p /run/fleetrl && chown fleetrl /run/fleetrl
 
-# One process per role is the parallelism (fleet/spec.py): no BLAS/OpenMP pools per role.
+# One process per role is the parallelism (fleet/launch/spec.py): no BLAS/OpenMP pools per role.
 ENV PATH=/opt/fleetrl/.venv/bin:$PATH \
     OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1 \
     PYTHONUNBUFFERED=1

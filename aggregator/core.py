@@ -36,7 +36,7 @@ from foundation.config import AggregatorConfig
 from foundation.errors import FleetrlError
 from foundation.policy import SWA_GROUP
 from foundation.wire import cap
-from learner.models import GRADIENT_GROUPS, GROUPS, ModelSpec, SACModel, norm_from_stats
+from nets.models import GRADIENT_GROUPS, GROUPS, ModelSpec, SACModel, norm_from_stats
 
 CRITICS = ("critic", "critic_target")
 HUGE_GRADIENT = 1e15  # an element this large squares past float32 range inside Adam

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from learner.models import SACModel
+from nets.models import SACModel
 
 
 @dataclass(frozen=True)

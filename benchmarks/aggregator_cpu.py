@@ -39,11 +39,11 @@ import torch
 from common import REPO, result_record, write_result  # benchmarks/common.py (this script's folder)
 
 from aggregator.client import AggregatorClient, GradientPush
-from fleet.launch import free_port
+from fleet.launch.local_fleet import free_port
 from foundation.config import RunConfig, with_overrides
 from foundation.policy import ACTOR_GROUPS, GRADIENT_GROUPS, LEARNER_GROUPS, model_spec
-from learner.models import SACModel, norm_stats
 from learner.sac import Batch, SACHyperparams, compute_gradients
+from nets.models import SACModel, norm_stats
 from sim.tasks import TaskSet
 
 
@@ -76,7 +76,7 @@ def measure(
     moved_mb = (gradient_bytes + weight_bytes) / 1e6 if weights_via == "grpc" else 0.0  # over gRPC
     port = free_port()
     env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "PYTHONPATH": str(checkout)}
-    cmd = [sys.executable, "-m", "fleet.cli", "aggregator", "--config", config_path, "--port", str(port)]
+    cmd = [sys.executable, "-m", "fleet.cli.main", "aggregator", "--config", config_path, "--port", str(port)]
     proc = subprocess.Popen(cmd, cwd=checkout, env=env, stdout=subprocess.DEVNULL)
     address = f"127.0.0.1:{port}"
     try:

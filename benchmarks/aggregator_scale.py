@@ -29,10 +29,10 @@ import psutil
 from common import result_record, write_result  # benchmarks/common.py (this script's folder)
 
 from aggregator.client import AggregatorClient, GradientPush
-from fleet.launch import free_port
+from fleet.launch.local_fleet import free_port
 from foundation.config import RunConfig, with_overrides
 from foundation.policy import ACTOR_GROUPS, GRADIENT_GROUPS, ModelSpec
-from learner.models import SACModel, norm_stats
+from nets.models import SACModel, norm_stats
 from sim.registry import get_task
 
 WATCH_PROCESSES = 4  # subscribers are spread over this many helper processes
@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
         import subprocess
 
         env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
-        agg = subprocess.Popen([sys.executable, "-m", "fleet.cli", "aggregator", "--config", config_path,
+        agg = subprocess.Popen([sys.executable, "-m", "fleet.cli.main", "aggregator", "--config", config_path,
                                 "--port", str(port)], env=env)  # fmt: skip
         address = f"127.0.0.1:{port}"
         try:

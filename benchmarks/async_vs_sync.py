@@ -4,7 +4,7 @@
     python3 benchmarks/async_vs_sync.py --task FetchPush-v4 --max-wall-sec 300 --seeds 0 [--out R.json]
 
 For each seed, one after another on this machine (nothing else running), `fleetrl train`:
-- sync: `--mode sync`, one process alternating collection and training (fleet/sync.py);
+- sync: `--mode sync`, one process alternating collection and training (fleet/launch/sync.py);
 - async: the local fleet with one learner (the default);
 - async-2: the local fleet with two learners, each gradient its own version
   (aggregator.grads_per_step=1, learner.max_grad_staleness=2), so flow control lets the
@@ -40,7 +40,7 @@ ARMS = {
 
 def run(arm: str, task: str, seed: int, max_wall_sec: float, root: pathlib.Path, steady_from: float) -> dict:
     run_dir = root / f"{arm}-seed{seed}"
-    cmd = [sys.executable, "-m", "fleet.cli", "train", "--task", task, "--seed", str(seed), *ARMS[arm]]
+    cmd = [sys.executable, "-m", "fleet.cli.main", "train", "--task", task, "--seed", str(seed), *ARMS[arm]]
     cmd += ["--run-dir", str(run_dir), "--max-wall-sec", str(max_wall_sec), "--set", "eval.final_episodes=0"]
     print(f"{arm} seed {seed}: {' '.join(cmd[3:])}", flush=True)
     subprocess.run(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=max_wall_sec + 600)

@@ -30,13 +30,13 @@ from aggregator.service import AggregatorServer
 from buffer.ingest_client import IngestClient
 from buffer.service import IngestServer
 from buffer.storage import TemporalStorage
-from fleet.local_cluster import LocalRedisCluster
+from fleet.launch.local_cluster import LocalRedisCluster
 from foundation.config import AggregatorConfig, BufferConfig
 from foundation.policy import GRADIENT_GROUPS, ModelSpec
 from foundation.proto import fleetrl_pb2 as pb
 from foundation.transport import Security
 from foundation.wire import Transitions, TransitionSchema
-from learner.models import norm_stats
+from nets.models import norm_stats
 
 RUN = "auth"
 SCHEMA = TransitionSchema(obs_dim=10, goal_dim=3, act_dim=4)  # FetchReach-v4's sizes

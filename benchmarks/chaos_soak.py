@@ -6,16 +6,16 @@
                                      [--set section.field=value ...]
                                      [--run-dir DIR] [--out R.json]
 
-Starts `fleetrl train`'s local fleet (fleet/soak.py: a Redis replica per primary,
+Starts `fleetrl train`'s local fleet (fleet/chaos/soak.py: a Redis replica per primary,
 buffer.replicas_to_ack=1, two samplers, one learner, ack ledgers on both) and, every `--every`
 seconds, a fault picked by a generator seeded with `--seed` from: SIGKILL and SIGSTOP (SIGCONT
-after `--stop-sec`) of every role process, and SIGKILL of a Redis primary (fleet/chaos.py). With
+after `--stop-sec`) of every role process, and SIGKILL of a Redis primary (fleet/chaos/faults.py). With
 `--hosts netns` (root, iproute2) the samplers run in a network namespace of their own joined to
-the services by a veth pair, and three network faults join the menu (fleet/chaos_net.py): a
+the services by a veth pair, and three network faults join the menu (fleet/chaos/network.py): a
 partition of the sampler host or of the services' host (its end of the link down for 5-20 s), and
 a slow link (netem: 50-200 ms delay, 1-10% loss, for 5-20 s) where the kernel has netem. Faults
 that cannot be injected are listed under not_available, with why. It runs until the evaluator's target or
-`--max-wall-sec`, then audits from both ends (fleet/audit.py): acked batches (the samplers'
+`--max-wall-sec`, then audits from both ends (fleet/chaos/audit.py): acked batches (the samplers'
 ledgers) against the rows in Redis, acked gradients (the learner's ledger) against the history
 of the weights, and versions reused. `--no-faults` runs the same fleet without faults (the
 baseline a soak's wall-clock to target is divided by). Prints the fault table and the audit LAST;
@@ -32,11 +32,11 @@ import sys
 
 from common import result_record, write_result  # benchmarks/common.py (this script's folder)
 
-from fleet.chaos import Fault
-from fleet.chaos_net import NetFaultRanges
-from fleet.netns import NetnsError
-from fleet.presets import preset_config
-from fleet.soak import HOSTS, SoakResult, run_soak, soak_config
+from fleet.chaos.faults import Fault
+from fleet.chaos.netns import NetnsError
+from fleet.chaos.network import NetFaultRanges
+from fleet.chaos.soak import HOSTS, SoakResult, run_soak, soak_config
+from fleet.cli.presets import preset_config
 from foundation.config import RunConfig
 
 

@@ -50,7 +50,7 @@ def ranked_full_scores(run_dir: pathlib.Path, minutes: float) -> list[dict]:
 
 
 def score(run_dir: pathlib.Path, checkpoint: pathlib.Path, first_seed: int, episodes: int) -> dict:
-    cmd = [sys.executable, "-m", "fleet.cli", "evaluate", str(run_dir), "--checkpoint", str(checkpoint)]
+    cmd = [sys.executable, "-m", "fleet.cli.main", "evaluate", str(run_dir), "--checkpoint", str(checkpoint)]
     cmd += ["--first-seed", str(first_seed), "--episodes", str(episodes), "--json"]
     out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
     if out.returncode != 0:

@@ -61,7 +61,7 @@ class Fleet:
     def __init__(self, run_dir: pathlib.Path, task: str, heartbeat_timeout: float) -> None:
         self.run_dir = run_dir
         self.secrets = {TOKEN_ENV: secrets.token_urlsafe(16), REDIS_PASSWORD_ENV: secrets.token_urlsafe(16)}
-        argv = [sys.executable, "-m", "fleet.cli", "train", "--task", task, "--run-dir", str(run_dir),
+        argv = [sys.executable, "-m", "fleet.cli.main", "train", "--task", task, "--run-dir", str(run_dir),
                 "--max-wall-sec", "3600", "--target-success", "1.0",
                 "--set", f"watchdog.heartbeat_timeout_sec={heartbeat_timeout}",
                 "--set", "aggregator.checkpoint_every_versions=100",

@@ -75,7 +75,7 @@ def split_env(options: list[str]) -> tuple[dict[str, str], list[str]]:
 def run(name: str, options: list[str], args: argparse.Namespace, repeat: int, root: pathlib.Path) -> dict:
     run_dir = root / f"{name}-{repeat}"
     env, options = split_env(list(options))
-    cmd = [sys.executable, "-m", "fleet.cli", "train", "--task", args.task, "--seed", str(args.seed), *options]
+    cmd = [sys.executable, "-m", "fleet.cli.main", "train", "--task", args.task, "--seed", str(args.seed), *options]
     cmd += ["--run-dir", str(run_dir), "--max-wall-sec", str(args.max_wall_sec), "--set", "eval.final_episodes=0"]
     print(f"{name} #{repeat}: {' '.join(f'{k}={v}' for k, v in env.items())} {shlex.join(cmd[3:])}", flush=True)
     subprocess.run(cmd, cwd=REPO, env=os.environ | env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,

@@ -34,7 +34,7 @@ from dataclasses import replace
 import numpy as np
 from common import result_record, write_result  # benchmarks/common.py (this script's folder)
 
-from fleet.presets import preset_config
+from fleet.cli.presets import preset_config
 from foundation.config import RunConfig
 from foundation.policy import LEARNER_GROUPS
 from foundation.process import free_port
@@ -48,8 +48,8 @@ def _setup(config: RunConfig):
     import torch
 
     from foundation.policy import model_spec
-    from learner.models import SACModel
     from learner.sac import Batch, SACHyperparams
+    from nets.models import SACModel
 
     torch.set_num_threads(1)
     task = get_task(config.sim.task)

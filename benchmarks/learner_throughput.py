@@ -7,7 +7,7 @@ With --model, only the bare loop runs, once per named model on the 4-task set (F
 FetchPush, Meta-World reach and push; batch 256, one thread), arms interleaved over --repeats
 rounds: the learner's cost per model (issue 18: moe-e32 / moe-e8 >= 0.8, moe-e32 / dense at
 equal active width >= 0.67). Each arm's config is built as `fleetrl train --tasks ... --set ...`
-builds it (fleet.presets.preset_for): FetchPush's preset and the multi-task recipe, so a
+builds it (fleet.cli.presets.preset_for): FetchPush's preset and the multi-task recipe, so a
 task-routed MoE arm has the task heads and per-task temperatures its runs train with.
 
 One invocation measures, on the same machine:
@@ -16,7 +16,7 @@ One invocation measures, on the same machine:
     batches of the task's shapes (same ModelSpec, batch size and torch threads as the
     learner): updates per CPU-second of this process. Half before (b), half after.
 (b) the real learner: a LocalRedisCluster, buffer, aggregator and one sampler started by
-    fleet.launch.LocalFleet with the task's preset, then the learner process: it samples
+    fleet.launch.local_fleet.LocalFleet with the task's preset, then the learner process: it samples
     from Redis, computes gradients on the newest weights and pushes them to the aggregator.
     Updates are the aggregator's applied gradients over the window (exact, from its Stats);
     CPU-seconds are the learner process's own (psutil), so load from the other roles on a
@@ -52,14 +52,14 @@ import torch
 from common import result_record, write_result  # benchmarks/common.py (this script's folder)
 
 from aggregator.client import AggregatorClient
-from fleet.launch import LocalFleet
-from fleet.presets import preset_config, preset_for
-from fleet.watchdog import Watchdog
+from fleet.cli.presets import preset_config, preset_for
+from fleet.launch.local_fleet import LocalFleet
+from fleet.launch.watchdog import Watchdog
 from foundation.config import RunConfig, with_overrides
 from foundation.policy import model_spec
-from learner.flat import GradientBuffers
-from learner.models import GRADIENT_GROUPS, SACModel
 from learner.sac import Batch, SACHyperparams, compute_gradients
+from nets.flat import GradientBuffers
+from nets.models import GRADIENT_GROUPS, SACModel
 from sim.tasks import TaskSet
 
 WARMUP_UPDATES = 200
@@ -146,7 +146,7 @@ MODEL_ARMS: dict[str, list[str]] = {
 }
 # Issue 18's yardstick is top-2 (k = 2) with no shared expert: every MoE arm sets it, since a
 # multi-task run of a task-routed MoE otherwise takes the recipe's top_k 3 with one shared
-# expert (fleet/presets.py TASK_ROUTED_SHARED), measured by its own arm.
+# expert (fleet/cli/presets.py TASK_ROUTED_SHARED), measured by its own arm.
 MODEL_ARMS = {
     arm: [*sets, "model.top_k=2", "model.shared_experts=0"] if arm.startswith("moe") else sets
     for arm, sets in MODEL_ARMS.items()
@@ -159,7 +159,7 @@ MODEL_BASE = ["learner.batch_size=256", 'learner.autocast="off"']
 
 
 def arm_config(arm: str, extra: list[str] | None = None) -> RunConfig:
-    """`arm`'s config on the 4-task set as the CLI builds a run's (fleet/cli.py): the preset and
+    """`arm`'s config on the 4-task set as the CLI builds a run's (fleet/cli/main.py): the preset and
     multi-task recipe chosen by what was set, then what was set on top (batch 256 in float32
     unless the arm or `extra` sets them: MODEL_BASE); one torch thread."""
     overrides = [f"sim.tasks={json.dumps(MODEL_TASKS)}", *MODEL_BASE, *MODEL_ARMS[arm], *(extra or [])]

@@ -47,7 +47,7 @@ WEIGHTS = ("live", "swa", "swa_plain")
 
 
 def _score(run_dir: pathlib.Path, weights: str, episodes: int) -> dict:
-    cmd = [sys.executable, "-m", "fleet.cli", "evaluate", str(run_dir), "--episodes", str(episodes)]
+    cmd = [sys.executable, "-m", "fleet.cli.main", "evaluate", str(run_dir), "--episodes", str(episodes)]
     out = subprocess.run([*cmd, "--weights", weights, "--json"], cwd=REPO, capture_output=True, text=True)
     if out.returncode != 0:
         return {"error": out.stderr.strip()[-500:]}
@@ -57,7 +57,7 @@ def _score(run_dir: pathlib.Path, weights: str, episodes: int) -> dict:
 def run(arm: str, tasks: str, seed: int, budget: tuple[int, float], episodes: int, root: pathlib.Path) -> dict:
     env_steps, max_wall_sec = budget
     run_dir = root / f"{arm}-seed{seed}"
-    cmd = [sys.executable, "-m", "fleet.cli", "train", "--tasks", tasks, "--seed", str(seed), *ARMS[arm]]
+    cmd = [sys.executable, "-m", "fleet.cli.main", "train", "--tasks", tasks, "--seed", str(seed), *ARMS[arm]]
     cmd += ["--run-dir", str(run_dir), "--max-wall-sec", str(max_wall_sec), "--target-success", "1.0"]
     cmd += ["--set", f"max_env_steps={env_steps}"]
     cmd += ["--set", 'aggregator.swa="layered"', "--set", "eval.final_episodes=0"]

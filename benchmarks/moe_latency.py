@@ -33,7 +33,7 @@ from deploy_npu.export import export_onnx, trace_to_onnx
 from deploy_npu.freeze import reference_actor
 from deploy_npu.parity import OnnxPolicy
 from deploy_npu.routing import calibration_states, freeze_routing
-from fleet.presets import preset_config
+from fleet.cli.presets import preset_config
 from foundation.checkpoint import latest_checkpoint, load_checkpoint, load_policy_checkpoint
 from foundation.config import with_overrides
 from foundation.policy import ModelSpec, model_spec

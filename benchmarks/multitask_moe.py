@@ -24,7 +24,7 @@ dense's (means over seeds); the cost of sharing, FetchPush's minutes to 0.9 in t
 run / --single-task-minutes (FetchPush alone, median of 3 seeds), <= 2 on every seed. Each run
 keeps the commit it was scored at and the `runs_command` its record names.
 
-The arms start from the multi-task preset (fleet/presets.py: "focus" task sampling, a temperature
+The arms start from the multi-task preset (fleet/cli/presets.py: "focus" task sampling, a temperature
 per task, FetchPush's preset-7 batch: 1024 rows, 4 env steps per gradient, autocast "auto" and,
 for a task-routed MoE, its switches; a dense arm at batch 256 was stop 40's preset: --set
 learner.batch_size=256 --set sampler.max_env_steps_per_update=1 --set 'learner.autocast="off"');
@@ -68,7 +68,7 @@ def train(arm: str, seed: int, args: argparse.Namespace) -> pathlib.Path:
     run_dir = pathlib.Path(args.root) / f"{arm}-seed{seed}"
     sets = [*ARMS[arm], 'aggregator.swa="layered"', f"aggregator.checkpoint_every_versions={args.checkpoint_versions}"]
     sets += ["aggregator.keep_checkpoints=100000", "eval.final_episodes=0", *args.set]
-    cmd = [sys.executable, "-m", "fleet.cli", "train", "--tasks", args.tasks, "--seed", str(seed)]
+    cmd = [sys.executable, "-m", "fleet.cli.main", "train", "--tasks", args.tasks, "--seed", str(seed)]
     cmd += ["--max-wall-sec", str(60 * args.minutes), "--run-dir", str(run_dir)]
     cmd += [a for s in sets for a in ("--set", s)]
     print(f"[{arm} seed {seed}] {' '.join(cmd[2:])}", file=sys.stderr)
@@ -77,7 +77,7 @@ def train(arm: str, seed: int, args: argparse.Namespace) -> pathlib.Path:
 
 
 def _evaluate(run_dir: pathlib.Path, checkpoint: pathlib.Path, weights: str, episodes: int) -> dict:
-    cmd = [sys.executable, "-m", "fleet.cli", "evaluate", str(run_dir), "--checkpoint", str(checkpoint)]
+    cmd = [sys.executable, "-m", "fleet.cli.main", "evaluate", str(run_dir), "--checkpoint", str(checkpoint)]
     cmd += ["--episodes", str(episodes), "--weights", weights, "--json"]
     out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
     if out.returncode != 0:

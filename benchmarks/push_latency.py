@@ -24,7 +24,7 @@ import numpy as np
 from buffer.ingest_client import IngestClient
 from buffer.service import IngestServer
 from buffer.storage import TemporalStorage
-from fleet.local_cluster import LocalRedisCluster
+from fleet.launch.local_cluster import LocalRedisCluster
 from foundation.config import BufferConfig
 from foundation.wire import Transitions
 from sim.registry import get_task

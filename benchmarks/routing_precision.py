@@ -8,7 +8,7 @@ closer than a bfloat16 step the learner could train another expert than the one 
 run. This reads each run's newest checkpoint and lists, per network, layer and task, the
 experts float32 routing chooses and those the gates chose in bfloat16 (the gate Linear run
 under torch.autocast, as the learner ran it then), and flags every difference. Runs trained
-since then route in float32 everywhere (learner/moe.py MoELinear.logits); this stays the
+since then route in float32 everywhere (nets/moe.py MoELinear.logits); this stays the
 check on an older run, and on a checkpoint whose routing looks wrong.
 """
 
@@ -24,7 +24,7 @@ from common import result_record, write_result  # benchmarks/common.py (this scr
 
 from foundation.checkpoint import latest_checkpoint, load_checkpoint
 from foundation.policy import ModelSpec
-from learner.models import Body, SACModel
+from nets.models import Body, SACModel
 from sim.tasks import TaskSet
 
 

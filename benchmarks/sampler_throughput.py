@@ -8,8 +8,8 @@ One invocation measures, on the same machine and one after the other:
     domain-randomized env every sampler builds) with uniform random actions, reset on
     episode end, after a short warm-up: the ceiling of one sampler process. Half of its
     `--seconds` run before (b) and half after, so a drift in the machine's load shows.
-(b) end to end: a LocalRedisCluster, then `python -m fleet.cli buffer|aggregator|sampler`
-    role processes started the way fleet.launch.LocalFleet starts them (no learner, no
+(b) end to end: a LocalRedisCluster, then `python -m fleet.cli.main buffer|aggregator|sampler`
+    role processes started the way fleet.launch.local_fleet.LocalFleet starts them (no learner, no
     evaluator). Samplers run with `sampler.max_env_steps_per_update=0` (rate limiter off)
     and a `sampler.random_steps` they never reach, so they act with uniform random actions
     like (a): the same env work per step, without the actor's forward pass. The buffer's
@@ -42,9 +42,9 @@ import psutil
 from common import result_record, write_result  # benchmarks/common.py (this script's folder)
 
 from buffer.ingest_client import IngestClient
-from fleet.launch import LocalFleet
-from fleet.local_cluster import LocalRedisCluster
-from fleet.watchdog import Watchdog
+from fleet.launch.local_cluster import LocalRedisCluster
+from fleet.launch.local_fleet import LocalFleet
+from fleet.launch.watchdog import Watchdog
 from foundation.config import RandomizationConfig, RunConfig, with_overrides
 from foundation.process import heartbeat_file
 from sim.registry import get_task, make_env
@@ -201,7 +201,7 @@ def bench_config(task: str, samplers: int, run_dir: pathlib.Path, security: list
 
 
 class Fleet:
-    """Aggregator, buffer and samplers started by fleet.launch.LocalFleet itself (no learner,
+    """Aggregator, buffer and samplers started by fleet.launch.local_fleet.LocalFleet itself (no learner,
     no evaluator, no restarts: a restart would spoil the measurement window)."""
 
     def __init__(self, local: LocalFleet, run_dir: pathlib.Path, dog: Watchdog, cluster: LocalRedisCluster) -> None:

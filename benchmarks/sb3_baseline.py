@@ -317,7 +317,7 @@ def build_model(args: argparse.Namespace, env: gym.Env) -> OffPolicyAlgorithm:
 
 
 def write_run_dir(run_dir: pathlib.Path, args: argparse.Namespace, outcome: Outcome) -> None:
-    """summary.json and evals.jsonl as `fleetrl train` writes them (fleet/report.py reads both)."""
+    """summary.json and evals.jsonl as `fleetrl train` writes them (fleet/report/render.py reads both)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     evals = [
         {

@@ -4,7 +4,7 @@ each role's memory (resident and locked) while it trains.
     python3 benchmarks/stop_times.py [--task FetchReach-v4] [--json out.json]
 
 Twice, a local fleet (Redis Cluster, buffer, aggregator, sampler, learner, evaluator) is
-started by fleet.launch.LocalFleet and given time to train; then every role's VmRSS and
+started by fleet.launch.local_fleet.LocalFleet and given time to train; then every role's VmRSS and
 its pinned memory are read from /proc (the first fleet), and:
 (a) peers up: each role gets SIGTERM in turn (workers first, then the services, then the Redis
     nodes), the others still running;
@@ -27,9 +27,9 @@ from contextlib import closing
 
 from common import result_record, write_result  # benchmarks/common.py (this script's folder)
 
-from fleet.launch import LocalFleet
-from fleet.presets import preset_config
-from fleet.watchdog import Watchdog
+from fleet.cli.presets import preset_config
+from fleet.launch.local_fleet import LocalFleet
+from fleet.launch.watchdog import Watchdog
 from foundation.config import with_overrides
 from foundation.process import locked_kib
 

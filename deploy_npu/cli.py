@@ -10,7 +10,7 @@
 Every ONNX file gets a manifest beside it (<file>.manifest.json): tasks, input and output
 spec, normalizer, routing, weight version, check figures and the file's sha256.
 
-fleet/cli.py mounts this as a subcommand:
+fleet/cli/main.py mounts this as a subcommand:
 
     sub = subparsers.add_parser("export", help="export a policy to ONNX and check it for the NPU")
     deploy_npu.cli.add_arguments(sub)

@@ -27,7 +27,7 @@ import torch
 from deploy_npu.freeze import TaskInput, freeze_policy
 from foundation.checkpoint import CheckpointSource, PolicyCheckpoint, load_policy_checkpoint
 from foundation.config import ConfigError
-from learner.models import ModelSpec
+from nets.models import ModelSpec
 
 if TYPE_CHECKING:
     from deploy_npu.routing import RoutingTable

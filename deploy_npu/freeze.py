@@ -24,7 +24,7 @@ from torch import nn
 from deploy_npu.layers import mean_head
 from deploy_npu.routing import FrozenRoutingPolicy, RoutingTable
 from foundation.checkpoint import CheckpointError, PolicyCheckpoint
-from learner.models import Normalizer, SquashedGaussianActor, build_actor
+from nets.models import Normalizer, SquashedGaussianActor, build_actor
 
 if TYPE_CHECKING:
     from sim.tasks import TaskSet

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from learner.moe import MoELinear, stacked_linear
+from nets.moe import MoELinear, stacked_linear
 
 
 def mean_head(head: nn.Linear) -> nn.Linear:

@@ -34,7 +34,7 @@ from deploy_npu.parity import ClosedLoopReport, OnnxPolicy, check_parity, drive,
 from deploy_npu.routing import RoutingTable, calibration_states, freeze_routing
 from foundation.checkpoint import PolicyCheckpoint
 from foundation.config import RandomizationConfig
-from learner.models import SquashedGaussianActor, TaskHeads
+from nets.models import SquashedGaussianActor, TaskHeads
 from sim.tasks import TaskSet
 
 

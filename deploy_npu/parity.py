@@ -25,7 +25,7 @@ import torch
 
 from foundation.checkpoint import PolicyCheckpoint
 from foundation.config import ConfigError, RandomizationConfig
-from learner.models import ModelSpec
+from nets.models import ModelSpec
 from sim import TASKS, TaskSpec, get_task, goal_success, make_env
 
 CONTROLLER_HZ = 120.0

@@ -28,7 +28,7 @@ from torch import nn
 from deploy_npu.layers import expert_linear, mean_head
 from foundation.acting import Policy, rollout
 from foundation.policy import ModelSpec
-from learner.models import SquashedGaussianActor
+from nets.models import SquashedGaussianActor
 from sim.registry import TaskSpec, make_env
 from sim.tasks import TaskSet
 

@@ -65,7 +65,7 @@ class LearnerConfig:
     own_cpu: bool = config_field(
         False,
         "local fleet (fleetrl train) with more CPUs than learners: each learner runs on a CPU of its "
-        "own, every other role and Redis on the rest (fleet/launch.py learner_cpus)",
+        "own, every other role and Redis on the rest (fleet/launch/local_fleet.py learner_cpus)",
     )
     device: str = config_field("auto", "where the learner computes: 'cpu', 'cuda', or 'auto' (cuda when available)")
     autocast: str = config_field(
@@ -83,11 +83,11 @@ class LearnerConfig:
     mix_once: bool = config_field(
         True,
         "a task-routed MoE mixes each layer's experts once per update and every pass of SAC reuses the mix "
-        "(learner.models.one_mix_per_update: the same gradients); false: each pass mixes anew, as before",
+        "(nets.models.one_mix_per_update: the same gradients); false: each pass mixes anew, as before",
     )
     fused_critics: bool = config_field(
         True,
-        "a task-routed MoE's twin critics in one pass, each layer's two matmuls one (learner/twin.py: 1.06x "
+        "a task-routed MoE's twin critics in one pass, each layer's two matmuls one (nets/twin.py: 1.06x "
         "its gradients per CPU-second; a dense pair measured slower fused and always runs apart); false: apart",
     )
     prefetch: bool = config_field(
@@ -179,7 +179,7 @@ class ModelConfig:
         "every task trains (the routed experts of a 4-task run share none): what one task learns can reach "
         "another, as in a dense network, at no extra cost per row (a task's k experts are mixed into one Linear). "
         "0: none. A multi-task run of a task-routed MoE that sets neither this nor model.top_k takes top_k 3 "
-        "with 1 shared (fleet/presets.py TASK_ROUTED_SHARED; 4 tasks, 3 seeds, docs/presets.md 'Multi-task')",
+        "with 1 shared (fleet/cli/presets.py TASK_ROUTED_SHARED; 4 tasks, 3 seeds, docs/presets.md 'Multi-task')",
     )
     expert_width: int = config_field(
         128,

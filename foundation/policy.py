@@ -5,7 +5,7 @@
 samplers and the evaluator act with it, so they never import torch (3 s of start-up per
 process on these hosts) and pay no per-op framework overhead at batch size 1.
 
-Flat actor layout (the order torch's `parameters_to_vector` gives for learner/models.py):
+Flat actor layout (the order torch's `parameters_to_vector` gives for nets/models.py):
     dense: for each Linear layer: weight [out, in] row-major, then bias [out]
     moe:   the task embedding [tasks, task_embed_dim]; for each hidden layer: expert weights
            [experts, out, in], expert biases [experts, out], gate weight [experts, gate_in],
@@ -204,7 +204,7 @@ def model_spec(config: RunConfig, task: TaskDims) -> ModelSpec:
 def top_k_gates(logits: np.ndarray, k: int, shared: int = 0) -> np.ndarray:
     """Softmax over each row's k largest logits, 0 elsewhere (ties at the k-th may add more).
     With `shared`, experts 0..shared-1 are always among the k, and the other k - shared are the
-    largest logits of the rest (learner/moe.py's route_top_k)."""
+    largest logits of the rest (nets/moe.py's route_top_k)."""
     chosen = np.ones(logits.shape, bool)  # experts 0..shared-1 always; the rest by rank
     rest = logits[..., shared:]
     kth = -np.partition(-rest, k - shared - 1, axis=-1)[..., k - shared - 1 : k - shared]

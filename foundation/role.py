@@ -5,7 +5,7 @@
 
 Every role's entry point is a `Role`: sampler.worker.run_sampler, sampler.evaluator.run_evaluator,
 learner.worker.run_learner, aggregator.service.run_aggregator and buffer.service.run_ingest_service.
-fleet/cli.py starts each of them through that one call.
+fleet/cli/main.py starts each of them through that one call.
 
 - config: the validated RunConfig (derived values resolved once, at launch)
 - identity: the process's index within its role (sampler 3, learner 0; 0 for a lone service)

@@ -31,7 +31,7 @@ def _gates_per_layer(
 ) -> list[list[np.ndarray]]:
     """Per body: each hidden layer's gates [tasks, experts] read from a group's flat vector
     (layout: per body, the task embedding, per layer expert weights, biases, gate weight, gate
-    bias, then the output Linear; learner/models.py Body)."""
+    bias, then the output Linear; nets/models.py Body)."""
     start, out = 0, []
 
     def take(*shape: int) -> np.ndarray:

@@ -38,7 +38,7 @@ quantiles Z_i^m (tau_m = (m + 1/2) / M); the targets are the 2M atoms of both ta
 The truncation, not the min of two critics, curbs overestimation; the temperature is SAC's.
 Actor, samplers, evaluator and export are SAC's: only the critics' output width differs.
 
-`algo = "crossq"` is SAC without target networks (Bhatt et al. 2024; learner/renorm.py): the
+`algo = "crossq"` is SAC without target networks (Bhatt et al. 2024; nets/renorm.py): the
 critics batch-renormalize, see (s, a) and (s', a') as one batch and bootstrap from its second
 half; the actor's loss reads them on their running statistics.
 """
@@ -56,10 +56,10 @@ from torch.nn import functional as F
 
 from foundation.config import RunConfig
 from foundation.cpu import has_bf16
-from learner.balance import moe_layers, with_balance
-from learner.flat import FlatSet, flatten
-from learner.models import SACModel, norm_stats, one_mix_per_update
-from learner.renorm import running_statistics
+from nets.balance import moe_layers, with_balance
+from nets.flat import FlatSet, flatten
+from nets.models import SACModel, norm_stats, one_mix_per_update
+from nets.renorm import running_statistics
 
 
 @dataclass(frozen=True)

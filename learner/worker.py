@@ -30,9 +30,9 @@ from foundation.process import Heartbeat
 from foundation.proto import fleetrl_pb2 as pb
 from foundation.task_schedule import TaskSchedule
 from foundation.transport import Security, connect
-from learner.flat import GradientBuffers
-from learner.models import GROUPS, SACModel
 from learner.sac import Batch, SACHyperparams, compute_gradients
+from nets.flat import GradientBuffers
+from nets.models import GROUPS, SACModel
 from sim.tasks import TaskSet
 
 log = logging.getLogger("fleetrl.learner")

@@ -24,7 +24,7 @@ Per-task input layers would need per-task weight groups, routing by task in ever
 exported graph per task. With padding the cost is a few zero inputs (Reach: 15 of 27), and
 one thing padding alone gets wrong: a dim that means the gripper's x in one task and a hand's
 x in another mixes two distributions in one normalizer. So each task keeps its own input
-statistics, picked by the one-hot (learner/models.py, Normalizer; model.task_norm).
+statistics, picked by the one-hot (nets/models.py, Normalizer; model.task_norm).
 
 A single-task run is a TaskSet of one: no padding, no one-hot, the task's own schema, as
 before multi-task runs existed.

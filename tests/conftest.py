@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 from redis.cluster import RedisCluster
 
-from fleet.local_cluster import LocalRedisCluster
+from fleet.launch.local_cluster import LocalRedisCluster
 from foundation.wire import Transitions, TransitionSchema
 
 T = TypeVar("T")

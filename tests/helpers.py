@@ -18,12 +18,12 @@ import numpy as np
 
 from aggregator.client import GradientPush
 from aggregator.core import AggregatorCore
-from fleet.launch import free_port
-from fleet.local_cluster import LocalRedisCluster
-from fleet.watchdog import Watchdog
+from fleet.launch.local_cluster import LocalRedisCluster
+from fleet.launch.local_fleet import free_port
+from fleet.launch.watchdog import Watchdog
 from foundation.config import AggregatorConfig
 from foundation.policy import GRADIENT_GROUPS, ModelSpec
-from learner.models import norm_stats
+from nets.models import norm_stats
 from tests.conftest import wait_until
 
 # --- an aggregator core and its pushes ------------------------------------------------------
@@ -59,7 +59,7 @@ def start_role(role: str, config: pathlib.Path, log_dir: pathlib.Path, *args: st
     """`fleetrl <role> --config CONFIG ARGS...` as a process, its output appended to <log_dir>/<role>.log."""
     with open(log_dir / f"{role}.log", "ab") as log:
         return subprocess.Popen(
-            [sys.executable, "-m", "fleet.cli", role, "--config", str(config), *args],
+            [sys.executable, "-m", "fleet.cli.main", role, "--config", str(config), *args],
             stdout=log,
             stderr=subprocess.STDOUT,
         )

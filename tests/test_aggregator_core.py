@@ -20,8 +20,8 @@ from foundation.checkpoint import (
     save_checkpoint,
 )
 from foundation.config import AggregatorConfig
-from learner.models import GRADIENT_GROUPS, GROUPS, ModelSpec, SACModel, norm_from_stats, norm_stats
 from learner.sac import Batch, SACHyperparams, compute_gradients
+from nets.models import GRADIENT_GROUPS, GROUPS, ModelSpec, SACModel, norm_from_stats, norm_stats
 
 SPEC = ModelSpec(obs_dim=3, goal_dim=2, act_dim=2, hidden_sizes=(8,))
 CONFIG = AggregatorConfig(lr=1e-2, tau=0.25, seed=0)

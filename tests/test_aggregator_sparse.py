@@ -13,8 +13,8 @@ from aggregator.core import AggregatorCore
 from aggregator.sparse import ExpertSegments
 from foundation.config import AggregatorConfig, ConfigError, RunConfig, with_overrides
 from foundation.policy import GRADIENT_GROUPS, GROUPS, ModelSpec
-from learner.models import SACModel
 from learner.sac import Batch, SACHyperparams, compute_gradients
+from nets.models import SACModel
 
 TASKS = 3
 SPEC = ModelSpec(5, 3, 2, (16, 16), kind="moe", experts=8, top_k=2, tasks=TASKS, router="task", task_heads=True)

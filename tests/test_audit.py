@@ -1,4 +1,4 @@
-"""The auditor's arithmetic (fleet/audit.py) on made-up ledgers, versions and Redis contents."""
+"""The auditor's arithmetic (fleet/chaos/audit.py) on made-up ledgers, versions and Redis contents."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from collections import Counter
 
 import pytest
 
-from fleet.audit import (
+from fleet.chaos.audit import (
     Life,
     acked_env_steps_between,
     aggregator_lives,

@@ -179,7 +179,7 @@ def test_learner_throughput_measures_the_fleet_against_the_one_thread_float32_ba
     batch, precision and threads; a run already at them is its own reference (one bare loop)."""
     monkeypatch.syspath_prepend(str(BENCHMARKS))
     lt = importlib.import_module("learner_throughput")
-    from fleet.presets import preset_config
+    from fleet.cli.presets import preset_config
     from foundation.config import with_overrides
 
     pnp = preset_config("FetchPickAndPlace-v4")
@@ -244,7 +244,7 @@ def test_routing_precision_finds_the_route_a_bf16_gate_would_change(monkeypatch,
     from foundation.checkpoint import save_checkpoint
     from foundation.config import AggregatorConfig
     from foundation.policy import ModelSpec
-    from learner.models import SACModel
+    from nets.models import SACModel
 
     spec = ModelSpec(5, 3, 2, (16, 16), kind="moe", experts=4, top_k=2, tasks=2, router="task", task_heads=True)
     core = AggregatorCore(spec, AggregatorConfig(), 1, 1, "FetchReach-v4,FetchPush-v4")

@@ -1,4 +1,4 @@
-"""The fault injector's choices and its idea of recovery (fleet/chaos.py), with fake processes."""
+"""The fault injector's choices and its idea of recovery (fleet/chaos/faults.py), with fake processes."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from fleet.chaos import REDIS_PRIMARY, Fault, Injector, Watch, fault_menu
-from fleet.watchdog import Watchdog
+from fleet.chaos.faults import REDIS_PRIMARY, Fault, Injector, Watch, fault_menu
+from fleet.launch.watchdog import Watchdog
 
 ROLES = ["aggregator", "buffer", "evaluator-0", "learner-0", "sampler-0", "sampler-1", "redis-7000", "redis-7001"]
 

@@ -1,4 +1,4 @@
-"""Network faults (fleet/chaos_net.py) and the injector's handling of them, with a fake link:
+"""Network faults (fleet/chaos/network.py) and the injector's handling of them, with a fake link:
 what is drawn, which end goes down, when it comes back, and when the samplers count as recovered."""
 
 from __future__ import annotations
@@ -10,8 +10,9 @@ from typing import Any, cast
 
 import pytest
 
-from fleet.chaos import Fault, Injector
-from fleet.chaos_net import (
+from fleet.chaos.faults import Fault, Injector
+from fleet.chaos.netns import NetnsError, SamplerHost, Shaping
+from fleet.chaos.network import (
     PARTITION,
     SAMPLER_HOST,
     SERVICES_HOST,
@@ -20,8 +21,7 @@ from fleet.chaos_net import (
     NetFaultRanges,
     draw,
 )
-from fleet.netns import NetnsError, SamplerHost, Shaping
-from fleet.watchdog import Watchdog
+from fleet.launch.watchdog import Watchdog
 from tests.test_chaos import FakeDog, beat
 
 ALL = {"netem": None, "tbf": None}

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from fleet.cli import main
+from fleet.cli.main import main
 from foundation.config import RunConfig
 
 SERVICE_FLAGS = ("--port", "--listen", "--advertise", "--ready-file")
@@ -63,7 +63,7 @@ class _FakeFleet:
 def test_train_starts_its_redis_cluster_with_the_replicas_asked_for(
     flags, replicas, replicas_to_ack, monkeypatch, tmp_path
 ):
-    monkeypatch.setattr("fleet.launch.LocalFleet", _FakeFleet)
+    monkeypatch.setattr("fleet.launch.local_fleet.LocalFleet", _FakeFleet)
     _FakeFleet.built.clear()
     assert main(["train", "--task", "FetchReach-v4", "--run-dir", str(tmp_path), *flags]) == 0
     [(config, built_replicas)] = _FakeFleet.built
@@ -72,14 +72,14 @@ def test_train_starts_its_redis_cluster_with_the_replicas_asked_for(
 
 @pytest.mark.parametrize("flags", [["--redis-replicas", "-1"], ["--redis-replicas", "1", "--mode", "sync"]])
 def test_train_refuses_redis_replicas_it_cannot_start(flags, monkeypatch, capsys):
-    monkeypatch.setattr("fleet.launch.LocalFleet", _FakeFleet)
+    monkeypatch.setattr("fleet.launch.local_fleet.LocalFleet", _FakeFleet)
     _FakeFleet.built.clear()
     assert main(["train", "--task", "FetchReach-v4", *flags]) == 2
     assert "--redis-replicas" in capsys.readouterr().err and not _FakeFleet.built
 
 
 def test_train_refuses_a_control_rate_a_task_cannot_run_at_before_starting_anything(monkeypatch, capsys):
-    monkeypatch.setattr("fleet.launch.LocalFleet", _FakeFleet)
+    monkeypatch.setattr("fleet.launch.local_fleet.LocalFleet", _FakeFleet)
     _FakeFleet.built.clear()
     tasks = "FetchReach-v4,MetaWorld-reach-v3"
     assert main(["train", "--tasks", tasks, "--set", "sim.control_hz=25"]) == 2
@@ -91,7 +91,7 @@ def test_train_refuses_a_control_rate_a_task_cannot_run_at_before_starting_anyth
 
 
 def test_train_refuses_random_keep_dims_beyond_the_tasks_actions_before_starting_anything(monkeypatch, capsys):
-    monkeypatch.setattr("fleet.launch.LocalFleet", _FakeFleet)
+    monkeypatch.setattr("fleet.launch.local_fleet.LocalFleet", _FakeFleet)
     _FakeFleet.built.clear()
     assert main(["train", "--task", "FetchPush-v4", "--set", "sampler.random_keep_dims=5"]) == 2
     err = capsys.readouterr().err

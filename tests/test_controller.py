@@ -69,7 +69,7 @@ def test_a_multi_task_run_is_checked_task_by_task_on_each_tasks_own_input(tmp_pa
 def test_deploy_check_writes_its_figures_as_json_and_exits_by_the_deadline_verdict(tmp_path):
     import json
 
-    from fleet.cli import main
+    from fleet.cli.main import main
 
     run_dir = _run_dir(tmp_path / "run", "learner.hidden_sizes=[32, 32]")
     out = tmp_path / "check.json"

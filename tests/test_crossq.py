@@ -12,9 +12,9 @@ import torch
 
 from foundation.config import ConfigError, RunConfig, with_overrides
 from foundation.policy import ModelSpec, model_spec
-from learner.models import GRADIENT_GROUPS, SACModel
-from learner.renorm import BatchRenorm, renorm_layers, running_statistics
 from learner.sac import SACHyperparams, compute_gradients, crossq_critic_loss
+from nets.models import GRADIENT_GROUPS, SACModel
+from nets.renorm import BatchRenorm, renorm_layers, running_statistics
 from sim.registry import get_task
 from tests.test_sac import _batch
 

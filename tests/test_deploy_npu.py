@@ -27,7 +27,7 @@ from deploy_npu.parity import (
 )
 from foundation.checkpoint import CheckpointError, load_checkpoint, load_policy_checkpoint, save_checkpoint
 from foundation.config import AggregatorConfig
-from learner.models import GRADIENT_GROUPS, ModelSpec, norm_stats
+from nets.models import GRADIENT_GROUPS, ModelSpec, norm_stats
 from sim import get_task
 
 SPEC = ModelSpec(10, 3, 4, (64, 64))  # FetchReach-v4 dims

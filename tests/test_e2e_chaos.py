@@ -2,7 +2,7 @@
 
 benchmarks/chaos_soak.py as a user runs it (real redis-server nodes with replicas, real role
 processes under the watchdog): a learner, a Redis primary, the aggregator and a sampler are
-SIGKILLed or SIGSTOPped six seconds apart, and the auditor (fleet/audit.py) finds every acked
+SIGKILLed or SIGSTOPped six seconds apart, and the auditor (fleet/chaos/audit.py) finds every acked
 batch in Redis once, no gradient applied twice and no version reused. The run ends once
 the last fault has recovered.
 """

@@ -1,4 +1,4 @@
-"""The soak's network faults for real: a sampler host in a network namespace (fleet/netns.py),
+"""The soak's network faults for real: a sampler host in a network namespace (fleet/chaos/netns.py),
 its link cut from either end and slowed, first alone, then under a FetchReach fleet.
 
 benchmarks/chaos_soak.py --hosts netns as a user runs it: the samplers run in their own
@@ -20,7 +20,7 @@ import sys
 
 import pytest
 
-from fleet.netns import SamplerHost, Shaping, shaping_unavailable, unavailable
+from fleet.chaos.netns import SamplerHost, Shaping, shaping_unavailable, unavailable
 
 pytestmark = pytest.mark.e2e
 REPO = pathlib.Path(__file__).resolve().parents[1]

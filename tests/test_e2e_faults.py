@@ -25,10 +25,10 @@ import redis
 from buffer.ingest_client import IngestClient
 from buffer.layout import RecordLayout
 from buffer.storage import TemporalStorage
-from fleet.cluster_admin import answers, cluster_ok
-from fleet.launch import free_port
-from fleet.local_cluster import LocalRedisCluster
-from fleet.watchdog import Watchdog
+from fleet.launch.cluster_admin import answers, cluster_ok
+from fleet.launch.local_cluster import LocalRedisCluster
+from fleet.launch.local_fleet import free_port
+from fleet.launch.watchdog import Watchdog
 from foundation.checkpoint import load_checkpoint
 from foundation.config import RunConfig, WatchdogConfig, with_overrides
 from foundation.ledger import read_ledgers

@@ -21,8 +21,8 @@ import pytest
 
 from aggregator.client import AggregatorClient
 from buffer.layout import RecordLayout
-from fleet.launch import free_port
-from fleet.local_cluster import LocalRedisCluster
+from fleet.launch.local_cluster import LocalRedisCluster
+from fleet.launch.local_fleet import free_port
 from foundation.config import RunConfig, with_overrides
 from foundation.ledger import read_ledgers
 from sim.registry import get_task
@@ -39,7 +39,7 @@ ONCE = ("--set", "eval.min_interval_sec=1000", "--set", "eval.max_interval_sec=1
 def _role(role: str, config_path: pathlib.Path, log_dir: pathlib.Path, *args: str) -> subprocess.Popen:
     with open(log_dir / f"{role}.log", "wb") as log:  # the child keeps its own copy of the fd
         return subprocess.Popen(
-            [sys.executable, "-m", "fleet.cli", role, "--config", str(config_path), *args],
+            [sys.executable, "-m", "fleet.cli.main", role, "--config", str(config_path), *args],
             stdout=log,
             stderr=subprocess.STDOUT,
         )
@@ -135,7 +135,7 @@ def _assert_transitions_in_redis(cluster: LocalRedisCluster, config: RunConfig) 
 
 def _train(run_dir: pathlib.Path, *extra: str) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-m", "fleet.cli", "train", "--task", TASK, "--run-dir", str(run_dir), *extra],
+        [sys.executable, "-m", "fleet.cli.main", "train", "--task", TASK, "--run-dir", str(run_dir), *extra],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -352,7 +352,7 @@ def test_a_run_short_of_its_target_scores_its_last_checkpoint(tmp_path: pathlib.
     assert summary["final_success_episodes"] == 50 and summary["final_success_version"] == newest, summary
     assert "final score: version" in out
     scored = subprocess.run(
-        [sys.executable, "-m", "fleet.cli", "evaluate", str(run_dir), "--episodes", "50", "--json"],
+        [sys.executable, "-m", "fleet.cli.main", "evaluate", str(run_dir), "--episodes", "50", "--json"],
         capture_output=True,
         text=True,
         timeout=120,

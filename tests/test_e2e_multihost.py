@@ -30,7 +30,7 @@ import time
 import pytest
 import yaml
 
-from fleet.netns import unavailable as namespaces_unavailable
+from fleet.chaos.netns import unavailable as namespaces_unavailable
 from foundation.ledger import read_ledgers
 from tests.conftest import wait_until
 
@@ -151,7 +151,7 @@ def test_one_spec_runs_a_fleet_over_five_namespaces_and_rides_out_a_link_failure
             for host in HOSTS:
                 with open(tmp_path / f"fleet-{host}.log", "wb") as log:
                     procs[host] = subprocess.Popen(
-                        ["ip", "netns", "exec", net.namespaces[host], sys.executable, "-m", "fleet.cli", "fleet",
+                        ["ip", "netns", "exec", net.namespaces[host], sys.executable, "-m", "fleet.cli.main", "fleet",
                          "up", str(spec_path), "--host", host, "--until-signal"],  # on past the target: the link test
                         stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
                     )  # fmt: skip

@@ -37,13 +37,13 @@ def test_a_multi_task_moe_run_scores_and_reports_every_task(tmp_path: pathlib.Pa
         "eval.min_interval_sec": "3",
         "eval.max_interval_sec": "3",
         "learner.min_replay_transitions": "300",
-        "learner.batch_size": "256",  # a minute's run: not the multi-task recipe's 1024 (fleet/presets.py)
+        "learner.batch_size": "256",  # a minute's run: not the multi-task recipe's 1024 (fleet/cli/presets.py)
         "sampler.random_steps": "100",
         "learner.task_sampling": f'"{sampling}"',  # batches shared by the evaluator's per-task scores
     }
     sets = [arg for key, value in settings.items() for arg in ("--set", f"{key}={value}")]
     proc = subprocess.run(
-        [sys.executable, "-m", "fleet.cli", "train", "--tasks", ",".join(TASKS), "--run-dir", str(run_dir)]
+        [sys.executable, "-m", "fleet.cli.main", "train", "--tasks", ",".join(TASKS), "--run-dir", str(run_dir)]
         + ["--max-wall-sec", "60", "--target-success", "1.0", *sets],
         capture_output=True,
         text=True,
@@ -81,12 +81,12 @@ def test_a_multi_task_moe_run_scores_and_reports_every_task(tmp_path: pathlib.Pa
     # ... and what each task is routed to, read from the newest checkpoint (the task router).
     routing = summary["expert_routing"]
     assert set(routing) == {"actor", "critic.q1", "critic.q2", "version"}, routing.keys()
-    # The recipe's routing (fleet/presets.py TASK_ROUTED_SHARED): top_k 3, expert 0 in every task's.
+    # The recipe's routing (fleet/cli/presets.py TASK_ROUTED_SHARED): top_k 3, expert 0 in every task's.
     for layer in routing["actor"].values():
         assert set(layer["tasks"]) == set(TASKS)
         assert all(len(t["experts"]) == 3 and 0 in t["experts"] for t in layer["tasks"].values()), layer
         assert set(layer["overlap"]) == {"|".join(TASKS)}
-    # The multi-task recipe starts two learners (fleet/presets.py MULTITASK): each took its
+    # The multi-task recipe starts two learners (fleet/cli/presets.py MULTITASK): each took its
     # batch shares, and the sampler its env-step shares, from curve scores by the run's rule:
     # 'focus' gives one task all but the other's floor (0.1).
     assert {"learner-0", "learner-1"} <= set(summary["cpu"]["roles"]), summary["cpu"]["roles"].keys()

@@ -8,9 +8,9 @@ from aggregator.core import GradientError
 from buffer.client import EmptyBufferError
 from buffer.ingest_client import IngestUnavailable, PushRejected
 from deploy_npu.audit import OpAuditError
-from fleet.cluster_admin import LocalClusterError
-from fleet.report import ReportError
-from fleet.watchdog import RoleFailed
+from fleet.launch.cluster_admin import LocalClusterError
+from fleet.launch.watchdog import RoleFailed
+from fleet.report.render import ReportError
 from foundation.checkpoint import CheckpointError
 from foundation.config import ConfigError, RunConfig, with_overrides
 from foundation.errors import FleetrlError
@@ -65,11 +65,11 @@ def test_wire_and_gradient_errors_name_their_field():
 
 
 def test_the_cli_catches_the_root_and_exits_with_its_status(monkeypatch, capsys):
-    from fleet import cli, cli_fleet
+    from fleet.cli import fleet_cmds, main
 
     def fail(args, config):
         raise RoleFailed("learner-0 kept dying")
 
-    monkeypatch.setattr(cli_fleet, "run_fleet", fail)
-    assert cli.main(["fleet", "up", "spec.yaml", "--host", "a"]) == 1
+    monkeypatch.setattr(fleet_cmds, "run_fleet", fail)
+    assert main.main(["fleet", "up", "spec.yaml", "--host", "a"]) == 1
     assert "fleetrl: learner-0 kept dying" in capsys.readouterr().err

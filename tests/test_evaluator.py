@@ -206,7 +206,7 @@ def test_a_checkpoint_is_scored_on_the_same_held_out_episodes_every_time(tmp_pat
 
 
 def test_fleetrl_evaluate_names_what_is_missing(tmp_path, capsys):
-    from fleet.cli import main
+    from fleet.cli.main import main
 
     assert main(["evaluate", str(tmp_path)]) == 2
     assert "no config.json" in capsys.readouterr().err
@@ -217,7 +217,7 @@ def test_fleetrl_evaluate_first_seed_scores_a_disjoint_held_out_set(tmp_path, ca
     import json
 
     from aggregator.core import AggregatorCore
-    from fleet.cli import main
+    from fleet.cli.main import main
     from foundation.checkpoint import save_checkpoint
     from foundation.config import AggregatorConfig, RunConfig
 

@@ -8,9 +8,9 @@ import pathlib
 import pytest
 import yaml
 
-from fleet.cli import main
-from fleet.spec import FleetSpec
-from fleet.spec_schema import HOST_SCHEMA, SCHEMA
+from fleet.cli.main import main
+from fleet.launch.spec import FleetSpec
+from fleet.launch.spec_schema import HOST_SCHEMA, SCHEMA
 from tests.test_fleet_spec import README_SPEC
 
 REPO = pathlib.Path(__file__).resolve().parents[1]

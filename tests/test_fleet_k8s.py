@@ -7,8 +7,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from fleet.k8s import manifests, write_manifests
-from fleet.spec import FleetSpec
+from fleet.launch.k8s import manifests, write_manifests
+from fleet.launch.spec import FleetSpec
 from foundation.config import ConfigError, RunConfig, with_overrides
 from tests.test_fleet_spec import README_SPEC
 

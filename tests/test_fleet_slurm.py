@@ -11,10 +11,10 @@ import shlex
 import pytest
 import yaml
 
-from fleet.cli import main
-from fleet.slurm import SbatchOptions, SlurmTask, cpus_needed, parse_node_addresses, place, sbatch_script
-from fleet.spec import FleetSpec
-from fleet.winddown import StopBoard, wait_on_board
+from fleet.cli.main import main
+from fleet.launch.slurm import SbatchOptions, SlurmTask, cpus_needed, parse_node_addresses, place, sbatch_script
+from fleet.launch.spec import FleetSpec
+from fleet.launch.winddown import StopBoard, wait_on_board
 from foundation.config import ConfigError
 
 SPEC = {

@@ -7,10 +7,10 @@ import os
 
 import pytest
 
-from fleet.launch import LocalFleet
-from fleet.presets import preset_config
-from fleet.spec import FleetHost, FleetSpec
-from fleet.spec_checks import redis_layout
+from fleet.cli.presets import preset_config
+from fleet.launch.local_fleet import LocalFleet
+from fleet.launch.spec import FleetHost, FleetSpec
+from fleet.launch.spec_checks import redis_layout
 from foundation.config import ConfigError, RunConfig, with_overrides
 from foundation.transport import REDIS_PASSWORD_ENV, TOKEN_ENV
 
@@ -43,7 +43,7 @@ def test_a_spec_gives_every_host_its_roles_with_the_fleets_addresses(monkeypatch
     sim1 = {r.name: r.argv for r in FleetHost(spec, "sim-1", config, None).roles("c.json")}  # type: ignore[arg-type]
     assert sim1["sampler-0"][:3] == ("taskset", "-c", "0,1")
     assert sim1["learner-0"][sim1["learner-0"].index("--redis") + 1] == spec.redis
-    # Samplers and learners keep ack ledgers (one line per acked push) for audits (fleet/audit.py).
+    # Samplers and learners keep ack ledgers (one line per acked push) for audits (fleet/chaos/audit.py).
     for role in ("sampler-0", "learner-0"):
         assert sim1[role][sim1[role].index("--ack-log") + 1] == str(tmp_path / "sim-1" / "acks")
     services = {r.name: r.argv for r in FleetHost(spec, "services", config, None).roles("c.json")}  # type: ignore[arg-type]
@@ -144,7 +144,7 @@ def test_a_local_run_warns_before_it_starts_when_its_learners_would_make_most_gr
 
 
 def test_learner_own_cpu_gives_the_learners_the_highest_cpus_and_everyone_else_the_rest(tmp_path):
-    from fleet.launch import confined_to, learner_cpus
+    from fleet.launch.local_fleet import confined_to, learner_cpus
 
     assert learner_cpus({0, 1}, 1) == ((1,), (0,))
     assert learner_cpus({2, 5, 7, 9}, 2) == ((7, 9), (2, 5))

@@ -58,8 +58,8 @@ def test_device_auto_is_cpu_without_cuda_and_cuda_without_a_gpu_is_a_clear_error
 def test_a_learner_keeps_its_own_target_critics_like_the_aggregators_polyak_update():
     from foundation.acting import WeightsSnapshot
     from foundation.policy import ModelSpec
-    from learner.models import SACModel
     from learner.worker import _load
+    from nets.models import SACModel
 
     spec = ModelSpec(3, 2, 2, (8,))
     source = SACModel(spec)
@@ -84,8 +84,8 @@ def test_a_learner_keeps_its_own_target_critics_like_the_aggregators_polyak_upda
 def test_a_learner_takes_a_snapshots_own_vectors_as_its_parameters_and_copies_a_read_only_one():
     from foundation.acting import WeightsSnapshot
     from foundation.policy import ModelSpec
-    from learner.models import SACModel
     from learner.worker import _load
+    from nets.models import SACModel
 
     spec = ModelSpec(3, 2, 2, (8,))
     source, learner = SACModel(spec), SACModel(spec)

@@ -16,10 +16,10 @@ import pytest
 import redis
 import redis.cluster
 
-from fleet import cluster_admin, local_cluster
-from fleet.cluster_admin import LocalClusterError
-from fleet.local_cluster import LocalRedisCluster
-from fleet.watchdog import Watchdog
+from fleet.launch import cluster_admin, local_cluster
+from fleet.launch.cluster_admin import LocalClusterError
+from fleet.launch.local_cluster import LocalRedisCluster
+from fleet.launch.watchdog import Watchdog
 from foundation.config import WatchdogConfig
 from foundation.transport import connect, parse_addresses
 from tests.conftest import wait_until
@@ -93,7 +93,7 @@ def test_nodes_die_with_a_killed_parent(tmp_path):
     script = textwrap.dedent(
         f"""
         import time
-        from fleet.local_cluster import LocalRedisCluster
+        from fleet.launch.local_cluster import LocalRedisCluster
         cluster = LocalRedisCluster().start()
         open({str(pid_file)!r} + ".tmp", "w").write(",".join(map(str, cluster.pids)))
         import os; os.replace({str(pid_file)!r} + ".tmp", {str(pid_file)!r})
@@ -288,7 +288,7 @@ def test_nodes_of_several_hosts_form_one_cluster_with_replicas():
 
 def test_join_forms_running_nodes_by_name_with_the_password_from_the_environment(monkeypatch, capsys):
     """`fleetrl redis-cluster --join`: what the Kubernetes Job runs against the Redis pods."""
-    from fleet.cli import main
+    from fleet.cli.main import main
     from foundation.transport import REDIS_PASSWORD_ENV, Security
 
     auth = Security(redis_user="fleetrl", redis_password="pw")

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from foundation.policy import ModelSpec, NumpyActor, top_k_gates
-from learner.models import SACModel, norm_stats
-from learner.moe import MoELinear
 from learner.sac import Batch, SACHyperparams, compute_gradients
+from nets.models import SACModel, norm_stats
+from nets.moe import MoELinear
 
 MOE = ModelSpec(obs_dim=5, goal_dim=3, act_dim=2, hidden_sizes=(16, 16), kind="moe", experts=4, top_k=2, tasks=3)
 
@@ -108,7 +108,7 @@ def _batch(n: int = 64, seed: int = 4) -> Batch:
 
 
 def test_the_balancing_loss_is_one_when_even_and_grows_as_one_pair_takes_every_input():
-    from learner.balance import balance_loss, expert_load
+    from nets.balance import balance_loss, expert_load
 
     torch.manual_seed(0)
     layer = MoELinear(4, 6, experts=8, top_k=2, gate_dim=5)
@@ -131,7 +131,7 @@ def test_the_balancing_loss_is_one_when_even_and_grows_as_one_pair_takes_every_i
 def _task_routed_layer(bias_rows: list[list[float]]) -> tuple[MoELinear, torch.Tensor]:
     """A task-routed layer of 8 experts (top-2) whose task t has gate logits bias_rows[t], run
     on a batch of uneven task shares; returns it and its gate bias (to differentiate)."""
-    from learner.moe import TaskLayout
+    from nets.moe import TaskLayout
 
     layer = MoELinear(4, 6, experts=8, top_k=2, gate_dim=len(bias_rows))
     embeds = torch.eye(len(bias_rows))
@@ -150,7 +150,7 @@ def test_the_task_routers_balancing_loss_is_flat_once_tasks_hold_their_own_exper
     their experts. Counted in tasks, a task alone, or tasks on disjoint experts, get no
     balancing gradient at all, whatever their share of the rows; tasks sharing an expert are
     pushed apart, and only the shared expert's logits are pushed down."""
-    from learner.balance import balance_loss
+    from nets.balance import balance_loss
 
     alone, weight = _task_routed_layer([[3.0, 2.0, 0, 0, 0, 0, 0, 0]])
     loss = balance_loss([alone])
@@ -174,7 +174,7 @@ def test_the_task_routers_expert_load_counts_rows_per_task_without_per_row_tenso
     """The task router keeps one routing per task; the load metrics weigh each task's experts
     by its rows (70/10/10 here) as the per-row gates would, and nothing per row is built for
     them (a training forward used to spread gates and logits over every row, every layer)."""
-    from learner.balance import expert_load
+    from nets.balance import expert_load
 
     rows = [[3.0, 2.0, 0, 0, 0, 0, 0, 0], [0, 0, 3.0, 2.0, 0, 0, 0, 0], [3.0, 0, 0, 0, 2.0, 0, 0, 0]]
     layer, _ = _task_routed_layer(rows)
@@ -188,7 +188,7 @@ def test_the_task_routers_expert_load_counts_rows_per_task_without_per_row_tenso
 
 
 def test_adam_on_the_balancing_loss_keeps_a_lone_tasks_experts_where_switchs_loss_swaps_them():
-    from learner.balance import balance_loss
+    from nets.balance import balance_loss
 
     def chosen_after(loss_of) -> set[int]:
         torch.manual_seed(0)
@@ -428,7 +428,7 @@ def test_under_bf16_autocast_the_learner_routes_as_the_float32_actors_do(router)
 
 
 def test_shared_experts_are_in_every_inputs_top_k_in_torch_and_numpy_alike():
-    from learner.moe import route_top_k
+    from nets.moe import route_top_k
 
     logits = np.random.default_rng(9).normal(size=(200, 8)).astype(np.float32)
     logits[:100, 0] = -10.0  # the shared expert's logit the smallest: chosen all the same
@@ -464,8 +464,8 @@ def test_the_balancing_loss_leaves_shared_experts_out():
     """Every task holds the shared expert: counted, it would be overloaded and its logits pushed
     down for ever (it cannot be left). Tasks whose routed experts are disjoint get no balancing
     gradient, as without shared experts."""
-    from learner.balance import balance_loss
-    from learner.moe import TaskLayout
+    from nets.balance import balance_loss
+    from nets.moe import TaskLayout
 
     layer = MoELinear(4, 6, experts=8, top_k=2, gate_dim=2, shared=1)
     with torch.no_grad():  # task t's logits: row t; both favour expert 0 (shared), then 1 and 2

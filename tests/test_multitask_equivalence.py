@@ -17,8 +17,8 @@ import pytest
 import torch
 
 from foundation.policy import ModelSpec, NumpyActor
-from learner.models import SACModel
 from learner.sac import Batch, SACHyperparams, compute_gradients
+from nets.models import SACModel
 
 OBS, GOAL, ACT, TASKS, PLACE = 25, 3, 4, 2, 1  # FetchPush's widths; it is the run's second task
 

@@ -14,7 +14,7 @@ from deploy_npu.freeze import TaskInput, freeze_policy, reference_actor
 from deploy_npu.pipeline import DeployCheckConfig, export_and_check
 from foundation.checkpoint import load_policy_checkpoint
 from foundation.config import AggregatorConfig
-from learner.models import GRADIENT_GROUPS, ModelSpec, norm_stats
+from nets.models import GRADIENT_GROUPS, ModelSpec, norm_stats
 from sim.tasks import TaskSet
 
 TASKS = TaskSet.of(("FetchReach-v4", "FetchPush-v4"))

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from foundation.policy import LOG_STD_MAX, LOG_STD_MIN, NORM_CLIP, ModelSpec, NumpyActor
-from learner.models import SACModel, build_actor
+from nets.models import SACModel, build_actor
 
 SPECS = [
     ModelSpec(obs_dim=10, goal_dim=3, act_dim=4, hidden_sizes=(32, 16)),

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from fleet.cli import main
-from fleet.presets import (
+from fleet.cli.main import main
+from fleet.cli.presets import (
     MULTITASK,
     MULTITASK_BATCH,
     SINGLE_TASK_ONLY,

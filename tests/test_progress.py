@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 
-from fleet.progress import EvalPoint, Progress, Snapshot
+from fleet.report.progress import EvalPoint, Progress, Snapshot
 from foundation.config import RunConfig, with_overrides
 
 

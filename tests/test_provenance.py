@@ -8,7 +8,7 @@ import subprocess
 import pytest
 import torch
 
-from fleet import provenance
+from fleet.report import provenance
 
 
 def _git(repo, *args: str) -> str:

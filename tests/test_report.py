@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from fleet.report import ReportError, add_arguments, load_run, main, write_report
+from fleet.report.render import ReportError, add_arguments, load_run, main, write_report
 from foundation.cpu import CpuMeter
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -189,10 +189,10 @@ def test_main_prints_the_page_path(tmp_path: pathlib.Path, capsys: pytest.Captur
 
 
 def test_a_multi_task_moe_run_gets_per_task_curves_and_its_expert_routing(tmp_path: pathlib.Path) -> None:
-    from fleet.report_tasks import task_curves
+    from fleet.report.figures import task_curves
     from foundation.policy import ModelSpec
     from foundation.routing_stats import expert_routing
-    from learner.models import SACModel
+    from nets.models import SACModel
 
     run = make_fleet_run(tmp_path)
     spec = ModelSpec(7, 3, 2, hidden_sizes=(8,), kind="moe", experts=6, top_k=2, tasks=2, router="task")

@@ -13,7 +13,7 @@ from deploy_npu.retime import retime_factor, retimed
 from foundation.checkpoint import load_policy_checkpoint, save_checkpoint
 from foundation.config import RunConfig, with_overrides
 from foundation.policy import model_spec
-from learner.models import build_actor
+from nets.models import build_actor
 from sim.rate import velocity_columns
 from sim.registry import get_task, make_env
 

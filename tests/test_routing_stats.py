@@ -10,7 +10,7 @@ import torch
 
 from foundation.policy import ModelSpec
 from foundation.routing_stats import expert_routing, layer_routing
-from learner.models import SACModel
+from nets.models import SACModel
 
 SPEC = ModelSpec(7, 3, 2, hidden_sizes=(16, 12), kind="moe", experts=8, top_k=2, tasks=3, router="task")
 NAMES = ["a", "b", "c"]

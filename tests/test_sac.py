@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from foundation.config import RunConfig, with_overrides
-from learner.models import GRADIENT_GROUPS, GROUPS, ModelSpec, SACModel, norm_stats
 from learner.sac import Batch, SACHyperparams, compute_gradients, critic_loss, quantile_huber_loss, tqc_critic_loss
+from nets.models import GRADIENT_GROUPS, GROUPS, ModelSpec, SACModel, norm_stats
 
 SPEC = ModelSpec(obs_dim=4, goal_dim=2, act_dim=2, hidden_sizes=(32, 32))
 HP = SACHyperparams(gamma=0.9, target_entropy=-2.0)
@@ -326,7 +326,7 @@ def test_gradients_written_into_reused_buffers_equal_fresh_ones_as_the_task_mix_
     """A learner writes each gradient into one of two buffer sets in turn; a set's MoE parts
     clear only the experts the last gradient there touched. Batches whose tasks (so experts)
     change from one gradient to the next must still read exactly like fresh vectors."""
-    from learner.flat import GradientBuffers
+    from nets.flat import GradientBuffers
 
     spec = ModelSpec(obs_dim=7, goal_dim=2, act_dim=2, hidden_sizes=(16, 16), kind=kind, tasks=3, experts=6)
     torch.manual_seed(0)
@@ -457,7 +457,7 @@ def _model_like(model: SACModel) -> SACModel:
 )
 def test_one_mix_per_update_gives_the_gradients_of_mixing_in_every_pass(monkeypatch, extra, hp):
     """compute_gradients mixes each MoE layer's experts once per update and reuses the mix in every
-    pass (learner.models.one_mix_per_update): the same gradients, routers' balancing part and
+    pass (nets.models.one_mix_per_update): the same gradients, routers' balancing part and
     metrics as mixing anew in each pass, the first use (the TD target, under no_grad) included."""
     import contextlib
 

@@ -14,7 +14,7 @@ from aggregator.service import AggregatorServer
 from buffer.ingest_client import IngestClient
 from buffer.service import IngestServer
 from buffer.storage import TemporalStorage
-from fleet.local_cluster import LocalRedisCluster
+from fleet.launch.local_cluster import LocalRedisCluster
 from foundation.certs import make_certs
 from foundation.config import AggregatorConfig, BufferConfig, SecurityConfig
 from foundation.proto import fleetrl_pb2 as pb

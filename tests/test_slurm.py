@@ -35,7 +35,7 @@ import psutil
 import pytest
 import yaml
 
-from fleet.netns import unavailable as namespaces_unavailable
+from fleet.chaos.netns import unavailable as namespaces_unavailable
 from foundation.checkpoint import latest_checkpoint, load_checkpoint
 from foundation.process import free_port
 from tests.conftest import wait_until
@@ -44,7 +44,7 @@ from tests.test_e2e_multihost import Network, _last_version
 pytestmark = pytest.mark.e2e
 
 NODES = ("n1", "n2")
-FLEETRL = [sys.executable, "-m", "fleet.cli"]
+FLEETRL = [sys.executable, "-m", "fleet.cli.main"]
 BINARIES = ("munged", "slurmctld", "slurmd", "sbatch", "squeue", "scancel", "scontrol", "sinfo", "nsenter", "unshare")
 
 
@@ -169,7 +169,7 @@ def _submit(slurm: Slurm, tmp_path: pathlib.Path, config: dict) -> tuple[str, pa
         },
     }  # fmt: skip
     (tmp_path / "fleet.yaml").write_text(yaml.safe_dump(spec))
-    out = slurm.run(sys.executable, "-m", "fleet.cli", "fleet", "slurm", str(tmp_path / "fleet.yaml"),
+    out = slurm.run(sys.executable, "-m", "fleet.cli.main", "fleet", "slurm", str(tmp_path / "fleet.yaml"),
                     "--cpus-per-task", "2", "--submit")  # fmt: skip
     job = re.search(r"submitted job (\d+)", out)
     assert job, out

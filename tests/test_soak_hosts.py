@@ -1,4 +1,4 @@
-"""The soak's two-host fleet (fleet/soak_hosts.py) as the watchdog would start it: which role runs
+"""The soak's two-host fleet (fleet/chaos/soak_hosts.py) as the watchdog would start it: which role runs
 where and reaches what, without starting anything."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import json
 from types import SimpleNamespace
 from typing import Any, cast
 
-from fleet.soak import soak_config
-from fleet.soak_hosts import TwoHostFleet
+from fleet.chaos.soak import soak_config
+from fleet.chaos.soak_hosts import TwoHostFleet
 from foundation.config import RunConfig, with_overrides
 
 

@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-from fleet.sync import MemoryReplay
+from fleet.launch.sync import MemoryReplay
 from foundation.config import RunConfig
 from foundation.wire import Transitions
 from sampler.evaluator import score_checkpoint
@@ -35,9 +35,9 @@ def test_memory_replay_wraps_and_samples_only_what_it_holds():
 
 @pytest.mark.e2e
 def test_sync_mode_honours_model_gate_grad(tmp_path):
-    from fleet.sync import SyncRun
+    from fleet.launch.sync import SyncRun
     from foundation.config import with_overrides
-    from learner.moe import MoELinear
+    from nets.moe import MoELinear
 
     overrides = ['model.kind="moe"', "model.experts=4", "model.gate_grad=false", f'run_dir="{tmp_path}"']
     run = SyncRun(with_overrides(RunConfig(), overrides).validate(), started_at=0.0)
@@ -49,7 +49,7 @@ def test_sync_mode_honours_model_gate_grad(tmp_path):
 def test_sync_mode_stores_n_step_rows(tmp_path):
     """learner.n_step 3: a 50-step FetchReach episode stores (1 + her_k) x 48 rows (its last two
     steps have no 3 steps left), each reward a sum of up to 3 discounted rewards."""
-    from fleet.sync import SyncRun
+    from fleet.launch.sync import SyncRun
     from foundation.config import with_overrides
 
     overrides = ["learner.n_step=3", "sampler.her_k=2", "learner.gamma=0.5", f'run_dir="{tmp_path}"']
@@ -66,7 +66,7 @@ def test_sync_mode_stores_n_step_rows(tmp_path):
 )
 def test_sync_mode_learns_fetch_reach_and_leaves_a_checkpoint(tmp_path, algo, extra):
     run_dir = tmp_path / "sync"
-    cmd = [sys.executable, "-m", "fleet.cli", "train", "--task", "FetchReach-v4", "--mode", "sync"]
+    cmd = [sys.executable, "-m", "fleet.cli.main", "train", "--task", "FetchReach-v4", "--mode", "sync"]
     cmd += ["--run-dir", str(run_dir), "--max-wall-sec", "300", "--set", f'learner.algo="{algo}"']
     for override in extra:
         cmd += ["--set", override]

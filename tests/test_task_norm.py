@@ -12,7 +12,7 @@ import torch
 from aggregator.core import AggregatorCore, GradientError
 from foundation.config import AggregatorConfig
 from foundation.policy import ModelSpec, NumpyActor
-from learner.models import GRADIENT_GROUPS, Normalizer, SACModel, norm_from_stats, norm_stats
+from nets.models import GRADIENT_GROUPS, Normalizer, SACModel, norm_from_stats, norm_stats
 
 OBS, GOAL, TASKS = 6, 3, 2  # obs = 4 own columns ++ a 2-wide task one-hot
 SPEC = ModelSpec(OBS, GOAL, 2, (16,), tasks=TASKS, task_norm=True)

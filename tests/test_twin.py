@@ -1,4 +1,4 @@
-"""learner/twin.py: both critics in one pass equal the two bodies one after the other."""
+"""nets/twin.py: both critics in one pass equal the two bodies one after the other."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from foundation.policy import ModelSpec
-from learner import twin
-from learner.models import TwinCritic
+from nets import twin
+from nets.models import TwinCritic
 
 
 def _spec(kind: str, **kw) -> ModelSpec:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from fleet.watchdog import RoleFailed, RoleSpec, Watchdog
+from fleet.launch.watchdog import RoleFailed, RoleSpec, Watchdog
 from tests.helpers import poll_until
 
 REPO = Path(__file__).resolve().parents[1]

@@ -1,4 +1,4 @@
-"""The order in which a fleet host winds down (fleet/winddown.py wind_down), with fakes that log
+"""The order in which a fleet host winds down (fleet/launch/winddown.py wind_down), with fakes that log
 every call: workers first, the aggregator's host's summary after its last checkpoint, buffer and
 Redis hosts waiting for it, and a signalled host leaving at once. The real thing over two Slurm
 nodes: tests/test_slurm.py."""
@@ -11,8 +11,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from fleet.spec import FleetSpec
-from fleet.winddown import watch, wind_down
+from fleet.launch.spec import FleetSpec
+from fleet.launch.winddown import watch, wind_down
 
 SPEC = FleetSpec.parse(
     {

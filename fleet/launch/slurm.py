@@ -1,0 +1,205 @@
+"""A fleet spec as one Slurm job: one node per spec host, one task per node.
+
+    fleetrl fleet slurm fleet.yaml                 # writes <run_dir>/fleet.sbatch; prints it
+    fleetrl fleet slurm fleet.yaml --submit        # ... and submits it with sbatch
+    # in the job, on every node:  srun fleetrl fleet up fleet.yaml --host auto
+
+`--host auto` maps the Slurm task onto the spec: task i (SLURM_PROCID) is the spec's i-th host,
+and runs on the job's i-th node (one task per node, so SLURM_NODEID == SLURM_PROCID). Every
+host's address becomes the address Slurm reaches its node at (NodeAddr, from `scontrol show
+node`); the spec's own addresses are not used. A host's `cpus` are positions in the CPUs Slurm
+gave its task (os.sched_getaffinity: `cpus: [0, 1]` are the first two of them); a host without
+`cpus` runs on all of them. Stopping: docs/fleet-spec.md (the aggregator's host decides;
+`scancel` sends SIGTERM to every process of the job, and every role stops cleanly).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import pathlib
+import re
+import shlex
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from fleet.launch.spec import FleetSpec, HostSpec, Workers
+from foundation.config import ConfigError
+
+SCONTROL_TIMEOUT_SEC = 30.0
+
+
+class SlurmTask(NamedTuple):
+    """Where this process sits in its job step (Slurm's environment variables)."""
+
+    job_id: str
+    proc_id: int  # SLURM_PROCID: this task's rank in the step
+    node_id: int  # SLURM_NODEID: this task's node, relative to the job's node list
+    ntasks: int  # SLURM_NTASKS (SLURM_STEP_NUM_TASKS)
+    nodelist: str  # SLURM_JOB_NODELIST, e.g. "n[1-2]"
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> SlurmTask:
+        env = os.environ if environ is None else environ
+        names = ("SLURM_JOB_ID", "SLURM_PROCID", "SLURM_NODEID", "SLURM_NTASKS", "SLURM_JOB_NODELIST")
+        missing = [n for n in names if n not in env]
+        if missing:
+            raise ConfigError(
+                f"--host auto: {', '.join(missing)} not set: it works inside a Slurm job step "
+                "(`srun fleetrl fleet up SPEC --host auto`, as `fleetrl fleet slurm` writes it); "
+                "elsewhere name the host",
+                field="--host",
+            )
+        return cls(
+            env["SLURM_JOB_ID"], int(env["SLURM_PROCID"]), int(env["SLURM_NODEID"]), int(env["SLURM_NTASKS"]),
+            env["SLURM_JOB_NODELIST"],
+        )  # fmt: skip
+
+
+class Placement(NamedTuple):
+    spec: FleetSpec  # with every host's address its node's, and this host's CPUs Slurm's
+    host: str  # this task's host in the spec
+
+
+def place(spec: FleetSpec, task: SlurmTask, node_addresses: Sequence[str], allowed_cpus: set[int]) -> Placement:
+    """The spec as this job runs it: host i on node i at `node_addresses[i]`; this task's host's
+    `cpus` turned from positions in `allowed_cpus` (sorted) into CPU numbers."""
+    hosts = spec.hosts
+    if task.ntasks != len(hosts) or len(node_addresses) != len(hosts):
+        raise ConfigError(
+            f"the job has {task.ntasks} tasks on {len(node_addresses)} nodes ({task.nodelist}) but the spec "
+            f"{len(hosts)} hosts: run one task per host on as many nodes (sbatch --nodes={len(hosts)} "
+            f"--ntasks-per-node=1, as `fleetrl fleet slurm` writes)",
+            field="hosts",
+        )
+    if task.node_id != task.proc_id:
+        raise ConfigError(
+            f"task {task.proc_id} runs on node {task.node_id} of {task.nodelist}: with one task per node "
+            "task i must run on node i (srun --ntasks-per-node=1, block distribution)",
+            field="hosts",
+        )
+    mine = hosts[task.proc_id]
+    placed = []
+    for host, address in zip(hosts, node_addresses, strict=True):
+        workers = _pin(host, sorted(allowed_cpus)) if host is mine else host.workers
+        placed.append(dataclasses.replace(host, address=address, workers=workers))
+    return Placement(dataclasses.replace(spec, hosts=tuple(placed)), mine.name)
+
+
+def _pin(host: HostSpec, allowed: list[int]) -> dict[str, Workers]:
+    pinned = {}
+    for role, workers in host.workers.items():
+        for position in workers.cpus:
+            if position >= len(allowed):
+                raise ConfigError(
+                    f"hosts.{host.name}.{role}.cpus: position {position} must be < {len(allowed)}, the CPUs "
+                    f"Slurm gave this task ({allowed}): under Slurm `cpus` count within the task's CPUs; "
+                    "ask for more with fleetrl fleet slurm --cpus-per-task",
+                    field=f"hosts.{host.name}.{role}.cpus",
+                )
+        pinned[role] = Workers(workers.count, tuple(allowed[p] for p in workers.cpus))
+    return pinned
+
+
+def parse_node_addresses(text: str) -> dict[str, str]:
+    """{NodeName: NodeAddr} from `scontrol show node -o` (one node per line)."""
+    found = {}
+    for line in text.splitlines():
+        name, addr = re.search(r"\bNodeName=(\S+)", line), re.search(r"\bNodeAddr=(\S+)", line)
+        if name and addr:
+            found[name.group(1)] = addr.group(1)
+    return found
+
+
+def node_addresses(nodelist: str) -> list[str]:
+    """The address of every node of `nodelist`, in the job's node order (scontrol)."""
+    names = _scontrol("show", "hostnames", nodelist).split()
+    addresses = parse_node_addresses(_scontrol("show", "node", "-o", ",".join(names)))
+    missing = [n for n in names if n not in addresses]
+    if missing:
+        raise ConfigError(f"scontrol show node gave no NodeAddr for {missing}", field="--host")
+    return [addresses[n] for n in names]
+
+
+def place_from_env(spec: FleetSpec) -> Placement:
+    """`fleet up --host auto`: this task's host, and the spec with the job's node addresses."""
+    task = SlurmTask.from_env()
+    return place(spec, task, node_addresses(task.nodelist), os.sched_getaffinity(0))
+
+
+def _scontrol(*args: str) -> str:
+    try:
+        done = subprocess.run(
+            ["scontrol", *args], capture_output=True, text=True, check=True, timeout=SCONTROL_TIMEOUT_SEC
+        )
+    except (OSError, subprocess.SubprocessError) as err:
+        detail = getattr(err, "stderr", "") or err
+        raise ConfigError(f"scontrol {' '.join(args)} failed: {detail}", field="--host") from err
+    return done.stdout
+
+
+@dataclass(frozen=True)
+class SbatchOptions:
+    """What `fleetrl fleet slurm` puts in the script besides the spec."""
+
+    cpus_per_task: int = 0  # 0: the most any host needs (cpus_needed)
+    time_min: int = 0  # sbatch --time in minutes; 0: max_wall_sec plus 10 minutes
+    partition: str = ""  # sbatch --partition; "": the cluster's default
+    extra: tuple[str, ...] = ()  # more #SBATCH lines, e.g. "--account=lab"
+    host_args: tuple[str, ...] = ()  # more `fleet up` arguments for every host: --set, --task, --config
+
+
+def cpus_needed(host: HostSpec) -> int:
+    """One CPU per service and worker process of the host (Redis nodes ride along), and at
+    least enough for its highest `cpus` position."""
+    processes = len(host.services) + sum(w.count for w in host.workers.values())
+    positions = [p + 1 for w in host.workers.values() for p in w.cpus]
+    return max(1, processes, *positions)
+
+
+def sbatch_script(spec: FleetSpec, spec_path: pathlib.Path, max_wall_sec: float, options: SbatchOptions) -> str:
+    """The batch script: one node and one task per spec host; every task runs `fleet up --host
+    auto` from this Python (the same path on every node: a shared filesystem, or the same set-up)."""
+    nodes = len(spec.hosts)
+    cpus = options.cpus_per_task or max(cpus_needed(h) for h in spec.hosts)
+    minutes = options.time_min or int(max_wall_sec // 60) + 10
+    run_dir = pathlib.Path(spec.run_dir).resolve()
+    lines = [
+        "#!/bin/bash",
+        f"#SBATCH --job-name=fleetrl-{spec.run_id}",
+        f"#SBATCH --nodes={nodes}",
+        f"#SBATCH --ntasks={nodes}",
+        "#SBATCH --ntasks-per-node=1",
+        f"#SBATCH --cpus-per-task={cpus}",
+        f"#SBATCH --time={minutes}",
+        f"#SBATCH --output={run_dir}/slurm-%j.out",
+        *([f"#SBATCH --partition={options.partition}"] if options.partition else []),
+        *(f"#SBATCH {arg}" for arg in options.extra),
+        "# Written by `fleetrl fleet slurm` (fleet/launch/slurm.py). Task i is the spec's i-th host:",
+        *(f"#   task {i}: {h.name}" for i, h in enumerate(spec.hosts)),
+        "# The tasks inherit the submitting shell's FLEETRL_TOKEN and FLEETRL_REDIS_PASSWORD (sbatch --export=ALL).",
+        "# scancel sends SIGTERM to every process: each role stops cleanly, the aggregator writes its last",
+        "# checkpoint and its host writes summary.json (docs/fleet-spec.md).",
+        "set -euo pipefail",
+        f"mkdir -p {shlex.quote(str(run_dir))}",
+    ]
+    fleet_up = [sys.executable, "-m", "fleet.cli.main", "fleet", "up", str(spec_path.resolve()), "--host", "auto"]
+    fleet_up += options.host_args
+    srun = ["srun", f"--ntasks={nodes}", "--ntasks-per-node=1", f"--cpus-per-task={cpus}", "--kill-on-bad-exit=1"]
+    lines.append(shlex.join([*srun, "--label", *fleet_up]))
+    return "\n".join(lines) + "\n"
+
+
+def submit(script: pathlib.Path, env: Mapping[str, str]) -> str:
+    """sbatch the script; the job id."""
+    try:
+        done = subprocess.run(
+            ["sbatch", "--parsable", str(script)], capture_output=True, text=True, check=True, env=dict(env), timeout=60
+        )
+    except (OSError, subprocess.SubprocessError) as err:
+        detail = getattr(err, "stderr", "") or err
+        raise ConfigError(f"sbatch {script} failed: {detail}", field="--submit") from err
+    return done.stdout.strip().split(";")[0]

@@ -1,0 +1,99 @@
+"""The fleet spec's cross-host checks, and the ports its hosts must open to each other.
+
+    for port in open_ports(spec):        # Port(address, port, "Redis cluster bus of 7000", ("hosts", "redis-a", ...))
+        ...
+    check_fleet(spec, "fleet.yaml", lines)   # ConfigError: one buffer, enough Redis nodes, no port twice
+
+The schema (fleet/launch/spec_schema.py) checks each key alone; these checks need the whole fleet.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from fleet.launch.spec_schema import where
+from foundation.config import ConfigError
+
+if TYPE_CHECKING:
+    from fleet.launch.spec import FleetSpec
+
+REDIS_BUS_OFFSET = 10000  # Redis fixes the cluster bus port at port + 10000
+MIN_PRIMARIES = 3  # Redis Cluster needs three primaries to agree on a failover
+
+
+class Port:
+    """A TCP port one host serves to the others: what it is, and the spec key that asks for it."""
+
+    def __init__(self, address: str, port: int, what: str, path: tuple[Any, ...]) -> None:
+        self.address, self.port, self.what, self.path = address, port, what, path
+
+    def __repr__(self) -> str:
+        return f"{self.address}:{self.port} ({self.what})"
+
+
+class RedisLayout(NamedTuple):
+    primaries: list[tuple[str, int]]
+    replicas: list[tuple[tuple[str, int], tuple[str, int]]]  # (replica, the primary it follows)
+
+
+def open_ports(spec: FleetSpec) -> list[Port]:
+    """Every port the fleet's hosts serve to one another, in spec order: each Redis node's port
+    and its cluster bus port (+ 10000), the buffer's and the aggregator's."""
+    ports = []
+    for host in spec.hosts:
+        for index, port in enumerate(host.redis):
+            path = ("hosts", host.name, "redis", index)
+            ports.append(Port(host.address, port, "Redis node", path))
+            ports.append(Port(host.address, port + REDIS_BUS_OFFSET, f"Redis cluster bus of {port}", path))
+        for role, port in host.services.items():
+            ports.append(Port(host.address, port, role, ("hosts", host.name, role)))
+    return ports
+
+
+def redis_layout(spec: FleetSpec) -> RedisLayout:
+    """The first nodes in spec order are the primaries; replica i follows primary i mod primaries."""
+    nodes = spec.redis_nodes
+    count = len(nodes) // (1 + spec.redis_replicas)
+    primaries = nodes[:count]
+    replicas = [(node, primaries[i % count]) for i, node in enumerate(nodes[count:])]
+    return RedisLayout(primaries, replicas)
+
+
+def check_fleet(spec: FleetSpec, source: str, lines: dict[tuple[Any, ...], int] | None = None) -> None:
+    """ConfigError for the first cross-host problem: a service on no host or on two, too few
+    Redis nodes for the replicas asked for, a port two things use on one address, no worker."""
+    for role in ("buffer", "aggregator"):
+        owners = [h.name for h in spec.hosts if role in h.services]
+        if len(owners) != 1:
+            path = ("hosts", owners[1], role) if owners else ("hosts",)
+            raise ConfigError(
+                f"{where(source, path, lines)}: exactly one host must run the {role} (found {owners or 'none'})"
+            )
+    _check_redis(spec, source, lines)
+    seen: dict[tuple[str, int], Port] = {}
+    for port in open_ports(spec):
+        other = seen.setdefault((port.address, port.port), port)
+        if other is not port:
+            raise ConfigError(
+                f"{where(source, port.path, lines)}: port {port.port} on {port.address} is wanted for "
+                f"{port.what} and for {other.what} ({'.'.join(map(str, other.path))})",
+                field=".".join(map(str, port.path)),
+            )
+    for role in ("sampler", "learner"):
+        if spec.count(role) < 1:
+            raise ConfigError(f"{where(source, ('hosts',), lines)}: the fleet needs at least one {role}, found none")
+
+
+def _check_redis(spec: FleetSpec, source: str, lines: dict[tuple[Any, ...], int] | None) -> None:
+    nodes, per = len(spec.redis_nodes), 1 + spec.redis_replicas
+    need = MIN_PRIMARIES * per
+    if nodes < need or nodes % per:
+        path = ("redis_replicas",) if spec.redis_replicas else ("hosts",)
+        with_replicas = f" with redis_replicas {spec.redis_replicas}" if spec.redis_replicas else ""
+        shape = f", a multiple of {per} ({MIN_PRIMARIES} primaries, each with {spec.redis_replicas} replicas)"
+        raise ConfigError(
+            f"{where(source, path, lines)}: a Redis Cluster{with_replicas} needs at least {need} nodes"
+            f"{shape if spec.redis_replicas else f' ({MIN_PRIMARIES} primaries)'}; the hosts list {nodes}: "
+            f"{spec.redis or 'none'}",
+            field="redis_replicas" if spec.redis_replicas else "hosts",
+        )

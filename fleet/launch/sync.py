@@ -1,0 +1,224 @@
+"""`fleetrl train --mode sync`: the fleet's parts in one process that alternates.
+
+    collect one episode      sampler.worker.rollout + sampler.her.relabel_future
+    store it                 an in-memory ring (no Redis, no gRPC)
+    train what is owed       learner.sac.compute_gradients + aggregator.core.AggregatorCore
+    score when due           sampler.evaluator.scores on the evaluator's schedule
+
+The same code as the asynchronous fleet at the same updates per env step (the buffer's flow
+control, buffer/ratelimit.py, decides when to train), collecting and training in turn:
+the baseline that says what the fleet's asynchrony buys (benchmarks/async_vs_sync.py). The run
+directory gets the fleet's summary.json (mode "sync"), evals.jsonl and progress.jsonl.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import pathlib
+import threading
+import time
+from dataclasses import asdict
+
+import numpy as np
+import torch
+
+from aggregator.core import AggregatorCore
+from buffer.ratelimit import rate_limit
+from fleet.report.provenance import code_provenance, write_code_json
+from fleet.report.summary import Summary
+from foundation.acting import Policy, WeightsSnapshot, rollout
+from foundation.checkpoint import save_checkpoint
+from foundation.config import ConfigError, RunConfig
+from foundation.policy import ACTOR_GROUPS, model_spec
+from foundation.wire import Transitions
+from learner.sac import Batch, SACHyperparams, compute_gradients
+from nets.models import GROUPS, SACModel
+from sampler.evaluator import next_interval_sec, scores
+from sampler.her import relabel_future
+from sampler.worker import TRAIN_SEEDS_FROM
+from sim.registry import get_task, goal_reward, make_env
+
+log = logging.getLogger("fleetrl.sync")
+
+
+class MemoryReplay:
+    """A ring of transitions in this process's memory, sampled uniformly."""
+
+    def __init__(self, capacity: int, seed: int) -> None:
+        self.capacity, self.size, self._next = capacity, 0, 0
+        self._columns: dict[str, np.ndarray] = {}
+        self._rng = np.random.default_rng(seed)
+
+    def add(self, transitions: Transitions) -> None:
+        columns = transitions.columns()
+        if not self._columns:
+            self._columns = {k: np.zeros((self.capacity, *v.shape[1:]), np.float32) for k, v in columns.items()}
+        slots = (self._next + np.arange(len(transitions))) % self.capacity
+        for name, values in columns.items():
+            self._columns[name][slots] = values
+        self._next = int(slots[-1] + 1) % self.capacity
+        self.size = min(self.size + len(transitions), self.capacity)
+
+    def sample(self, n: int) -> Batch:
+        rows = self._rng.integers(0, self.size, n)
+        c = {name: values[rows] for name, values in self._columns.items()}
+        return Batch.from_numpy(c["obs"], c["goal"], c["action"], c["reward"], c["next_obs"], c["done"])
+
+
+def run_sync(config: RunConfig, started_at: float, stop: threading.Event) -> Summary:
+    """Alternate collecting and training until the target, a limit, or `stop`; write and
+    return the summary."""
+    run = SyncRun(config.validate(), started_at)
+    try:
+        reason = run.loop(stop)
+    finally:
+        run.close()
+    return run.summarize(reason)
+
+
+class SyncRun:
+    def __init__(self, config: RunConfig, started_at: float) -> None:
+        if len(config.sim.tasks) > 1:
+            raise ConfigError("--mode sync trains one task; a multi-task run (sim.tasks) needs the fleet")
+        self.config, self.started_at = config, started_at
+        self.run_dir = pathlib.Path(config.run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "config.json").write_text(config.to_json())
+        write_code_json(self.run_dir)
+        torch.set_num_threads(config.learner.torch_threads)
+        task = self.task = get_task(config.sim.task)
+        self.spec = model_spec(config, task)
+        self.core = AggregatorCore(self.spec, config.aggregator, 1, config.learner.max_grad_staleness, task.name)
+        self.model = (
+            SACModel(self.spec)
+            .train_gates(config.model.gate_grad)
+            .fuse_critics(config.learner.fused_critics)
+            .batch_renorm(config.learner.crossq_momentum, config.learner.crossq_warmup)
+        )
+        self.hp = SACHyperparams.for_run(config, task.act_dim)
+        self.replay = MemoryReplay(config.buffer.capacity_transitions, seed=config.aggregator.seed + 7919)
+        self.limit = rate_limit(config)
+        self.inserted = self.sampled = 0  # rows stored and drawn: what flow control counts
+        self.env = make_env(task, config.sim.randomization, config.sim.control_hz)
+        self.eval_env = make_env(
+            task, config.sim.randomization if config.eval.randomize else None, config.sim.control_hz
+        )
+        streams = np.random.SeedSequence([config.sampler.seed, 0]).spawn(3)
+        self.rng, self.seeds = np.random.default_rng(streams[0]), np.random.default_rng(streams[1])
+        seed = int(streams[2].generate_state(1)[0])
+        self.policy = Policy.exploring(config, seed)
+        self.scoring = Policy()  # deterministic, on the version being scored
+        self.summary = Summary(str(self.run_dir), task.name, False, config.target_success, "", 0.0, mode="sync")
+        self.env_steps = self.episodes = self.successes = 0
+        self.train_sec = 0.0
+        self._evals = open(self.run_dir / "evals.jsonl", "a")  # noqa: SIM115 - closed by close()
+        self._progress = open(self.run_dir / "progress.jsonl", "a")  # noqa: SIM115
+
+    def age(self) -> float:
+        return time.monotonic() - self.started_at
+
+    def loop(self, stop: threading.Event) -> str:
+        c, next_eval, next_progress = self.config, 0.0, 5.0
+        while not stop.is_set():
+            if self.age() >= next_eval:  # the evaluator's schedule, on this process's time
+                curve = self.score(stop)
+                if self.summary.reached_target:
+                    return f"evaluation success >= target {c.target_success}"
+                next_eval = self.age() + next_interval_sec(c.eval, c.target_success, curve, self.age())
+            if self.age() >= c.max_wall_sec:
+                return f"max_wall_sec {c.max_wall_sec} reached"
+            if c.max_env_steps and self.env_steps >= c.max_env_steps:
+                return f"max_env_steps {c.max_env_steps} reached"
+            self.collect()
+            self.train()
+            if self.age() >= next_progress:
+                next_progress = self.age() + 5.0
+                self.log_progress()
+        return "interrupted (Ctrl-C or SIGTERM)"
+
+    def _refresh(self, policy: Policy) -> None:
+        policy.refresh(WeightsSnapshot(self.core.version, self.core.weights(ACTOR_GROUPS), self.spec))
+
+    def collect(self) -> None:
+        """One episode, relabeled and stored, as a sampler does."""
+        self._refresh(self.policy)
+        acting = self.policy if self.env_steps >= self.config.sampler.random_steps else None
+        seed = int(self.seeds.integers(TRAIN_SEEDS_FROM, 2**31))
+        episode, success = rollout(self.env, acting, seed=seed, rng=self.rng)
+        reward = lambda a, d: goal_reward(self.env, a, d)  # noqa: E731
+        cfg = self.config.sampler
+        transitions = relabel_future(episode, cfg.her_k, reward, self.rng, k_unmoved=cfg.her_k_unmoved,
+                                     n_step=self.config.learner.n_step, gamma=self.config.learner.gamma)  # fmt: skip
+        self.replay.add(transitions)
+        self.inserted += len(transitions)
+        self.env_steps, self.episodes = self.env_steps + len(episode), self.episodes + 1
+        self.successes += int(success)
+
+    def train(self) -> None:
+        """The updates the buffer's flow control lets the fleet's learners make by now
+        (buffer/ratelimit.py, the same limiter), as learner and aggregator make them."""
+        batch_size = self.config.learner.batch_size
+        start = time.monotonic()
+        while self._may_sample(batch_size):
+            for group, flat in self.core.views(GROUPS).items():
+                self.model.set_flat(group, flat)
+            result = compute_gradients(self.model, self.replay.sample(batch_size), self.hp)
+            self.core.submit(self.core.version, result.grads, result.norm_stats, "learner-0", batch_size)
+            self.sampled += batch_size
+        self.train_sec += time.monotonic() - start
+
+    def _may_sample(self, n: int) -> bool:
+        if self.limit is not None:
+            return self.limit.sample_ok(self.inserted, self.sampled, n)
+        # No ratio set: one gradient per env step once the replay holds enough.
+        return self.replay.size >= self.config.learner.min_replay_transitions and self.core.version < self.env_steps
+
+    def score(self, stop: threading.Event) -> float:
+        """The evaluator's curve and full scores of the current version; the curve success."""
+        self._refresh(self.scoring)
+        curve, s = None, self.summary
+        for kind, result, _ in scores(self.eval_env, self.scoring, self.config, stop.is_set):
+            row: dict[str, object] = {"version": self.core.version, "success_rate": result.success_rate}
+            row |= {"episodes": result.episodes, "env_steps": self.env_steps, "evaluator": "sync", "kind": kind}
+            row["time"] = time.time()
+            self._evals.write(json.dumps(row) + "\n")
+            self._evals.flush()
+            curve = result.success_rate if curve is None else curve
+            s.best_success = max(s.best_success, result.success_rate)
+            complete = kind == "full" and result.episodes >= self.config.eval.episodes
+            if complete and result.success_rate >= self.config.target_success:
+                s.reached_target, s.wall_sec_to_target = True, self.age()
+                s.env_steps_to_target, s.version_to_target = self.env_steps, self.core.version
+        return curve or 0.0
+
+    def log_progress(self) -> None:
+        wall, version = self.age(), self.core.version
+        row = {"wall_sec": round(wall, 3), "env_steps": self.env_steps, "version": version}
+        row |= {"env_steps_per_sec": round(self.env_steps / wall, 3), "updates_per_sec": round(version / wall, 3)}
+        row |= {"train_success": self.successes / max(self.episodes, 1), "train_share": round(self.train_sec / wall, 3)}
+        self._progress.write(json.dumps(row) + "\n")
+        self._progress.flush()
+        log.info("sync %.0fs: env steps %d, version %d", wall, self.env_steps, version)
+
+    def close(self) -> None:
+        self._evals.close()
+        self._progress.close()
+        self.env.close()
+        self.eval_env.close()
+
+    def summarize(self, reason: str) -> Summary:
+        s = self.summary
+        s.stop_reason, s.wall_sec = reason, self.age()
+        s.started_unix = time.time() - s.wall_sec
+        s.final_version, s.final_env_steps = self.core.version, self.env_steps
+        s.transitions_stored = self.replay.size
+        s.updates_per_sec = round(self.core.version / s.wall_sec, 2)
+        s.train_success = self.successes / self.episodes if self.episodes else None
+        s.code = code_provenance()
+        s.cpu = {"cores": len(os.sched_getaffinity(0)), "train_share": round(self.train_sec / s.wall_sec, 3)}
+        state = self.core.state() | {"clean_shutdown": True}  # fleetrl evaluate and export read it
+        s.checkpoints = [str(save_checkpoint(self.run_dir / "checkpoints", state, keep=1))]
+        (self.run_dir / "summary.json").write_text(json.dumps(asdict(s), indent=2))
+        return s
