@@ -15,17 +15,33 @@ dense pair, a state-routed MoE and any traced or exported module run the two bod
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import Protocol
 
 import torch
 from torch import nn
 
 from nets.moe import TaskLayout, exporting
 
-if TYPE_CHECKING:
-    from nets.models import Body
-
 Layer = tuple[torch.Tensor, torch.Tensor]  # (weight [tasks, ..., out, in], bias [tasks, ..., out])
+
+
+class Body(Protocol):
+    """What the twin pass reads of a critic body (nets.models.Body): its kind, each hidden layer's
+    per-task mixed weights, and its output layer (an nn.Linear, or TaskHeads with a weight per task)."""
+
+    @property
+    def moe(self) -> bool: ...
+
+    @property
+    def task_routed(self) -> bool: ...
+
+    @property
+    def out(self) -> nn.Module: ...
+
+    def __call__(self, x: torch.Tensor, state: torch.Tensor, task: torch.Tensor | None) -> torch.Tensor: ...
+
+    def task_mixes(self, layout: TaskLayout) -> Sequence[Layer]: ...
 
 
 def twin_forward(
@@ -59,9 +75,11 @@ def _task_routed(a: Body, b: Body, x: torch.Tensor, task: torch.Tensor | None) -
 def _head(body: Body, present: torch.Tensor) -> Layer:
     """The output layer per present task: (weight [tasks, out, in], bias [tasks, out])."""
     out = body.out
+    weight, bias = out.weight, out.bias
+    assert isinstance(weight, torch.Tensor) and isinstance(bias, torch.Tensor)
     if isinstance(out, nn.Linear):
-        return out.weight.expand(len(present), -1, -1), out.bias.expand(len(present), -1)
-    return out.weight[present], out.bias[present]  # TaskHeads
+        return weight.expand(len(present), -1, -1), bias.expand(len(present), -1)
+    return weight[present], bias[present]  # TaskHeads
 
 
 def _stack(
