@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import pathlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -114,6 +115,44 @@ def controller_checks(run_dir: str | pathlib.Path, **options: Any) -> tuple[list
     return reports, skipped
 
 
+@dataclass(frozen=True)
+class Controllers:
+    """A run's task as the exported graph and as the torch policy it came from, on the same input."""
+
+    task: str
+    onnx: Callable[[np.ndarray], np.ndarray]  # one observation row -> one action
+    torch: Callable[[np.ndarray], np.ndarray]
+    trained_hz: float
+    retimed: bool
+
+
+def export_controllers(
+    run_dir: pathlib.Path, config: RunConfig, *, hz: float, seed: int, onnx_path: str | pathlib.Path | None,
+    task: str | None, retime: bool,
+) -> Controllers:  # fmt: skip
+    """Export the run's newest checkpoint for `task` (MoE: routing frozen on fresh rollouts, seeded by
+    `seed`) to `onnx_path` (default RUN_DIR/deploy/), and pair it with the torch policy it froze."""
+    ckpt = load_policy_checkpoint(run_dir / "checkpoints")
+    spec, task_input = resolve_task(ckpt, task if task is not None else (None if ckpt.task else config.sim.task))
+    place = task_input.index if task_input is not None else 0
+    trained_hz = config.sim.control_hz or spec.native_hz
+    ckpt, routing, retimed = frozen_and_timed(
+        ckpt, spec, task_input, hz=hz if retime else 0.0, trained_hz=trained_hz, seed=seed
+    )
+    name = f"{spec.name}.onnx" if task_input is not None else "policy.onnx"
+    out = pathlib.Path(onnx_path) if onnx_path else run_dir / "deploy" / name
+    export_onnx(ckpt, out, routing=routing, task_input=task_input)
+    onnx_policy = OnnxPolicy(out)
+    actor = reference_actor(ckpt)
+    pad = task_input.pad if task_input is not None else (lambda rows: rows)
+
+    def torch_policy(x: np.ndarray) -> np.ndarray:
+        with torch.no_grad():
+            return actor.deterministic(torch.from_numpy(pad(x[None])), torch.tensor([place])).numpy()[0]
+
+    return Controllers(spec.name, lambda x: onnx_policy.run_batch(x[None])[0], torch_policy, trained_hz, retimed)
+
+
 def controller_check(
     run_dir: str | pathlib.Path,
     *,
@@ -133,44 +172,17 @@ def controller_check(
     a real robot's friction and masses), `nominal=True` drives the nominal task."""
     run_dir = pathlib.Path(run_dir)
     config = RunConfig.load(run_dir / "config.json")
-    ckpt = load_policy_checkpoint(run_dir / "checkpoints")
-    spec, task_input = resolve_task(ckpt, task if task is not None else (None if ckpt.task else config.sim.task))
-    place = task_input.index if task_input is not None else 0
-    trained_hz = config.sim.control_hz or spec.native_hz
-    ckpt, routing, retimed = frozen_and_timed(
-        ckpt, spec, task_input, hz=hz if retime else 0.0, trained_hz=trained_hz, seed=seed
-    )
-    name = f"{spec.name}.onnx" if task_input is not None else "policy.onnx"
-    out = pathlib.Path(onnx_path) if onnx_path else run_dir / "deploy" / name
-    export_onnx(ckpt, out, routing=routing, task_input=task_input)
-    onnx_policy = OnnxPolicy(out)
-    actor = reference_actor(ckpt)
-    pad = task_input.pad if task_input is not None else (lambda rows: rows)
-
-    def torch_policy(x: np.ndarray) -> np.ndarray:
-        with torch.no_grad():
-            return actor.deterministic(torch.from_numpy(pad(x[None])), torch.tensor([place])).numpy()[0]
-
+    pair = export_controllers(run_dir, config, hz=hz, seed=seed, onnx_path=onnx_path, task=task, retime=retime)
+    spec = get_task(pair.task)
     delay_ticks = round(delay_ms * hz / 1000.0)
     setting = {"episodes": episodes, "delay_ticks": delay_ticks, "seed": seed}  # both policies, the same episodes
     randomization = dataclasses.replace(config.sim.randomization, enabled=not nominal)
-    onnx_ok, calls = drive(lambda x: onnx_policy.run_batch(x[None])[0], spec, hz, randomization, **setting)
-    torch_ok, _ = drive(torch_policy, spec, hz, randomization, **setting)
+    onnx_ok, calls = drive(pair.onnx, spec, hz, randomization, **setting)
+    torch_ok, _ = drive(pair.torch, spec, hz, randomization, **setting)
     ms = np.array(calls) * 1000.0
     return ControllerReport(
-        spec.name,
-        hz,
-        trained_hz,
-        delay_ticks,
-        episodes,
-        onnx_ok,
-        torch_ok,
-        len(calls),
-        int(np.sum(ms > 1000.0 / hz)),
-        float(np.percentile(ms, 50)),
-        float(np.percentile(ms, 99)),
-        float(ms.max()),
-        retimed,
-        randomized=not nominal,
-        trained_randomized=config.sim.randomization.enabled,
-    )
+        spec.name, hz, pair.trained_hz, delay_ticks, episodes, onnx_ok, torch_ok, len(calls),
+        deadline_misses=int(np.sum(ms > 1000.0 / hz)), p50_ms=float(np.percentile(ms, 50)),
+        p99_ms=float(np.percentile(ms, 99)), max_ms=float(ms.max()), retimed=pair.retimed,
+        randomized=not nominal, trained_randomized=config.sim.randomization.enabled,
+    )  # fmt: skip

@@ -87,6 +87,31 @@ def _padded(policy: OnnxPolicy, task_input: TaskInput):
     return act
 
 
+def _frozen_tables(ckpt: PolicyCheckpoint, actor, tasks: TaskSet, config) -> list | None:
+    """A MoE's routing frozen per task on fresh rollouts of that task (None for a dense policy)."""
+    if ckpt.spec.kind != "moe":
+        return None
+    tables = []
+    for index, task in enumerate(tasks.tasks):
+        states = calibration_states(
+            ckpt.spec, ckpt.actor, ckpt.obs_norm, task, config.calibration_episodes, config.seed, tasks
+        )
+        tables.append(freeze_routing(actor, task.name, states, task_index=index))
+    return tables
+
+
+def _closed_loop(policy: OnnxPolicy, tasks: TaskSet, config) -> ClosedLoopReport:
+    """Successes of the graph, fed each task's padded input, over config.episodes nominal episodes per task."""
+    successes = 0
+    for index, task in enumerate(tasks.tasks):
+        won, _ = drive(
+            _padded(policy, TaskInput(tasks, index)), task, 0.0, RandomizationConfig(enabled=False),
+            episodes=config.episodes, delay_ticks=0, seed=config.seed,
+        )  # fmt: skip
+        successes += won
+    return ClosedLoopReport(tasks.label, config.episodes * len(tasks), successes)
+
+
 def export_multitask(ckpt: PolicyCheckpoint, out_path: str | os.PathLike, config):
     """Export the multi-task graph and run every deploy check on it (per task where it acts):
     audit, parity against the dynamic policy's torch module on each task's states, latency,
@@ -95,26 +120,14 @@ def export_multitask(ckpt: PolicyCheckpoint, out_path: str | os.PathLike, config
 
     tasks = TaskSet.parse(ckpt.task or "")
     actor = reference_actor(ckpt)
-    tables = None
-    if ckpt.spec.kind == "moe":
-        tables = []
-        for index, task in enumerate(tasks.tasks):
-            states = calibration_states(
-                ckpt.spec, ckpt.actor, ckpt.obs_norm, task, config.calibration_episodes, config.seed, tasks
-            )
-            tables.append(freeze_routing(actor, task.name, states, task_index=index))
+    tables = _frozen_tables(ckpt, actor, tasks, config)
     module = MultiTaskPolicy(actor, tasks, tables).eval().requires_grad_(False)
     model = trace_to_onnx(module, ckpt.spec.input_dim, config.opset, config.batch_size)
     props = {"fleetrl.tasks": tasks.label, "fleetrl.input_layout": "padded: observation | zeros | task one-hot | goal"}
     if tables:  # every task's routing table, by task (a per-task graph carries its one table)
         props["fleetrl.routing"] = json.dumps({t.task: json.loads(t.to_json()) for t in tables}, sort_keys=True)
-    exported = ExportReport(
-        write_model(model, ckpt, out_path, None, props),
-        ckpt.version,
-        ckpt.spec,
-        config.opset,
-        config.batch_size,
-    )
+    path = write_model(model, ckpt, out_path, None, props)
+    exported = ExportReport(path, ckpt.version, ckpt.spec, config.opset, config.batch_size)
     try:
         audit = audit_onnx(exported.onnx_path, require_static_shapes=config.batch_size is not None)
     except OpAuditError as exc:
@@ -126,22 +139,9 @@ def export_multitask(ckpt: PolicyCheckpoint, out_path: str | os.PathLike, config
         rows.append(
             task_input.pad(random_inputs(ckpt, config.random_inputs, config.seed + index, task_input.columns(), index))
         )
-    inputs = np.concatenate(rows)
-    parity = check_parity(policy, module, inputs, tolerance=config.tolerance)
+    parity = check_parity(policy, module, np.concatenate(rows), tolerance=config.tolerance)
     latency = measure_latency(policy, num_calls=config.latency_calls, budget_ms=config.budget_ms)
-    successes = 0
-    for index, task in enumerate(tasks.tasks):
-        won, _ = drive(
-            _padded(policy, TaskInput(tasks, index)),
-            task,
-            0.0,
-            RandomizationConfig(enabled=False),
-            episodes=config.episodes,
-            delay_ticks=0,
-            seed=config.seed,
-        )
-        successes += won
-    loop = ClosedLoopReport(tasks.label, config.episodes * len(tasks), successes)
+    loop = _closed_loop(policy, tasks, config)
     layout = f"padded: observation (zero-padded to {tasks.obs_dim - len(tasks)}) ++ task one-hot ({len(tasks)}) ++ goal"
     report = DeployReport(exported, audit, parity, latency, loop, None, layout, task_routing=tuple(tables or ()))
     report.write_manifest(ckpt, list(tasks.names))

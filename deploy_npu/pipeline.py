@@ -321,21 +321,25 @@ def export_and_check(
     latency = measure_latency(policy, num_calls=config.latency_calls, budget_ms=config.budget_ms)
     loop = closed_loop(policy, task, episodes=config.episodes, seed=config.seed, hz=config.control_hz)
     layout = f"{task.name}: observation ({task.obs_dim}) ++ desired_goal ({task.goal_dim})"
-    int8 = None
-    if config.int8:  # calibrated on the env's own inputs; judged against the float torch policy
-        calibration = inputs[config.random_inputs :]
-        path = quantize_int8(exported.onnx_path, exported.onnx_path.with_suffix(".int8.onnx"), calibration)
-        quantized = OnnxPolicy(path)
-        error = check_parity(quantized, reference, inputs, tolerance=float("inf")).max_abs_error
-        won = closed_loop(quantized, task, episodes=config.episodes, seed=config.seed)
-        static = config.batch_size is not None
-        timed = measure_latency(quantized, num_calls=config.latency_calls, budget_ms=config.budget_ms)
-        figures = (error, len(inputs), won.success_rate, won.episodes, timed.p50_ms, timed.p99_ms)
-        int8 = Int8Report(path, audit_int8(path, static), *figures)
+    int8 = _int8(exported.onnx_path, reference, inputs, task, config) if config.int8 else None
     rate = ControlRate(config.control_hz or trained_hz, trained_hz, was_retimed)
     report = DeployReport(exported, audit, parity, latency, loop, routing, layout, int8, rate)
     report.write_manifest(ckpt, [task.name])
     return report
+
+
+def _int8(onnx_path: pathlib.Path, reference, inputs: np.ndarray, task, config: DeployCheckConfig) -> Int8Report:
+    """The int8 graph, calibrated on the env's own inputs (those after the random ones) and judged
+    against the float torch policy: parity error, closed-loop success, latency and its op audit."""
+    calibration = inputs[config.random_inputs :]
+    path = quantize_int8(onnx_path, onnx_path.with_suffix(".int8.onnx"), calibration)
+    quantized = OnnxPolicy(path)
+    error = check_parity(quantized, reference, inputs, tolerance=float("inf")).max_abs_error
+    won = closed_loop(quantized, task, episodes=config.episodes, seed=config.seed)
+    static = config.batch_size is not None
+    timed = measure_latency(quantized, num_calls=config.latency_calls, budget_ms=config.budget_ms)
+    figures = (error, len(inputs), won.success_rate, won.episodes, timed.p50_ms, timed.p99_ms)
+    return Int8Report(path, audit_int8(path, static), *figures)
 
 
 def _normalizer(spec, obs_norm: np.ndarray) -> dict:
