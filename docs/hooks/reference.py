@@ -5,6 +5,8 @@ cannot drift from what `fleetrl` accepts:
 
     <!-- fleetrl:config-reference -->   every RunConfig field: name, type, default, help line
     <!-- fleetrl:cli-reference -->      every `fleetrl` subcommand and its arguments
+    <!-- fleetrl:provenance A.json B.json -->   what made each raw result under benchmarks/results/:
+                                        its command, commit, machine and date (a missing file fails the build)
 
 mkdocs.yml names this file under `hooks:`; it imports fleetrl from the repository root.
 """
@@ -23,6 +25,8 @@ from typing import Any
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 CONFIG_MARKER = "<!-- fleetrl:config-reference -->"
 CLI_MARKER = "<!-- fleetrl:cli-reference -->"
+PROVENANCE = re.compile(r"<!-- fleetrl:provenance (?P<files>[^>]*?) -->")
+RESULTS = ROOT / "benchmarks" / "results"
 NOTE_HEADING = re.compile(r"^#+ .*\{#(?P<anchor>[\w.]+)\}\s*$", re.MULTILINE)
 
 
@@ -32,7 +36,7 @@ def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
         markdown = markdown.replace(CONFIG_MARKER, config_reference(notes))
     if CLI_MARKER in markdown:
         markdown = markdown.replace(CLI_MARKER, cli_reference())
-    return markdown
+    return PROVENANCE.sub(lambda match: provenance(match.group("files").split()), markdown)
 
 
 def cell(text: Any) -> str:
@@ -189,3 +193,35 @@ def cli_reference() -> str:
     for name, sub_help, sub in _subcommands(parser):
         out += _command_section(f"fleetrl {name}", sub_help, sub, 2)
     return "\n".join(out)
+
+
+# --- results -----------------------------------------------------------------------------------
+
+
+def _machine(machine: Any) -> str:
+    if isinstance(machine, dict):
+        return f"{machine.get('cpu', '?')}, {machine.get('cores', '?')} cores"
+    return str(machine)
+
+
+def provenance(names: list[str]) -> str:
+    """A table of what made each raw result: file, command, commit, machine, date."""
+    import json
+
+    rows = ["| raw result | command | commit | machine | date |", "| --- | --- | --- | --- | --- |"]
+    for name in names:
+        path = RESULTS / name
+        if not path.is_file():
+            raise FileNotFoundError(f"the results page cites benchmarks/results/{name}, which does not exist")
+        record = json.loads(path.read_text())
+        command = record.get("command", "")
+        figures = record.get("figures")
+        if command in ("", "-") and isinstance(figures, dict):
+            command = figures.get("command", command)
+        commit = str(record.get("commit", ""))[:9]
+        date = str(record.get("date", ""))[:10]
+        rows.append(
+            f"| {code('benchmarks/results/' + name)} | {code(command)} | {code(commit)} | "
+            f"{cell(_machine(record.get('machine')))} | {cell(date)} |"
+        )
+    return "\n".join(rows) + "\n"
