@@ -112,8 +112,11 @@ def _import_parser() -> Any:
         sys.path.insert(0, str(ROOT))
     try:
         from fleet.cli.args import build_parser
-    except ImportError:
-        from fleet.cli_args import build_parser  # type: ignore[no-redef]
+    except ImportError as moved:
+        try:
+            from fleet.cli_args import build_parser  # type: ignore[no-redef]
+        except ImportError:
+            raise moved from None  # neither layout imports: the first error is the one to read
     return build_parser
 
 
