@@ -160,7 +160,7 @@ class RunConfig:
     target_success: float = config_field(0.9, "stop when the evaluator reports at least this success rate")
     max_wall_sec: float = config_field(600.0, "stop after this many seconds whatever the success")
     max_env_steps: int = config_field(0, "stop after this many env steps; 0 = no limit")
-    preset: str = config_field("", "task preset applied under the overrides (fleet/presets.py); '' = none")
+    preset: str = config_field("", "task preset applied under the overrides (fleetrl config shows it); '' = none")
     sim: SimConfig = field(default_factory=SimConfig)
     buffer: BufferConfig = field(default_factory=BufferConfig)
     sampler: SamplerConfig = field(default_factory=SamplerConfig)

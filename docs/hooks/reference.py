@@ -211,7 +211,8 @@ def provenance(names: list[str]) -> str:
     """A table of what made each raw result: file, command, commit, machine, date."""
     import json
 
-    rows = ["| raw result | command | commit | machine | date |", "| --- | --- | --- | --- | --- |"]
+    header = "| raw result (benchmarks/results/) | command | commit | machine | date |"
+    rows = [header, "| --- | --- | --- | --- | --- |"]
     for name in names:
         path = RESULTS / name
         if not path.is_file():
@@ -224,7 +225,7 @@ def provenance(names: list[str]) -> str:
         commit = str(record.get("commit", ""))[:9]
         date = str(record.get("date", ""))[:10]
         rows.append(
-            f"| {code('benchmarks/results/' + name)} | {code(command)} | {code(commit)} | "
+            f"| {code(name)} | {code(command)} | {code(commit)} | "
             f"{cell(_machine(record.get('machine')))} | {cell(date)} |"
         )
     return "\n".join(rows) + "\n"
