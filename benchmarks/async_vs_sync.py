@@ -12,7 +12,7 @@ For each seed, one after another on this machine (nothing else running), `fleetr
 All three keep the task preset's `sampler.max_env_steps_per_update`. Figures per run: env
 steps per second over the run and in steady state (from --steady-from seconds on, from
 progress.jsonl), updates per second, wall-clock and env steps to the target. Ratios of the
-medians over seeds, async / sync (issue 9's goal: >= 1.7 on 2 cores, 2.0 the limit).
+medians over seeds, async / sync (target: >= 1.7 on 2 cores, 2.0 the limit).
 Prints the figures last.
 """
 

@@ -1,4 +1,4 @@
-"""The chaos soak's table (issue 22): faulted soaks against the same seeds without faults.
+"""The chaos soak's table: faulted soaks against the same seeds without faults.
 
     python3 benchmarks/chaos_soak_table.py R1.json R2.json ... [--json out.json]
 

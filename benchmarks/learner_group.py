@@ -17,7 +17,7 @@ a synchronous data-parallel learner group does). Arms, all in one run:
   and going on with the newest weights it has (weights and gradients through /dev/shm, as a
   learner on the aggregator's host does; --grpc-only: over gRPC);
   all-reduce: every rank waits for the slowest each step. Gradients applied per second over
-  the group (each a batch of the preset's size), K-of-M / all-reduce (issue 9's goal: >= 1.4).
+  the group (each a batch of the preset's size), K-of-M / all-reduce (target: >= 1.4).
 
 Prints the figures last.
 """

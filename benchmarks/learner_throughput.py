@@ -5,7 +5,7 @@
 
 With --model, only the bare loop runs, once per named model on the 4-task set (FetchReach,
 FetchPush, Meta-World reach and push; batch 256, one thread), arms interleaved over --repeats
-rounds: the learner's cost per model (issue 18: moe-e32 / moe-e8 >= 0.8, moe-e32 / dense at
+rounds: the learner's cost per model (targets: moe-e32 / moe-e8 >= 0.8, moe-e32 / dense at
 equal active width >= 0.67). Each arm's config is built as `fleetrl train --tasks ... --set ...`
 builds it (fleet.cli.presets.preset_for): FetchPush's preset and the multi-task recipe, so a
 task-routed MoE arm has the task heads and per-task temperatures its runs train with.
@@ -26,10 +26,9 @@ One invocation measures, on the same machine:
 With learner.num_learners > 1 (e.g. `--task FetchPickAndPlace-v4`, whose preset trains two), (b)
 measures all of them, and the fleet figure is the result: rows of applied gradients per wall-second
 (the aggregator's count x batch) / those of the bare loop at the reference settings (batch 256,
-float32, eager, one thread; measured too when --set changes them). Issue 19's goal: >= 1.4 on 2
-cores.
+float32, eager, one thread; measured too when --set changes them). Target: >= 1.4 on 2 cores.
 
-Figures come LAST; the ratios are the result (per CPU-second: issue goal >= 0.9). Absolute rates
+Figures come LAST; the ratios are the result (per CPU-second: target >= 0.9). Absolute rates
 are context.
 """
 
@@ -67,7 +66,7 @@ BARE_WARMUP_UPDATES = 5
 START_TIMEOUT_SEC = 180.0
 
 
-# issue 19's yardstick: one thread, float32, eager, batch 256
+# the yardstick: one thread, float32, eager, batch 256
 REFERENCE = ["learner.batch_size=256", 'learner.autocast="off"', "learner.compile=false", "learner.torch_threads=1"]
 
 
@@ -129,22 +128,22 @@ MODEL_ARMS: dict[str, list[str]] = {
     "moe-e16-w256": ['model.kind="moe"', "model.experts=16", "model.expert_width=256"],
     "moe-e8-state": ['model.kind="moe"', "model.experts=8", 'model.router="state"'],
     "moe-e32-state": ['model.kind="moe"', "model.experts=32", 'model.router="state"'],
-    "dense-bf16": ['model.kind="dense"', 'learner.autocast="bf16"'],  # issue 19: the CPU's BF16 instructions
-    "dense-compile": ['model.kind="dense"', "learner.compile=true"],  # issue 19: torch.compile (inductor)
-    # issue 19: TQC (sb3-contrib's, rl-zoo's choice for Fetch): two critics of 25 quantiles, 2 dropped each
+    "dense-bf16": ['model.kind="dense"', 'learner.autocast="bf16"'],  # the CPU's BF16 instructions
+    "dense-compile": ['model.kind="dense"', "learner.compile=true"],  # torch.compile (inductor)
+    # TQC (sb3-contrib's, rl-zoo's choice for Fetch): two critics of 25 quantiles, 2 dropped each
     "dense-tqc": ['model.kind="dense"', 'learner.algo="tqc"'],
-    # issue 19: CrossQ (no target critics; batch-renormalized critics on the current and next halves at once)
+    # CrossQ (no target critics; batch-renormalized critics on the current and next halves at once)
     "dense-crossq": ['model.kind="dense"', 'learner.algo="crossq"'],
     "moe-e32-bf16": ['model.kind="moe"', "model.experts=32", 'learner.autocast="bf16"'],
-    # the MoE's twin critics one after the other (learner.fused_critics false), as before
+    # the MoE's twin critics one after the other (learner.fused_critics false)
     "moe-e32-unfused": ['model.kind="moe"', "model.experts=32", "learner.fused_critics=false"],
-    # each pass of the update mixing the experts anew (learner.mix_once false), as before
+    # each pass of the update mixing the experts anew (learner.mix_once false)
     "moe-e32-mixeach": ['model.kind="moe"', "model.experts=32", "learner.mix_once=false"],
     # twice the rows per update: a cost mostly per op (the MoE's) grows less than the rows do
     "dense-b512": ['model.kind="dense"', "learner.batch_size=512"],
     "moe-e32-b512": ['model.kind="moe"', "model.experts=32", "learner.batch_size=512"],
 }
-# Issue 18's yardstick is top-2 (k = 2) with no shared expert: every MoE arm sets it, since a
+# The cost yardstick is top-2 (k = 2) with no shared expert: every MoE arm sets it, since a
 # multi-task run of a task-routed MoE otherwise takes the recipe's top_k 3 with one shared
 # expert (fleet/cli/presets.py TASK_ROUTED_SHARED), measured by its own arm.
 MODEL_ARMS = {
@@ -293,9 +292,9 @@ def main_models(args: argparse.Namespace) -> int:
     med = {a: figures["arms"][a]["gradients"]["median"] for a in arms}
     ratios = {}
     if {"moe-e32", "moe-e8"} <= med.keys():
-        ratios["moe-e32 / moe-e8"] = med["moe-e32"] / med["moe-e8"]  # issue 18 goal >= 0.8
+        ratios["moe-e32 / moe-e8"] = med["moe-e32"] / med["moe-e8"]  # target >= 0.8
     if {"moe-e32", "dense"} <= med.keys():
-        ratios["moe-e32 / dense (equal active width)"] = med["moe-e32"] / med["dense"]  # goal >= 0.67
+        ratios["moe-e32 / dense (equal active width)"] = med["moe-e32"] / med["dense"]  # target >= 0.67
     if {"dense-tqc", "dense"} <= med.keys():
         ratios["dense-tqc / dense"] = med["dense-tqc"] / med["dense"]
     if {"moe-e32-w256", "dense"} <= med.keys():

@@ -1,4 +1,4 @@
-"""Multi-task learning at a budget that can learn (issue 18): dense vs MoE on 4 tasks, 45 minutes.
+"""Multi-task learning at a budget that can learn: dense vs MoE on 4 tasks, 45 minutes.
 
     python3 benchmarks/multitask_moe.py run --arms dense,moe --seeds 0,1,2 [--minutes 45] [--root R]
     python3 benchmarks/multitask_moe.py score R/moe-seed0 R/dense-seed0 ... [--json out.json]
@@ -25,17 +25,17 @@ run / --single-task-minutes (FetchPush alone, median of 3 seeds), <= 2 on every 
 keeps the commit it was scored at and the `runs_command` its record names.
 
 The arms start from the multi-task preset (fleet/cli/presets.py: "focus" task sampling, a temperature
-per task, FetchPush's preset-7 batch: 1024 rows, 4 env steps per gradient, autocast "auto" and,
-for a task-routed MoE, its switches; a dense arm at batch 256 was stop 40's preset: --set
+per task, the FetchPush-v4 preset's batch: 1024 rows, 4 env steps per gradient, autocast "auto" and,
+for a task-routed MoE, its switches; a dense arm at the manipulation recipe's batch 256: --set
 learner.batch_size=256 --set sampler.max_env_steps_per_update=1 --set 'learner.autocast="off"');
 override any with --set, applied to every arm:
     dense         learner.hidden_sizes 256x256
-    moe           the multi-task MoE: 32 experts, 128 wide, task router, router decay 1 and, since
-                  stop 50, the recipe's top_k 3 with one shared expert per layer (TASK_ROUTED_SHARED)
-    moe-plain     the design's plain top-2 with no shared expert (the moe arm until stop 49)
+    moe           the multi-task MoE: 32 experts, 128 wide, task router, router decay 1 and
+                  the recipe's top_k 3 with one shared expert per layer (TASK_ROUTED_SHARED)
+    moe-plain     the design's plain top-2 with no shared expert
     moe-nodecay   the moe arm with router decay 0 (the balancing loss at full weight throughout)
     moe-success   the moe arm with learner.task_sampling "success"
-    moe-shared    top_k 3 and one shared expert set explicitly (stop 49-50's runs; now the moe arm)
+    moe-shared    top_k 3 and one shared expert set explicitly (what the moe arm takes by default)
 """
 
 from __future__ import annotations

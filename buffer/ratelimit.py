@@ -23,7 +23,7 @@ The ratio is kept in rows, so it is exactly max_env_steps_per_update env steps p
 where every env step is stored as 1 + her_k rows. An episode that moved nothing under
 `sampler.her_k_unmoved` 0 stores 1 row per step: its env steps count 1 / (1 + her_k) of one, and
 while few episodes move the object the samplers run up to 1 + her_k times the named ratio
-(FetchPush preset 7, 4 per gradient: 7.1-8.0 env steps per version over the run to 90%;
+(the FetchPush-v4 preset, 4 per gradient: 7.1-8.0 env steps per version over the run to 90%;
 MetaWorld-push alone, which moves the puck in 2-4% of episodes: about 20). Every preset was
 measured this way: the rows are the learner's work, which is what the ratio paces.
 """

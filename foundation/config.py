@@ -1,8 +1,8 @@
 """Typed, frozen configuration: one dataclass per role, composed into `RunConfig`.
 
 Only the CLI parses arguments; every library class takes one of these. Each field carries a
-help line in its metadata (shown by `fleetrl train --help-config`). Cross-field checks run
-once, in `RunConfig.validate()`, at launch.
+help line in its metadata (`fleetrl config` prints them; the docs' configuration reference
+lists them). Cross-field checks run once, in `RunConfig.validate()`, at launch.
 
 The sections live beside their loop: `config_experience.py` (sim, buffer, sampler),
 `config_learning.py` (learner, model, aggregator); evaluation, supervision and security are
@@ -57,8 +57,7 @@ class EvalConfig:
     )
     final_episodes: int = config_field(
         50,
-        "episodes of the final score: when a run ends short of its target, the launcher scores its last "
-        "checkpoint on this many episodes, never cut short (summary.json final_success); 0 = none",
+        "episodes of the last checkpoint's score when a run ends short of its target; 0 = none",
     )
     seed: int = config_field(1_000_000, "held-out seeds start here, far from every sampler's seeds")
     randomize: bool = config_field(False, "evaluate under domain randomization instead of the nominal task")
@@ -68,14 +67,11 @@ class EvalConfig:
     max_interval_sec: float = config_field(60.0, "seconds between scores at most, while success is far off")
     near_max_interval_sec: float = config_field(
         16.0,
-        "near the target, each score that sets no new best curve success doubles the wait from "
-        "min_interval_sec, up to this (within the two limits above): a plateau just short of the target is "
-        "not scored every 2 s for an hour",
+        "near the target, the longest wait between scores while none sets a new best",
     )
     interval_run_fraction: float = config_field(
         0.1,
-        "while curve success is below half the target, wait this fraction of the run's age between scores "
-        "(within the two limits above): evaluation costs a bounded share of a long run",
+        "far from the target, wait this fraction of the run's age between scores",
     )
     stop_early: bool = config_field(
         True, "end a score once target_success is out of reach (it then covers fewer episodes)"
@@ -83,9 +79,7 @@ class EvalConfig:
     nice: int = config_field(5, "niceness of the evaluator process: it scores on spare CPU first")
     max_core_share: float = config_field(
         0.1,
-        "at most this share of one core on scoring, whatever the rules above say: after a score that took "
-        "c CPU seconds the evaluator waits at least c * (1 / share - 1) (a 4-task run's score with its weight "
-        "average takes seconds of CPU); 0 = no bound",
+        "at most this share of one core on scoring, whatever the intervals say; 0 = no bound",
     )
 
     def checks(self) -> list[Check]:
@@ -166,7 +160,7 @@ class RunConfig:
     target_success: float = config_field(0.9, "stop when the evaluator reports at least this success rate")
     max_wall_sec: float = config_field(600.0, "stop after this many seconds whatever the success")
     max_env_steps: int = config_field(0, "stop after this many env steps; 0 = no limit")
-    preset: str = config_field("", "task preset applied under the overrides (fleet/cli/presets.py); '' = none")
+    preset: str = config_field("", "task preset applied under the overrides (fleetrl config shows it); '' = none")
     sim: SimConfig = field(default_factory=SimConfig)
     buffer: BufferConfig = field(default_factory=BufferConfig)
     sampler: SamplerConfig = field(default_factory=SamplerConfig)

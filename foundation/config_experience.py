@@ -45,14 +45,12 @@ class SimConfig:
     task: str = config_field("FetchReach-v4", "task name from the sim registry (sim/registry.py)")
     tasks: tuple[str, ...] = config_field(
         (),
-        "a multi-task run's tasks (sim/tasks.py: observations padded to one width plus a task one-hot); "
-        "() = sim.task alone",
+        "a multi-task run's tasks, observations padded to one width plus a task one-hot; () = sim.task",
     )
     randomization: RandomizationConfig = field(default_factory=RandomizationConfig)
     control_hz: float = config_field(
         0.0,
-        "decisions per simulated second, the same seconds and hand speed (Fetch: sim/rate.py; Meta-World, 80 "
-        "Hz or faster: sim/metaworld.py); 0 = each task's own rate (Fetch 25 Hz, Meta-World 80 Hz)",
+        "decisions per simulated second at the task's own seconds and hand speed; 0 = the task's rate",
     )
 
     def checks(self) -> list[Check]:
@@ -71,22 +69,19 @@ class BufferConfig:
     grpc_workers: int = config_field(4, "ingest service thread pool size")
     stalled_write_timeout_sec: float = config_field(
         30.0,
-        "a reserved range still unwritten after this long (its ingest and its sampler died) is skipped, "
-        "so readers move on; a late retry of it is stored elsewhere",
+        "seconds before readers skip a reserved range still unwritten (its writer died)",
     )
     dedup_ttl_sec: int = config_field(
         3600, "a sampler incarnation's dedup record expires this long after its last push"
     )
     replicas_to_ack: int = config_field(
         0,
-        "Redis replicas that must hold a batch (WAIT) before it is acked: with replicas in the cluster, set "
-        "it to 1 so a primary's crash loses no acked transition; 0 = ack once the primaries hold it",
+        "Redis replicas that must hold a batch (WAIT) before it is acked; 0 = the primaries",
     )
     replica_wait_ms: int = config_field(2000, "how long one WAIT for replicas may take before the push fails")
     samples_per_insert: float = config_field(
         0.0,
-        "flow control (buffer/ratelimit.py): rows learners sample per row stored; 0 = learner.batch_size / "
-        "(sampler.max_env_steps_per_update * (1 + her_k)), none when that is <= 0",
+        "rows learners sample per row stored (flow control); 0 = derived from the replay ratio",
     )
     rate_tolerance_rows: int = config_field(
         0, "stored rows samplers may run ahead of (and learners behind) that ratio; 0 = the samplers' warm-up"
@@ -118,27 +113,20 @@ class SamplerConfig:
     her_k: int = config_field(4, "HER 'future' relabeled copies stored per transition (0 disables HER)")
     her_k_unmoved: int = config_field(
         -1,
-        "HER copies stored per transition of an episode whose achieved goal never left its first "
-        "success region (FetchPush: the object never moved); fewer make the episodes that moved "
-        "it a larger share of every batch; -1 = her_k",
+        "HER copies per transition of an episode whose achieved goal never moved; -1 = her_k",
     )
     random_steps: int = config_field(500, "env steps per sampler with uniform random actions before the policy acts")
     random_action_prob: float = config_field(
         0.0,
-        "share of acting steps taken uniformly at random (HER's epsilon exploration): keeps exploring "
-        "after SAC's temperature has fallen",
+        "share of acting steps taken uniformly at random (HER's epsilon exploration)",
     )
     random_keep_dims: int = config_field(
         0,
-        "trailing action dimensions an epsilon-random step (random_action_prob) takes from the policy instead "
-        "(Fetch and Meta-World: 1, the gripper, so a random step moves the arm without opening a grasp)",
+        "trailing action dims a random step takes from the policy (1: the gripper keeps its grasp)",
     )
     random_action_repeat: int = config_field(
         1,
-        "env steps an epsilon-random step's uniform action is held for (temporally extended epsilon-greedy, "
-        "Dabney et al. 2021): a random stretch starts with the probability that keeps random_action_prob the "
-        "share of random steps, and ends early at the episode's end. Steps of 1 cm (Meta-World's hand) make a "
-        "walk of single random steps go nowhere; 1 = one step each",
+        "env steps a random step's action is held for (temporally extended epsilon); 1 = one",
     )
     action_noise_std: float = config_field(
         0.2, "learner.algo 'ddpg': std of the Gaussian noise added to the actor's action (the HER paper's 0.2)"
@@ -147,17 +135,12 @@ class SamplerConfig:
     weights_interval_sec: float = config_field(0.2, "fetch new actor weights at most this often")
     max_env_steps_per_update: float = config_field(
         3.0,
-        "the replay ratio: env steps collected per gradient of learner.batch_size rows, kept by the "
-        "buffer's flow control in rows of 1 + her_k per env step (samplers wait when learners lag, "
-        "learners when samplers do; the samplers' random_steps come first). An episode stored with "
-        "fewer HER copies (her_k_unmoved) counts fewer rows, so its env steps come up to "
-        "(1 + her_k) / (1 + her_k_unmoved) times faster: FetchPush preset 7 (4) ran 7.1-8.0 env "
-        "steps per gradient; 0 = no flow control",
+        "the replay ratio: env steps collected per gradient of batch_size rows; 0 = no flow control",
     )
     pin_cpus: bool = config_field(True, "pin each worker to one CPU (round-robin over allowed CPUs)")
     mlock: bool = config_field(True, "mlockall the worker's memory; degrades with a warning when refused")
     seed: int = config_field(
-        0, "base seed; each sampler process mixes in its index and incarnation, so restarts never replay episodes"
+        0, "base seed; each sampler mixes in its index and incarnation, so restarts never replay episodes"
     )
 
     def checks(self) -> list[Check]:

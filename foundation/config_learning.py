@@ -29,11 +29,7 @@ class LearnerConfig:
     max_grad_staleness: int = config_field(1, "learner waits for fresher weights past this many versions behind")
     algo: str = config_field(
         "sac",
-        "'sac', 'ddpg' (the HER paper's: deterministic actor, one critic, action penalty, "
-        "samplers add sampler.action_noise_std Gaussian noise), or 'tqc' (SAC with distributional critics "
-        "whose largest target quantiles are dropped: sb3-contrib's TQC, rl-zoo's choice for Fetch), or 'crossq' "
-        "(SAC without target networks: batch renormalization in the critics, which see (s, a) and (s', a') as one "
-        "batch; Bhatt et al. 2024, sbx's CrossQ; dense models); same weight groups",
+        "'sac', 'ddpg', 'tqc' (distributional critics) or 'crossq' (no target networks; dense models)",
     )
     action_l2: float = config_field(1.0, "'ddpg': weight of the actor's penalty on the squared action")
     tqc_quantiles: int = config_field(
@@ -44,77 +40,56 @@ class LearnerConfig:
     )
     crossq_momentum: float = config_field(
         0.01,
-        "'crossq': weight of each batch's statistics in the critics' running batch-renorm statistics "
-        "(sbx's momentum 0.99 in flax's convention); the running statistics are each learner's own",
+        "'crossq': weight of each batch in the critics' running batch-renorm statistics",
     )
     crossq_warmup: int = config_field(
         100_000,
-        "'crossq': updates of plain batch normalization before renormalization corrects each batch "
-        "toward the running statistics (sbx's renorm_warmup_steps)",
+        "'crossq': updates of plain batch normalization before renormalization starts",
     )
     n_step: int = config_field(
         1,
-        "n-step returns: samplers store each row with the discounted sum of the next n rewards under its "
-        "(relabeled) goal and the observation n steps on, and the critics bootstrap with gamma^n "
-        "(sampler/her.py); rows whose n steps would pass a truncated episode's end are not stored",
+        "n-step returns: rows carry n discounted rewards and the critics bootstrap with gamma^n",
     )
     target_entropy: float | None = config_field(None, "SAC target entropy; None = -action_dim")
-    torch_threads: int = config_field(
-        1, "torch intra-op threads in the learner (2 made 0.75x the updates/s of 1 in a 2-core Push fleet: fleet_arms)"
-    )
+    torch_threads: int = config_field(1, "torch intra-op threads in the learner")
     own_cpu: bool = config_field(
         False,
-        "local fleet (fleetrl train) with more CPUs than learners: each learner runs on a CPU of its "
-        "own, every other role and Redis on the rest (fleet/launch/local_fleet.py learner_cpus)",
+        "fleetrl train: each learner on a CPU of its own, every other role and Redis on the rest",
     )
     device: str = config_field("auto", "where the learner computes: 'cpu', 'cuda', or 'auto' (cuda when available)")
     autocast: str = config_field(
         "off",
-        "'off', 'bf16': losses and their backward under torch.autocast bfloat16; weights, gradients and "
-        "Adam stay float32. 'auto': bf16 on a CPU learner whose CPU has BF16 instructions (avx512_bf16, "
-        "amx_bf16 or Arm bf16; without them bfloat16 is emulated and slower), else off",
+        "'off', 'bf16' (losses in bfloat16; weights and Adam float32), 'auto' (bf16 where the CPU has it)",
     )
     compile: bool = config_field(
         False,
-        "dense models: the SAC and TQC losses, forward and backward, under torch.compile (inductor; "
-        "compiled at the learner's first update); off: 1.12x the learner benchmark's updates, none in a FetchPush "
-        "fleet (README)",
+        "dense models: the losses, forward and backward, under torch.compile (inductor)",
     )
     mix_once: bool = config_field(
         True,
-        "a task-routed MoE mixes each layer's experts once per update and every pass of SAC reuses the mix "
-        "(nets.models.one_mix_per_update: the same gradients); false: each pass mixes anew, as before",
+        "task-routed MoE: mix each layer's experts once per update and reuse the mix in every pass",
     )
     fused_critics: bool = config_field(
         True,
-        "a task-routed MoE's twin critics in one pass, each layer's two matmuls one (nets/twin.py: 1.06x "
-        "its gradients per CPU-second; a dense pair measured slower fused and always runs apart); false: apart",
+        "task-routed MoE: both twin critics in one pass, each layer's two matmuls as one",
     )
     prefetch: bool = config_field(
         False,
-        "sample the next batch in a background thread while the current gradient is computed (off: on "
-        "2 CPU cores it cost the gradient more than it saved, benchmarks/learner_throughput.py)",
+        "sample the next batch in a background thread while the current gradient is computed",
     )
     shared_memory: bool = config_field(
         True,
-        "on the aggregator's host, weights and gradients go through /dev/shm segments, gRPC carrying "
-        "only which version or push (foundation/shm.py); other hosts, or false: all bytes over gRPC",
+        "on the aggregator's host, weights and gradients through /dev/shm instead of gRPC",
     )
     buffer_refresh_sec: float = config_field(0.05, "how often the learner looks for new transitions in Redis")
     replay_sampling: str = config_field(
         "uniform",
-        "how batches are drawn from the buffer: 'uniform'; 'recency' (a row's weight halves every "
-        "recency_half_life transitions of age); 'version' (only rows collected by a policy at most "
-        "max_policy_lag versions behind the learner's)",
+        "how batches are drawn: 'uniform', 'recency' (half-life weighting) or 'version' (max lag)",
     )
     recency_half_life: int = config_field(200_000, "'recency' sampling: transitions of age that halve a row's weight")
     task_sampling: str = config_field(
         "even",
-        "a multi-task run's share of each task in a batch: 'even', or 'success' (by the evaluator's newest "
-        "curve score: share = task_min_share + the rest in proportion to 1 - success, so a solved task "
-        "keeps task_min_share and the unsolved ones get the learner), or 'focus' (task_min_share each, the "
-        "rest to the first task in --tasks order still below target_success: tasks learned one after "
-        "another); samplers' env steps follow the same shares (foundation/task_schedule.py)",
+        "a multi-task run's share of each task in a batch: 'even', 'success' or 'focus'",
     )
     task_min_share: float = config_field(
         0.1, "'success' and 'focus' task sampling: the least share of a batch (and of env steps) any task keeps"
@@ -122,9 +97,7 @@ class LearnerConfig:
     max_policy_lag: int = config_field(20_000, "'version' sampling: versions a row's policy may lag the learner's")
     gradient_wire_dtype: str = config_field(
         "float32",
-        "how gradients travel to the aggregator: 'float32', or 'bfloat16' (rounded to 8 significant bits, "
-        "half the bytes, as PyTorch DDP's bf16_compress_hook; the aggregator's weights and Adam stay float32): "
-        "0.87x the aggregator's CPU per version, but FetchPush took more updates to 90% on 2 of 3 seeds",
+        "how gradients travel to the aggregator: 'float32' or 'bfloat16' (half the bytes)",
     )
 
     def checks(self) -> list[Check]:
@@ -168,70 +141,45 @@ class ModelConfig:
     kind: str = config_field(
         "dense", "'dense' MLPs, or 'moe': every hidden layer a mixture of experts gated on state and task"
     )
-    experts: int = config_field(
-        32, "'moe': experts per hidden layer (training computes only the routed ones: cost grows with top_k, not this)"
-    )
+    experts: int = config_field(32, "'moe': experts per hidden layer (training computes only the routed ones)")
     top_k: int = config_field(2, "'moe': experts each input is routed to")
     shared_experts: int = config_field(
         0,
-        "'moe': of an input's top_k experts, how many are always the layer's first ones whatever the gate says "
-        "(DeepSeekMoE's shared experts); the other top_k - shared_experts are routed. With the task router, weights "
-        "every task trains (the routed experts of a 4-task run share none): what one task learns can reach "
-        "another, as in a dense network, at no extra cost per row (a task's k experts are mixed into one Linear). "
-        "0: none. A multi-task run of a task-routed MoE that sets neither this nor model.top_k takes top_k 3 "
-        "with 1 shared (fleet/cli/presets.py TASK_ROUTED_SHARED; 4 tasks, 3 seeds, docs/presets.md 'Multi-task')",
+        "'moe': of an input's top_k experts, how many are always the layer's first ones; 0 = none",
     )
     expert_width: int = config_field(
         128,
-        "'moe': width of every expert (each MoE hidden layer; as many layers as learner.hidden_sizes); "
-        "0 = learner.hidden_sizes. A row's k experts, mixed by its gates before the ReLU, are one Linear of "
-        "this width: with 128, each task of the task router has a 128-wide network (the dense default: 256); "
-        "2 x 128 = 256 is the FLOPs of the state router's k experts, not their width",
+        "'moe': width of every expert; 0 = learner.hidden_sizes",
     )
     task_embed_dim: int = config_field(8, "'moe': width of the learned task embedding the gates see")
     router: str = config_field(
         "task",
-        "'moe': what the gates see: 'state' (normalized state ++ task embedding) or 'task' (the embedding "
-        "alone: each task keeps one routing, so `fleetrl export`'s frozen table is exact)",
+        "'moe': what the gates see: 'state' (state and task embedding) or 'task' (the embedding alone)",
     )
     task_norm: bool = config_field(
         True,
-        "multi-task runs: standardize each task's inputs with its own statistics (one shared set mixes "
-        "tasks whose coordinates differ, e.g. Fetch and Meta-World, and squashes each task's range)",
+        "multi-task runs: standardize each task's inputs with its own statistics",
     )
     task_onehot: bool = config_field(
         True,
-        "multi-task runs: the networks read the task one-hot at the end of the observation (MT-SAC's task "
-        "input). false: only the per-task normalizer and a MoE's task router read it; the networks see zeros "
-        "there. A one-hot input constant within a task is a second first-layer bias per task, which Adam moves "
-        "as fast as the bias itself: FetchPush alone in a multi-task run learned with it off and did not with "
-        "it on (docs/architecture.md). Off, a dense network tells tasks apart only by their observations",
+        "multi-task runs: the networks read the task one-hot (false: only normalizer and router do)",
     )
     task_alpha: bool = config_field(
         False,
-        "multi-task runs: one SAC temperature per task (MT-SAC's), each task's entropy held to the target "
-        "on its own rows; one shared temperature lets a solved task's near-deterministic policy keep an "
-        "unsolved task's policy noisier than the target",
+        "multi-task runs: one SAC temperature per task, each held to the entropy target on its rows",
     )
     balance_coef: float = config_field(0.01, "'moe': weight of the routers' load-balancing loss")
     task_heads: bool = config_field(
         False,
-        "'moe' with router 'task': one output layer per task (multi-head MT-SAC) in the actor and both critics, "
-        "so tasks whose routers chose disjoint experts share no weight at all; one shared output layer "
-        "carries a solved task's habits and value scale into the others (docs/architecture.md)",
+        "'moe' with router 'task': one output layer per task in the actor and both critics",
     )
     gate_grad: bool = config_field(
         True,
-        "'moe' with router 'task': the task losses train the gates (which k experts each task uses, and their "
-        "mix). false: only the balancing loss moves them, so a task keeps the experts and mix it starts with "
-        "unless it collides with another task's. Trained by the losses, the gates drift toward one expert as the "
-        "critics' values grow, which turns each layer of the task's network toward another random matrix "
-        "(docs/architecture.md, 'Routing that settles')",
+        "'moe' with router 'task': the task losses train the gates (false: only the balancing loss)",
     )
     router_decay: float = config_field(
         1.0,
-        "'moe': lambda of router decay: the balancing loss is scaled by exp(-lambda * ||policy gradient||), "
-        "so routing may specialize while the gradient is large",
+        "'moe': lambda of router decay: the balancing loss times exp(-lambda * ||policy gradient||)",
     )
 
     def checks(self) -> list[Check]:
@@ -262,8 +210,7 @@ class AggregatorConfig:
     lr: float = config_field(1e-3, "Adam learning rate of actor, critics and temperature")
     lr_final: float = config_field(
         0.0,
-        "the learning rate falls linearly from lr to this between versions lr_decay_start and lr_decay_end "
-        "and stays there (a late, finer step for precise tasks); 0 = lr throughout",
+        "learning rate reached linearly between lr_decay_start and lr_decay_end; 0 = lr throughout",
     )
     lr_decay_start: int = config_field(0, "the version where the fall to lr_final begins (with lr_final > 0)")
     lr_decay_end: int = config_field(0, "the version where the learning rate reaches lr_final (with lr_final > 0)")
@@ -277,35 +224,26 @@ class AggregatorConfig:
     )
     step_deadline_ms: float = config_field(
         100.0,
-        "... or once its first gradient is this old, with what has arrived (a slow or departed learner "
-        "never stalls the others); 0 = wait for K",
+        "... or once its first gradient is this old, with what has arrived; 0 = wait for K",
     )
     staleness_power: float = config_field(
         1.0,
-        "a step's gradients are averaged with weight batch_size / (1 + staleness)^p, staleness = versions "
-        "between the gradient's weights and the step; 0 = by batch size only",
+        "p: a gradient's weight in a step is batch_size / (1 + staleness)^p; 0 = by batch size",
     )
     max_grad_norm: float = config_field(
         100.0,
-        "the global L2 norm of a step's mean gradient (all groups) is clipped to this, so one wild push "
-        "cannot poison Adam's moments; 0 = no clipping",
+        "clip the global L2 norm of a step's mean gradient to this; 0 = no clipping",
     )
     max_input_abs: float = config_field(
         1e6, "normalizer statistics implying an input beyond this magnitude are rejected (a learner's bad batch)"
     )
     expert_adam: str = config_field(
         "lazy",
-        "MoE: 'lazy' steps Adam and the target critics' average only on experts a version's gradient "
-        "touches (exact for experts never routed to, and for a task router whose tasks keep their experts; "
-        "a dropped expert keeps its weights instead of drifting on old momentum), or 'dense' (every "
-        "weight, every version); aggregator/sparse.py",
+        "MoE: 'lazy' steps Adam only on experts a version touched, 'dense' on every weight",
     )
     swa: str = config_field(
         "off",
-        "actor weight averaging (aggregator/swa.py): 'layered' (a version joins only when the evaluator "
-        "scored it at least as well as the average; routers over a short window, experts over a long one "
-        "weighted by their activation), 'plain' (every scored version), or 'off'. On, the evaluator "
-        "also scores the average (twice the curve episodes) and fleetrl export takes the better one",
+        "actor weight averaging: 'layered' (scored versions only), 'plain' (every scored one) or 'off'",
     )
     swa_router_window: int = config_field(3, "'layered' SWA: admitted versions the routers average over")
     swa_expert_window: int = config_field(15, "SWA: admitted versions experts (and a dense actor) average over")

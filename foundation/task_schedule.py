@@ -24,12 +24,12 @@ onsets: 14k-38k updates). Shared in proportion to 1 - success, an unsolved task 
 be learned in the run (MetaWorld-push) took as much as FetchPush for the whole run and
 FetchPush stayed at 0.00-0.08 for 30 minutes. With task-routed experts that share no weight,
 learning one task at a time gives up no transfer. The order is the user's: a first task that
-is never solved keeps the others at min_share (they still learn, slowly). Measured beside
-'success' on the 4-task set: README, "The share FetchPush got".
+is never solved keeps the others at min_share (they still learn, slowly). The two modes on the
+4-task set: docs/presets.md, "Multi-task runs".
 
 Samplers divide env steps, not episodes: Meta-World's episodes are 150-500 steps where
 Fetch's are 50, so taking episodes in turn gave FetchPush 15,600 of a 4-task run's 109k env
-steps (benchmarks/results/multitask_moe-4task-moe-seed0-45min.json). A TaskPicker takes the
+steps in a 45-minute run. A TaskPicker takes the
 task furthest behind its share of the env steps taken so far (deficit round-robin).
 """
 

@@ -3,6 +3,8 @@
 #   - redis-server (Debian package) for the local Redis Cluster, python3-venv if missing
 #   - with FLEETRL_SETUP_SLURM=1 (scripts/test.sh sets it): Slurm and munge (Debian packages, a few
 #     MB) for tests/test_slurm.py, which starts its own daemons; train.sh leaves them out
+#   - with FLEETRL_SETUP_BROWSER=1 (scripts/test.sh sets it): Chromium and its driver (Debian packages
+#     chromium, chromium-driver) for tests/test_docs_site.py, which opens every page of the docs site
 #   - .venv with every Python dependency resolved in ONE pip command: torch 2.13.0 (CPU),
 #     mujoco 3.3.0 and gymnasium-robotics must be resolved together or mujoco ends up broken.
 # Idempotent: a second run installs nothing new.
@@ -19,18 +21,21 @@ if [ ${#apt_needed[@]} -gt 0 ]; then
   $sudo_cmd apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq "${apt_needed[@]}" >/dev/null
 fi
-slurm_needed=()
+test_apt_needed=()
 if [ "${FLEETRL_SETUP_SLURM:-0}" = 1 ]; then
   for tool in slurmctld slurmd sbatch munged; do
-    command -v "$tool" >/dev/null 2>&1 || slurm_needed=(slurmctld slurmd slurm-client munge)
+    command -v "$tool" >/dev/null 2>&1 || test_apt_needed=(slurmctld slurmd slurm-client munge)
   done
 fi
-if [ ${#slurm_needed[@]} -gt 0 ]; then
+if [ "${FLEETRL_SETUP_BROWSER:-0}" = 1 ] && ! command -v chromium >/dev/null 2>&1; then
+  test_apt_needed+=(chromium chromium-driver)
+fi
+if [ ${#test_apt_needed[@]} -gt 0 ]; then
   sudo_cmd=""
   [ "$(id -u)" -ne 0 ] && sudo_cmd="sudo"
-  echo "fleetrl setup: installing ${slurm_needed[*]} with apt-get (for tests/test_slurm.py)" >&2
+  echo "fleetrl setup: installing ${test_apt_needed[*]} with apt-get (test-only: tests/test_slurm.py, tests/test_docs_site.py)" >&2
   $sudo_cmd apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends "${slurm_needed[@]}" >/dev/null
+  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends "${test_apt_needed[@]}" >/dev/null
 fi
 
 if [ ! -x .venv/bin/python ]; then

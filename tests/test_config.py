@@ -208,3 +208,9 @@ def test_help_lines_cover_every_field_with_default_and_help():
         assert default and help_text.strip(), line
     assert "learner.batch_size = 256  # transitions per gradient" in lines
     assert "sim.randomization.mass_scale = (0.8, 1.2)  # per episode: object body mass scale" in lines
+
+
+def test_every_help_line_fits_one_terminal_line():
+    """`fleetrl config` prints `name = value  # help`; a field's reasoning lives in the docs."""
+    too_long = [line for line in help_lines() if len(line.partition("  # ")[2]) > 100]
+    assert not too_long, "help lines over 100 characters:\n" + "\n".join(too_long)

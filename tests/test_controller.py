@@ -1,4 +1,4 @@
-"""`fleetrl deploy-check`: the exported policy as a fixed-rate controller (issue 7, item 8)."""
+"""`fleetrl deploy-check`: the exported policy as a fixed-rate controller."""
 
 from __future__ import annotations
 

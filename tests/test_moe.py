@@ -1,4 +1,4 @@
-"""Mixture-of-experts networks (issue 7, item 2): torch and numpy agree, shapes are static."""
+"""Mixture-of-experts networks: torch and numpy agree, shapes are static."""
 
 from __future__ import annotations
 
@@ -331,7 +331,7 @@ def test_fleetrl_export_freezes_a_moe_policys_routing_into_a_graph_the_audit_pas
     assert json.loads(props["fleetrl.routing"])["layers"][0]["experts"] == list(routing.layers[0].experts)
 
 
-# Issue 18, item 1: sparse expert compute. The masked form (every expert, masked) is the
+# Sparse expert compute. The masked form (every expert, masked) is the
 # reference: the sparse forms must give the same values and the same gradients.
 
 
@@ -400,7 +400,7 @@ def test_under_bf16_autocast_the_learner_routes_as_the_float32_actors_do(router)
     """Learners train under bf16 autocast (learner.autocast); samplers, the evaluator and export
     run float32. Two gate logits 0.0009 apart are one bfloat16 value (8 significant bits), so a
     bf16 router may pick the other expert: the learner would then train an expert the actors
-    never run (stop 46: FetchReach forgotten on 2 of 3 seeds). The gates compute in float32."""
+    never run (FetchReach is then forgotten in a 4-task run). The gates compute in float32."""
     torch.manual_seed(0)
     layer = MoELinear(6, 5, experts=4, top_k=2, gate_dim=3)
     with torch.no_grad():

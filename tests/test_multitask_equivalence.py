@@ -4,8 +4,8 @@ The multi-task path pads each task's observation to the widest, appends a task o
 (sim/tasks.py), keeps a normalizer row and, with model.task_alpha, a temperature per task. With
 the single-task weights copied in (zero weights on the one-hot columns) and one task's rows, the
 gradients and the actions must be the single-task ones: what is left to differ between the two
-runs is then only what they learn from, not how. Found while looking for why FetchPush learns
-slower inside multi-task runs (issue 18): this rules out the learner's and the actor's arithmetic.
+runs is then only what they learn from, not how: a task learning slower inside a multi-task
+run is not the learner's or the actor's arithmetic.
 """
 
 from __future__ import annotations

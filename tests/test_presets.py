@@ -52,7 +52,7 @@ def test_push_alone_learns_on_both_cores_at_batch_1024_and_a_multi_task_run_take
         assert (dense["learner"]["batch_size"], dense["learner"]["autocast"]) == (1024, "auto")
         assert dense["sampler"]["max_env_steps_per_update"] == 4.0
         multi = _cli_config(capsys, "--tasks", tasks, *state_routed)
-        # a state-routed MoE (unmeasured with the batch) keeps preset 5's batch 256, float32 and
+        # a state-routed MoE (unmeasured with the batch) keeps the manipulation recipe's batch 256, float32 and
         # 1 env step per gradient, not the built-in defaults' 3
         assert (multi["learner"]["batch_size"], multi["learner"]["autocast"]) == (256, RunConfig().learner.autocast)
         assert multi["sampler"]["max_env_steps_per_update"] == 1.0 != defaults.sampler.max_env_steps_per_update
@@ -169,7 +169,7 @@ def test_a_multi_task_run_adds_the_multitask_recipe_and_a_task_routed_moe_its_sw
         assert not _differs(dense, dotted) and not _differs(state, dotted), (
             dotted
         )  # a dense or state-routed run keeps them
-    for dotted, value in MULTITASK_BATCH.items():  # dense and task-routed MoE; a state-routed run keeps preset 5's
+    for dotted, value in MULTITASK_BATCH.items():  # dense, task-routed MoE; state-routed: the recipe's
         section, name = dotted.split(".")
         assert moe[section][name] == dense[section][name] == value != state[section][name], dotted
     assert (dense["learner"]["batch_size"], state["learner"]["batch_size"], moe["learner"]["batch_size"]) == (
@@ -233,13 +233,13 @@ def test_the_multitask_recipe_never_asks_for_fewer_replay_rows_than_the_users_ba
 def test_slide_alone_trains_push_s_recipe_on_the_nominal_task_at_gamma_098_but_not_in_a_multi_task_run(capsys):
     slide, push = preset_config("FetchSlide-v4"), preset_config("FetchPush-v4")
     assert (slide.learner.batch_size, slide.learner.num_learners) == (push.learner.batch_size, 2) == (1024, 2)
-    assert slide.sampler.her_k_unmoved == push.sampler.her_k_unmoved == 0  # preset 5's HER rule
+    assert slide.sampler.her_k_unmoved == push.sampler.her_k_unmoved == 0  # the manipulation recipe's HER rule
     assert (slide.learner.gamma, slide.sim.randomization.enabled) == (0.98, False)
     assert (push.learner.gamma, push.sim.randomization.enabled) == (0.95, True)
     user = _cli_config(capsys, "--task", "FetchSlide-v4", "--set", "sim.randomization.enabled=true")
     assert user["sim"]["randomization"]["enabled"] is True  # the user's --set wins
     # Slide first in a multi-task run: its preset picks the recipe, but gamma and the dynamics
-    # measured for Slide alone take preset 5's gamma and the default randomization
+    # measured for Slide alone take the manipulation recipe's gamma and the default randomization
     multi = _cli_config(capsys, "--tasks", "FetchSlide-v4,FetchReach-v4")
     assert (multi["learner"]["gamma"], multi["sim"]["randomization"]["enabled"]) == (0.95, True)
     assert multi["learner"]["batch_size"] == 1024  # the dense multi-task batch (MULTITASK_BATCH)

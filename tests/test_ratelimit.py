@@ -75,7 +75,7 @@ def test_both_sides_turning_as_allowed_keep_the_ratio_and_never_deadlock():
 def test_the_ratio_counts_rows_so_episodes_stored_without_her_copies_come_up_to_1_plus_her_k_times_faster():
     """max_env_steps_per_update is kept in rows of 1 + her_k per env step. An episode that moved
     nothing under sampler.her_k_unmoved 0 stores 1 row per step, so its env steps count a fifth
-    (her_k 4): FetchPush preset 7 (4 per gradient) measured 7.1-8.0 env steps per version to 90%,
+    (her_k 4): the FetchPush-v4 preset (4 per gradient) measured 7.1-8.0 env steps per version to 90%,
     MetaWorld-push alone about 20. The docs say so; this pins the arithmetic."""
     config = with_overrides(
         RunConfig(), ["sampler.max_env_steps_per_update=4.0", "learner.batch_size=1024", "sampler.her_k=4"]

@@ -1,4 +1,4 @@
-"""What a task-routed MoE's experts learned (issue 18, item 4): read exactly from the weights."""
+"""What a task-routed MoE's experts learned: read exactly from the weights."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""learner.task_sampling (issue 18, item 3): a solved task keeps its floor, the unsolved ones get
+"""learner.task_sampling: a solved task keeps its floor, the unsolved ones get
 the rest of every batch and of the samplers' env steps; the schedule follows the evaluator's
 newest curve; samplers divide env steps, not episodes."""
 
