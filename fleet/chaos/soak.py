@@ -147,12 +147,8 @@ def run_soak(
     restarts = restart_times(f"{run_dir}/events.jsonl", "aggregator")
     lives = aggregator_lives(_read(f"{run_dir}/logs/aggregator.log"))
     _cost_of_faults(injector.records, lives, run_dir)
-    gradients, errors = None, [*soak.errors, *injector.errors]
-    try:
-        final_version = int(load_checkpoint(f"{run_dir}/checkpoints")["version"])
-        gradients = audit_gradients(read_acks(f"{run_dir}/acks", "learner-"), lives, final_version, restarts)
-    except (OSError, ValueError, KeyError) as err:
-        errors.append(f"gradient audit: no final checkpoint: {err!r}")
+    errors = [*soak.errors, *injector.errors]
+    gradients = _gradient_audit(run_dir, lives, restarts, errors)
     return SoakResult(
         summary=summary,
         faults=[r.as_dict() for r in injector.records],
@@ -166,6 +162,17 @@ def run_soak(
         errors=errors,
         not_available=not_available,
     )
+
+
+def _gradient_audit(run_dir: str, lives: list, restarts: list, errors: list[str]):
+    """The learners' acked gradients against the aggregator's lives and final version (None, with
+    the reason added to `errors`, where the run left no final checkpoint)."""
+    try:
+        final_version = int(load_checkpoint(f"{run_dir}/checkpoints")["version"])
+        return audit_gradients(read_acks(f"{run_dir}/acks", "learner-"), lives, final_version, restarts)
+    except (OSError, ValueError, KeyError) as err:
+        errors.append(f"gradient audit: no final checkpoint: {err!r}")
+        return None
 
 
 def _cost_of_faults(records: list, lives: list, run_dir: str) -> None:

@@ -129,7 +129,6 @@ def write_summary(
     """<run_dir>/summary.json from the progress seen and how the run ended; each role's last
     heartbeat counters come from <host_dir>/heartbeats (default: the run directory's)."""
     host_dir = run_dir if host_dir is None else host_dir
-    last = progress.last
     summary = Summary(
         run_dir=str(run_dir),
         task=config.sim.task,
@@ -155,16 +154,28 @@ def write_summary(
         for task, rate in result.task_success.items():
             summary.task_success.setdefault(task, {})["final"] = rate
     if config.sim.tasks:
-        summary.tasks = list(config.sim.tasks)
-        for task, rate in progress.best_task_success.items():
-            summary.task_success.setdefault(task, {})["best"] = rate
-        for task, rate in progress.last_task_success.items():
-            summary.task_success.setdefault(task, {})["last"] = rate
-        if last is not None:
-            from sim.registry import get_task  # a multi-task run only: the launcher needs no sim otherwise
+        _add_tasks(summary, config, progress)
+    _add_progress(summary, progress, run)
+    (run_dir / "summary.json").write_text(json.dumps(asdict(summary), indent=2))
+    return summary
 
-            summary.task_env_steps = {get_task(t).name: n for t, n in last.env_steps_by_task}
-    target = progress.target
+
+def _add_tasks(summary: Summary, config: RunConfig, progress: Progress) -> None:
+    """A multi-task run's tasks, each one's best and last evaluation success and its env steps."""
+    summary.tasks = list(config.sim.tasks)
+    for task, rate in progress.best_task_success.items():
+        summary.task_success.setdefault(task, {})["best"] = rate
+    for task, rate in progress.last_task_success.items():
+        summary.task_success.setdefault(task, {})["last"] = rate
+    if progress.last is not None:
+        from sim.registry import get_task  # a multi-task run only: the launcher needs no sim otherwise
+
+        summary.task_env_steps = {get_task(t).name: n for t, n in progress.last.env_steps_by_task}
+
+
+def _add_progress(summary: Summary, progress: Progress, run: Ending) -> None:
+    """When the target was reached, and the last snapshot's counts and whole-run rates."""
+    target, last = progress.target, progress.last
     if target is not None and target.full is not None:
         summary.wall_sec_to_target = target.wall_sec
         summary.env_steps_to_target = target.full.env_steps
@@ -177,8 +188,6 @@ def write_summary(
         summary.train_success = last.train_success if last.train_episodes else None
         first = progress.first.version if progress.first is not None else 0  # a resumed run starts late
         summary.updates_per_sec = round((last.version - first) / max(run.wall_sec, 1e-9), 2)
-    (run_dir / "summary.json").write_text(json.dumps(asdict(summary), indent=2))
-    return summary
 
 
 def last_counters(heartbeats: pathlib.Path) -> dict:
