@@ -120,6 +120,7 @@ class Controllers:
     """A run's task as the exported graph and as the torch policy it came from, on the same input."""
 
     task: str
+    onnx_path: pathlib.Path
     onnx: Callable[[np.ndarray], np.ndarray]  # one observation row -> one action
     torch: Callable[[np.ndarray], np.ndarray]
     trained_hz: float
@@ -150,7 +151,7 @@ def export_controllers(
         with torch.no_grad():
             return actor.deterministic(torch.from_numpy(pad(x[None])), torch.tensor([place])).numpy()[0]
 
-    return Controllers(spec.name, lambda x: onnx_policy.run_batch(x[None])[0], torch_policy, trained_hz, retimed)
+    return Controllers(spec.name, out, lambda x: onnx_policy.run_batch(x[None])[0], torch_policy, trained_hz, retimed)
 
 
 def controller_check(
@@ -175,10 +176,10 @@ def controller_check(
     pair = export_controllers(run_dir, config, hz=hz, seed=seed, onnx_path=onnx_path, task=task, retime=retime)
     spec = get_task(pair.task)
     delay_ticks = round(delay_ms * hz / 1000.0)
-    setting = {"episodes": episodes, "delay_ticks": delay_ticks, "seed": seed}  # both policies, the same episodes
     randomization = dataclasses.replace(config.sim.randomization, enabled=not nominal)
-    onnx_ok, calls = drive(pair.onnx, spec, hz, randomization, **setting)
-    torch_ok, _ = drive(pair.torch, spec, hz, randomization, **setting)
+    # both policies, the same episodes
+    onnx_ok, calls = drive(pair.onnx, spec, hz, randomization, episodes=episodes, delay_ticks=delay_ticks, seed=seed)
+    torch_ok, _ = drive(pair.torch, spec, hz, randomization, episodes=episodes, delay_ticks=delay_ticks, seed=seed)
     ms = np.array(calls) * 1000.0
     return ControllerReport(
         spec.name, hz, pair.trained_hz, delay_ticks, episodes, onnx_ok, torch_ok, len(calls),

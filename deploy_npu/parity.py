@@ -27,6 +27,7 @@ from foundation.checkpoint import PolicyCheckpoint
 from foundation.config import ConfigError, RandomizationConfig
 from nets.models import ModelSpec
 from sim import TASKS, TaskSpec, get_task, goal_success, make_env
+from sim.variants import ModelVariant, VariantConfig
 
 CONTROLLER_HZ = 120.0
 CONTROL_BUDGET_MS = 1000.0 / CONTROLLER_HZ  # 8.33 ms per tick for everything, inference included
@@ -221,10 +222,14 @@ def drive(
     episodes: int,
     delay_ticks: int,
     seed: int,
+    variant: VariantConfig | None = None,
 ) -> tuple[int, list[float]]:
     """(successes, per-call seconds) of `policy` as a `hz` controller (0: the task's own rate)
-    whose actions take effect `delay_ticks` ticks late, each held for its whole tick."""
+    whose actions take effect `delay_ticks` ticks late, each held for its whole tick; `variant`
+    changes the physics model (sim/variants.py)."""
     env = make_env(task, randomization, hz)
+    if variant is not None:
+        env = ModelVariant(env, variant)
     successes, calls = 0, []
     try:
         for episode in range(episodes):
