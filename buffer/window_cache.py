@@ -24,8 +24,8 @@ class WindowCache:
         self.layout = storage.layout
         self.ring = ring
 
-    @classmethod
-    def ring_for(cls, storage: TemporalStorage) -> ReplicaRing:
+    @staticmethod
+    def ring_for(storage: TemporalStorage) -> ReplicaRing:
         """A ring of whole windows, enough for every live one plus the one being filled."""
         size = storage.layout.window_size
         windows = -(-storage.capacity // size) + 2
