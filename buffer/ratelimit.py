@@ -3,6 +3,7 @@
     limit = rate_limit(config)                  # None when the run sets no ratio
     limit.insert_ok(inserted, sampled, n)        # the ingest service, before storing n rows
     limit.sample_ok(inserted, sampled, n)        # a learner, before drawing n rows
+    SampleLimiter(limit).wait(...)               # ... as a learner's ReplaySampler waits
 
 `inserted` counts rows stored (the committed head), `sampled` rows drawn by every learner of
 the run (a counter in Redis that learners add to as they refresh). With SPI sampled rows per
@@ -30,6 +31,9 @@ measured this way: the rows are the learner's work, which is what the ratio pace
 
 from __future__ import annotations
 
+import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from foundation.config import RunConfig
@@ -81,3 +85,40 @@ def rate_limit(config: RunConfig) -> SampleToInsertRatio | None:
     warmup_rows = s.random_steps * s.num_samplers * rows_per_step
     tolerance_rows = b.rate_tolerance_rows or max(warmup_rows - learner.min_replay_transitions, 0) + rows_per_step * 50
     return SampleToInsertRatio(spi, learner.min_replay_transitions, spi * tolerance_rows)
+
+
+class SampleLimiter:
+    """A learner's side of a SampleToInsertRatio: the rows it drew, reported to the run's counter,
+    and the wait before a batch the ratio does not allow yet.
+
+        limiter = SampleLimiter(limit)
+        limiter.wait(inserted=lambda: ring.read_upto, batch_size=256, stop=stop, refresh=cache_refresh)
+        limiter.drawn(256)                       # after sample()
+        limiter.report(storage.add_sampled)      # at refresh: the run's total comes back
+    """
+
+    def __init__(self, limit: SampleToInsertRatio) -> None:
+        self.limit = limit
+        self.sampled = 0  # rows sampled by every learner of the run, as of the last report
+        self.unreported = 0  # rows this learner sampled since
+        self.rate_limited_sec = 0.0  # time spent waiting in wait()
+
+    def drawn(self, rows: int) -> None:
+        self.unreported += rows
+
+    def report(self, add_sampled: Callable[[int], int]) -> None:
+        """Add the unreported rows to the run's counter; `add_sampled` returns the run's total."""
+        self.sampled, self.unreported = add_sampled(self.unreported), 0
+
+    def wait(
+        self, inserted: Callable[[], int], batch_size: int, stop: threading.Event, refresh: Callable[[], object]
+    ) -> bool:
+        """Wait until the ratio lets `batch_size` more rows be sampled, calling `refresh` (which
+        updates `inserted()` and reports) every RATE_LIMITED_POLL_SEC; False once `stop` is set."""
+        waited = time.monotonic()
+        while not self.limit.sample_ok(inserted(), self.sampled + self.unreported, batch_size):
+            if stop.wait(RATE_LIMITED_POLL_SEC):
+                return False
+            refresh()
+        self.rate_limited_sec += time.monotonic() - waited
+        return True

@@ -22,8 +22,8 @@ from foundation.checkpoint import (
 from foundation.config import AggregatorConfig
 from learner.sac import Batch, SACHyperparams, compute_gradients
 from nets.models import GRADIENT_GROUPS, GROUPS, ModelSpec, SACModel, norm_from_stats, norm_stats
+from tests.test_aggregator_validation import BAD_GRADIENTS, BAD_NORM_STATS, SPEC
 
-SPEC = ModelSpec(obs_dim=3, goal_dim=2, act_dim=2, hidden_sizes=(8,))
 CONFIG = AggregatorConfig(lr=1e-2, tau=0.25, seed=0)
 
 
@@ -139,61 +139,6 @@ def test_base_version_ahead_of_the_aggregator_is_an_error():
     assert err.value.field == "base_version"
     assert "1 is ahead of the aggregator (0)" in str(err.value)
     assert core.version == 0
-
-
-def _without(group: str):
-    return lambda g, s: ({k: v for k, v in g.items() if k != group}, s)
-
-
-def _with(group: str, value):
-    return lambda g, s: ({**g, group: value(g)}, s)
-
-
-def _poison(group: str, index: int, value: float):
-    def mutate(g, s):
-        bad = g[group].copy()
-        bad[index] = value
-        return {**g, group: bad}, s
-
-    return mutate
-
-
-def _stats(value):
-    return lambda g, s: (g, value(s))
-
-
-def _negative_count(g, s):
-    s = s.copy()
-    s[0] = -1
-    return g, s
-
-
-# One row per bad gradient: (case, mutate(grads, norm_stats) -> (grads, norm_stats), field, message).
-BAD_GRADIENTS = [
-    ("missing actor", _without("actor"), "tensors", "missing group(s) ['actor']"),
-    ("missing log_alpha", _without("log_alpha"), "tensors", "missing group(s) ['log_alpha']"),
-    ("unknown group", _with("critic_target", lambda g: g["critic"]), "tensors", "unknown group(s) ['critic_target']"),
-    ("short critic", _with("critic", lambda g: g["critic"][:-1]), "tensors[critic].shape", "expected ["),
-    ("2-D actor", _with("actor", lambda g: g["actor"][None]), "tensors[actor].shape", "[1, "),
-    (
-        "scalar log_alpha",
-        _with("log_alpha", lambda g: g["log_alpha"][0]),
-        "tensors[log_alpha].shape",
-        "[], expected [1]",
-    ),
-    ("NaN actor", _poison("actor", 5, float("nan")), "tensors[actor].data", "contains NaN or inf"),
-    ("inf critic", _poison("critic", 0, float("inf")), "tensors[critic].data", "contains NaN or inf"),
-    ("-inf log_alpha", _poison("log_alpha", 0, -float("inf")), "tensors[log_alpha].data", "contains NaN or inf"),
-    ("short norm_stats", _stats(lambda s: s[:-1]), "tensors[norm_stats].shape", f"expected [{1 + 2 * SPEC.input_dim}]"),
-    ("2-D norm_stats", _stats(lambda s: s[None]), "tensors[norm_stats].shape", "expected"),
-    (
-        "NaN norm_stats",
-        _stats(lambda s: np.where(np.arange(s.size) == 3, np.nan, s)),
-        "tensors[norm_stats].data",
-        "NaN",
-    ),
-    ("negative count", _negative_count, "tensors[norm_stats].data", "count -1 must be a whole number >= 1"),
-]
 
 
 @pytest.mark.parametrize("case,mutate,field,message", BAD_GRADIENTS, ids=[r[0] for r in BAD_GRADIENTS])
@@ -382,27 +327,14 @@ def test_a_learners_next_gradient_closes_the_step_it_has_one_pending_in():
         np.testing.assert_allclose(core.weights()[group], adam_steps(start[group], steps, CONFIG.lr), rtol=1e-5)
 
 
-@pytest.mark.parametrize(
-    "case,mutate,message",
-    [
-        ("zero count", lambda s: np.concatenate([[0.0], s[1:]]), "count 0 must be a whole number >= 1"),
-        ("fractional count", lambda s: np.concatenate([[2.5], s[1:]]), "count 2.5 must be a whole number"),
-        ("count over the batch", lambda s: np.concatenate([[17.0], s[1:]]), r"and <= batch_size \(16\)"),
-        ("3e38 sums", lambda s: np.concatenate([s[:1], np.full(len(s) - 1, 3e38)]), "beyond max_input_abs"),
-        (
-            "squares below the sums",
-            lambda s: np.concatenate([s[: 1 + SPEC.input_dim], np.zeros(SPEC.input_dim)]),
-            "inconsistent with the sums",
-        ),
-    ],
-)
+@pytest.mark.parametrize("case,mutate,message", BAD_NORM_STATS, ids=[r[0] for r in BAD_NORM_STATS])
 def test_bad_normalizer_statistics_are_refused(case, mutate, message):
     core = make_core()
     bad = mutate(stats(0).astype(np.float64)).astype(np.float32)
     with pytest.raises(GradientError, match=message) as err:
         core.submit(0, grads(core, 0), bad, batch_size=16)
     assert err.value.field == "tensors[norm_stats].data"
-    assert core.version == 0 and not core._pending
+    assert core.version == 0 and core.assembly.pending == 0
 
 
 def _row_noise(self, sample_shape=torch.Size()):  # noqa: B008 - torch's own default
@@ -483,7 +415,7 @@ def test_a_step_short_of_k_closes_at_its_deadline_with_what_arrived():
     g = grads(core, 1)
     assert not core.close_due()  # nothing pending
     core.submit(0, g, stats(0), learner="a", batch_size=16)
-    opened = core._opened
+    opened = core.assembly.opened
     assert not core.close_due(now=opened + 0.049)
     assert core.version == 0
     assert core.close_due(now=opened + 0.051)  # the other learner never came
@@ -493,7 +425,7 @@ def test_a_step_short_of_k_closes_at_its_deadline_with_what_arrived():
     assert not core.close_due(now=opened + 10.0)  # the next step opens with its first gradient
     no_deadline = AggregatorCore(SPEC, AggregatorConfig(step_deadline_ms=0.0), grads_per_step=2, max_staleness=1)
     no_deadline.submit(0, grads(no_deadline, 1), stats(0), learner="a", batch_size=16)
-    assert not no_deadline.close_due(now=no_deadline._opened + 1e6)
+    assert not no_deadline.close_due(now=no_deadline.assembly.opened + 1e6)
 
 
 def test_checkpoints_keep_one_adam_state_per_group_and_restore_to_the_same_next_step():
@@ -507,7 +439,7 @@ def test_checkpoints_keep_one_adam_state_per_group_and_restore_to_the_same_next_
         plain = torch.optim.Adam([torch.nn.Parameter(torch.zeros(core.sizes[g]))], lr=CONFIG.lr)
         plain.load_state_dict(state["optim"][g])  # loads into a one-parameter Adam, as it used to
         moments = plain.state_dict()["state"][0]["exp_avg"]
-        assert torch.equal(moments, core._optim.state_dict()["state"][i]["exp_avg"])
+        assert torch.equal(moments, core.optimizer.adam.state_dict()["state"][i]["exp_avg"])
     restored = make_core()
     restored.load_state(state)
     for c in (core, restored):

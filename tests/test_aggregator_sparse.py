@@ -126,4 +126,4 @@ def test_expert_adam_is_checked_at_launch():
 
 def test_a_dense_model_takes_the_dense_step():
     core = AggregatorCore(ModelSpec(5, 3, 2, (16,)), LAZY, grads_per_step=1, max_staleness=1)
-    assert core._segments is None
+    assert core.optimizer.segments is None

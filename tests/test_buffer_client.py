@@ -107,7 +107,7 @@ def test_a_skipped_range_stays_invalid_even_if_written_late(storage, sampler, ma
     storage.write(make_transitions(4, first_id=10), task_id=0, policy_version=0)
     time.sleep(0.2)
     fast.refresh()  # advances past the stalled reservation
-    assert fast.size() == 4 and fast._read_upto == 6
+    assert fast.size() == 4 and fast.ring.read_upto == 6
     late = storage.layout.encode(make_transitions(2, first_id=20), task_id=0, policy_version=0)
     redis_client.setrange(storage.layout.window_key(0), 0, late.tobytes())  # the stalled writer wakes up
     fresh = ReplaySampler(redis_client, RUN, SCHEMA, CONFIG, seed=1)

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
 
-from buffer.ratelimit import SampleToInsertRatio, rate_limit
+from buffer.ratelimit import SampleLimiter, SampleToInsertRatio, rate_limit
 from foundation.config import RunConfig, with_overrides
 
 LIMIT = SampleToInsertRatio(samples_per_insert=2.0, min_size_to_sample=100, error_buffer=50.0)
@@ -95,3 +98,34 @@ def test_the_ratio_counts_rows_so_episodes_stored_without_her_copies_come_up_to_
 
     assert env_steps_per_gradient(5) == pytest.approx(4.0, rel=0.02)  # every episode moved: 4 as named
     assert env_steps_per_gradient(1) == pytest.approx(20.0, rel=0.02)  # none moved: 5x
+
+
+def test_a_learners_limiter_waits_for_inserts_refreshing_and_counts_the_wait():
+    """SampleLimiter: a batch the ratio does not allow waits, refreshing every poll; each
+    refresh here stores 10 more rows, so a 20-row batch goes once 110 rows are in."""
+    limiter = SampleLimiter(LIMIT)
+    inserted = [100]
+    refreshes = []
+
+    def refresh() -> None:
+        refreshes.append(inserted[0])
+        inserted[0] += 10
+
+    limiter.report(lambda rows: 50 + rows)  # the run's total comes back: 50 sampled by others
+    assert limiter.sampled == 50 and limiter.unreported == 0
+    assert limiter.wait(lambda: inserted[0], 20, threading.Event(), refresh)
+    assert refreshes == [100] and inserted[0] == 110 and limiter.rate_limited_sec > 0
+    limiter.drawn(20)
+    reported: list[int] = []
+    limiter.report(lambda rows: reported.append(rows) or 70)
+    assert reported == [20] and (limiter.sampled, limiter.unreported) == (70, 0)
+
+
+def test_a_learners_limiter_gives_up_once_stopped_without_waiting_more():
+    limiter = SampleLimiter(LIMIT)
+    stop = threading.Event()
+    stop.set()
+    start = time.monotonic()
+    assert not limiter.wait(lambda: 0, 1, stop, lambda: pytest.fail("no refresh once stopped"))
+    assert time.monotonic() - start < 1.0 and limiter.rate_limited_sec == 0.0
+    assert limiter.wait(lambda: 200, 1, stop, lambda: None)  # allowed: no wait, even when stopped
