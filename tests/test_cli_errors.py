@@ -39,7 +39,7 @@ CASES = [
     ("train/tasks-empty", ["train", "--tasks", "FetchReach-v4,,FetchPush-v4"], "train", "item 2 is empty"),
     ("train/set", ["train", "--set", "sampler.her_kk=1"], "train", "unknown config field 'sampler.her_kk'"),
     ("config/missing", ["config", "--config", "{missing}/config.json"], "config", "{missing}/config.json: no such"),
-    ("config/empty", ["config", "--config", "{empty}"], "config", "{empty}: no such file"),
+    ("config/empty", ["config", "--config", "{empty}"], "config", "{empty}: a folder, not a RunConfig JSON"),
     ("config/typo", ["config", "--task", "FetchReah-v4"], "config", TYPO_HINT),
     ("config/tasks-empty", ["config", "--tasks", "FetchReach-v4,,FetchPsh-v4"], "config", "item 2 is empty"),
     ("config/set", ["config", "--set", "samplr.seed=1"], "config", "unknown config section 'samplr.seed'"),

@@ -131,7 +131,7 @@ def _add_redis_cluster(sub: Any) -> None:
         metavar="HOST:PORT,...",
         help="start nothing: form these running nodes (names or IPs, primaries first) into one cluster with "
         "--replicas, logged in with FLEETRL_REDIS_PASSWORD, and exit (what a Kubernetes Job of "
-        "`fleet render --k8s` runs)",
+        "`fleet render` runs)",
     )
     cluster.add_argument("--redis-user", default="fleetrl", help="--join: the nodes' ACL user")
 

@@ -84,6 +84,8 @@ def resolve_config(request: ConfigRequest) -> RunConfig:
 def load_config(path: str | pathlib.Path, what: str) -> RunConfig:
     """RunConfig.load with a ConfigError naming `what` and the path when the file is missing or no config."""
     file = pathlib.Path(path)
+    if file.is_dir():
+        raise ConfigError(f"{what} {file}: a folder, not a RunConfig JSON (a run directory's is {file}/config.json)")
     if not file.is_file():
         raise ConfigError(f"{what} {file}: no such file (a RunConfig JSON, as `fleetrl config --json` writes)")
     try:
