@@ -37,18 +37,17 @@ STARTED_AT = time.monotonic()  # wall-clock figures count from the command's sta
 class TrainStart:
     """Where `train` starts from: a fresh run, or with --resume the run's own config and directory."""
 
-    config_path: str | None
-    run_dir: str | None
-    resume: bool
+    config_path: str | None  # None: the built-in defaults and the task's preset
+    run_dir: str | None  # None: default_run_dir, unless --set names one
 
 
 def _train_start(args: argparse.Namespace) -> TrainStart:
     if not args.resume:
-        return TrainStart(args.config, args.run_dir, resume=False)
+        return TrainStart(args.config, args.run_dir)
     run_dir = existing_run_dir(args.resume)
     if args.mode == "sync":
         raise ConfigError("--resume continues a fleet run; --mode sync starts afresh", field="--resume")
-    return TrainStart(str(run_dir / "config.json"), str(run_dir), resume=True)  # --set still overrides
+    return TrainStart(str(run_dir / "config.json"), str(run_dir))  # --set still overrides
 
 
 def train(args: argparse.Namespace) -> int:
