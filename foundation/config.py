@@ -42,6 +42,8 @@ __all__ = [
     "SecurityConfig",
     "SimConfig",
     "WatchdogConfig",
+    "Change",
+    "config_changes",
     "help_lines",
     "with_overrides",
 ]
@@ -305,17 +307,64 @@ def with_overrides(config: RunConfig, overrides: list[str]) -> RunConfig:
     return _from_dict(RunConfig, data)
 
 
-def help_lines(config: Any = None, prefix: str = "") -> list[str]:
+def help_lines(config: Any = None, prefix: str = "", width: int = 0) -> list[str]:
     """One `name = value  # help` line per field of `config` (default: the built-in defaults),
-    nested sections flattened; a value that differs from the built-in default is marked."""
+    nested sections flattened; a value that differs from the built-in default is marked. With
+    `width`, a help longer than the line has room for is cut at its first clause (short_help)."""
     config = RunConfig() if config is None else config
     lines = []
     for f in dataclasses.fields(config):
         name = prefix + f.name
         value = getattr(config, f.name)
         if dataclasses.is_dataclass(value):
-            lines.extend(help_lines(value, name + "."))
+            lines.extend(help_lines(value, name + ".", width))
         else:
             mark = "" if value == f.default else f"  [default {f.default!r}]"
-            lines.append(f"{name} = {value!r}{mark}  # {f.metadata.get('help', '')}")
+            head = f"{name} = {value!r}{mark}  # "
+            help_text = f.metadata.get("help", "")
+            lines.append(head + (short_help(help_text, width - len(head)) if width else help_text))
     return lines
+
+
+MIN_HELP_CHARS = 24  # a help cut shorter than this says nothing; a long value's line runs over instead
+
+
+def short_help(text: str, room: int) -> str:
+    """`text` if it fits in `room` characters, else its first clause (up to the first '; ', ': ',
+    ' (' or '. '), cut with '…' if that is still too long."""
+    room = max(room, MIN_HELP_CHARS)
+    if len(text) <= room:
+        return text
+    cuts = [i for i in (text.find(mark) for mark in ("; ", ": ", " (", ". ")) if i > 0]
+    first = text[: min(cuts)] if cuts else text
+    return first if len(first) <= room else first[: room - 1].rstrip() + "…"
+
+
+class Change(typing.NamedTuple):
+    """A config field whose value differs from the built-in default."""
+
+    name: str  # section.field
+    value: Any
+    default: Any  # NOT_A_FIELD for a key the built-in config lacks (a config.json of another version)
+
+
+NOT_A_FIELD = "(not a field of this version)"
+
+
+def config_changes(config: RunConfig | dict[str, Any]) -> list[Change]:
+    """Every field of `config` (a RunConfig, or a config.json's object) that differs from the
+    built-in defaults, nested sections flattened, in field order: what `fleetrl config --changed`
+    prints and `fleetrl report` shows."""
+    data = dataclasses.asdict(config) if isinstance(config, RunConfig) else config
+    return _changes(json.loads(json.dumps(data)), json.loads(json.dumps(dataclasses.asdict(RunConfig()))), "")
+
+
+def _changes(data: dict[str, Any], defaults: dict[str, Any], prefix: str) -> list[Change]:
+    changes = []
+    for key, value in data.items():
+        default = defaults.get(key, NOT_A_FIELD)
+        if isinstance(value, dict) and isinstance(default, dict):
+            changes += _changes(value, default, f"{prefix}{key}.")
+        elif value != default:
+            changes.append(Change(prefix + key, value, default))
+    return changes

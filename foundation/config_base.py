@@ -26,8 +26,6 @@ def config_field(default: Any, help: str) -> Any:
 class ConfigError(FleetrlError, ValueError):
     """A configuration value is out of range; the message names the field and the limit."""
 
-    label = "config error"
-
 
 Check = tuple[bool, str, str]  # a section's check: (it passed, the field it names, the limit a message gives)
 

@@ -6,8 +6,10 @@
         print(err, err.field)            # the message names the value and the limit
 
 Each precise type keeps the builtin base its callers already catch (ConfigError is still a
-ValueError, IngestUnavailable still a ConnectionError). The CLI catches the root alone and
-exits with the error's `exit_status`: 2 for input it cannot use, 1 for a run that failed.
+ValueError, IngestUnavailable still a ConnectionError). The CLI catches the root alone, prints
+`fleetrl <subcommand>: error: <message>` and exits with the error's `exit_status`: 2 for input
+it cannot use (a user's mistake), 1 for a run that failed. The message says what is wrong on its
+own (the field, the value, the limit); no label goes before it.
 """
 
 from __future__ import annotations
@@ -18,7 +20,6 @@ class FleetrlError(Exception):
 
     field: str | None = None  # a config field, tensor or message field; None when no one field is at fault
     exit_status = 2  # the CLI's exit status: 2 = input it cannot use (config, file, argument)
-    label = ""  # the CLI's prefix for the message ("config error"); empty for none
 
     def __init__(self, *args: object, field: str | None = None) -> None:
         super().__init__(*args)

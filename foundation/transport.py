@@ -62,8 +62,6 @@ def parse_hostport(address: str, field: str = "address") -> tuple[str, int]:
 class SecurityError(FleetrlError, ValueError):
     """A security setting cannot be used (missing file, half a TLS pair); names the field."""
 
-    label = "security error"
-
 
 def _read(path: str, field: str) -> bytes:
     try:

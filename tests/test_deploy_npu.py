@@ -11,7 +11,6 @@ import torch
 from onnx import TensorProto, helper
 
 from aggregator.core import AggregatorCore
-from deploy_npu import cli
 from deploy_npu.audit import NPU_OPS, OpAuditError, audit_onnx
 from deploy_npu.export import export_onnx
 from deploy_npu.freeze import reference_actor
@@ -25,6 +24,7 @@ from deploy_npu.parity import (
     random_inputs,
     task_for_spec,
 )
+from fleet.cli.main import main as fleetrl
 from foundation.checkpoint import CheckpointError, load_checkpoint, load_policy_checkpoint, save_checkpoint
 from foundation.config import AggregatorConfig
 from nets.models import GRADIENT_GROUPS, ModelSpec, norm_stats
@@ -277,7 +277,10 @@ def test_bad_checkpoint_gives_a_clear_error(tmp_path, checkpoint_path, case):
 def test_cli_reports_every_check_and_passes(checkpoint_path, tmp_path, capsys):
     out = tmp_path / "policy.onnx"
     lenient = ["--budget-ms", "1000"]  # the checks' wiring is tested, not this machine's load (no timed asserts)
-    assert cli.main(["--checkpoint", str(checkpoint_path.parent), "--out", str(out), "--episodes", "2", *lenient]) == 0
+    assert (
+        fleetrl(["export", "--checkpoint", str(checkpoint_path.parent), "--out", str(out), "--episodes", "2", *lenient])
+        == 0
+    )
     text = capsys.readouterr().out
     for line in ("export    ok", "audit     ok", "parity    ok", "latency   ok", "success rate", "result    PASS"):
         assert line in text
@@ -291,15 +294,15 @@ def test_cli_out_as_a_folder_writes_the_tasks_file_in_it(checkpoint_path, tmp_pa
         folder.mkdir()
     out = str(folder) if existing else f"{folder}/"  # an existing folder, or a path that says it is one
     args = ["--checkpoint", str(checkpoint_path.parent), "--out", out, "--episodes", "1", "--budget-ms", "1000"]
-    assert cli.main(args) == 0
+    assert fleetrl(["export", *args]) == 0
     written = sorted(p.name for p in folder.iterdir())
     assert len(written) == 2 and written[0].endswith(".onnx") and written[1] == written[0] + ".manifest.json"
 
 
 def test_cli_bad_checkpoint_exits_2_with_the_path(tmp_path, capsys):
     missing = tmp_path / "missing.pt"
-    assert cli.main(["--checkpoint", str(missing), "--out", str(tmp_path / "p.onnx")]) == 2
-    assert f"{missing}' does not exist" in capsys.readouterr().err
+    assert fleetrl(["export", "--checkpoint", str(missing), "--out", str(tmp_path / "p.onnx")]) == 2
+    assert f"fleetrl export: error: --checkpoint {missing}: no such file" in capsys.readouterr().err
 
 
 def test_int8_is_reported_beside_the_float_graph(checkpoint_path, tmp_path):
@@ -329,8 +332,8 @@ def test_export_for_another_rate_retimes_the_velocity_inputs_in_the_normalizer(c
 
     native, fast = tmp_path / "native.onnx", tmp_path / "fast.onnx"
     common = ["--checkpoint", str(checkpoint_path.parent), "--episodes", "1", "--budget-ms", "1000"]
-    assert cli.main([*common, "--out", str(native)]) == 0
-    assert cli.main([*common, "--out", str(fast), "--hz", "120"]) == 0
+    assert fleetrl(["export", *common, "--out", str(native)]) == 0
+    assert fleetrl(["export", *common, "--out", str(fast), "--hz", "120"]) == 0
     assert "a 120 Hz controller; trained at 25 Hz, velocity inputs re-timed" in capsys.readouterr().out
     manifest = json.loads(fast.with_name(fast.name + ".manifest.json").read_text())
     assert manifest["control_rate"] == {"hz": 120.0, "trained_hz": 25.0, "retimed": True}

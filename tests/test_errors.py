@@ -67,9 +67,9 @@ def test_wire_and_gradient_errors_name_their_field():
 def test_the_cli_catches_the_root_and_exits_with_its_status(monkeypatch, capsys):
     from fleet.cli import fleet_cmds, main
 
-    def fail(args, config):
+    def fail(args):
         raise RoleFailed("learner-0 kept dying")
 
     monkeypatch.setattr(fleet_cmds, "run_fleet", fail)
     assert main.main(["fleet", "up", "spec.yaml", "--host", "a"]) == 1
-    assert "fleetrl: learner-0 kept dying" in capsys.readouterr().err
+    assert "fleetrl fleet up: error: learner-0 kept dying" in capsys.readouterr().err

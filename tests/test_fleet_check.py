@@ -98,21 +98,34 @@ def test_check_warns_when_grads_per_step_exceeds_the_learners(tmp_path, capsys):
         ("buffer: 50051", "buffer: 50052", ":6: hosts.services.aggregator: port 50052 on 10.0.0.7 is wanted for"),
         ("evaluator: 1", "evaluater: 1", ":6: hosts.services.evaluater: unknown key; did you mean 'evaluator'?"),
         ("hosts:", "hosts: []\nx:", ":3: hosts ([]) must be a non-empty mapping of host name -> host"),
-        ("config: {sim.task: FetchPush-v4}", "config: {sim.task: FetchPsh-v4}", "sim.task ('FetchPsh-v4') must be"),
+        (
+            "config: {sim.task: FetchPush-v4}",
+            "config: {sim.task: FetchPsh-v4}",
+            ":2: config.sim.task: 'FetchPsh-v4' is not a registered task; did you mean 'FetchPush-v4'?",
+        ),
     ],
 )
 def test_check_refuses_a_bad_spec_with_the_precise_error(tmp_path, capsys, old, new, message):
     status, out, err = _check(tmp_path, capsys, README_SPEC.replace(old, new, 1))
     assert (status, out) == (2, "")
-    assert err.startswith("fleetrl: config error: ") and message in err, err
+    assert err.startswith("fleetrl fleet check: error: ") and message in err, err
 
 
 def test_render_writes_the_manifests_and_lists_them(tmp_path, capsys):
     path = tmp_path / "fleet.yaml"
     path.write_text(README_SPEC)
     assert main(["fleet", "render", "--k8s", str(path), "--out", str(tmp_path / "k8s")]) == 0
-    listed = capsys.readouterr().out.split()
-    assert listed == sorted(str(p) for p in (tmp_path / "k8s").iterdir()) and len(listed) == 9
+    paths, steps = capsys.readouterr().out.split("\n\nnext steps:\n")
+    assert paths.split() == sorted(str(p) for p in (tmp_path / "k8s").iterdir()) and len(paths.split()) == 9
+    assert "kubectl -n default create secret generic big-secrets --from-literal=token=" in steps
+    assert f"kubectl apply -f {tmp_path / 'k8s'}\n" in steps
+
+
+def test_render_takes_its_one_format_without_k8s(tmp_path, capsys):
+    path = tmp_path / "fleet.yaml"
+    path.write_text(README_SPEC)
+    assert main(["fleet", "render", str(path), "--out", str(tmp_path / "k8s")]) == 0
+    assert len(list((tmp_path / "k8s").iterdir())) == 9 and "kubectl apply" in capsys.readouterr().out
 
 
 def test_fleet_up_help_points_at_the_spec_doc_which_names_every_key(capsys):
@@ -131,3 +144,38 @@ def test_the_docs_spec_is_the_one_checked_here_and_its_by_hand_lines_agree(tmp_p
     by_hand = doc.split("## Starting each role by hand", 1)[1].split("```bash\n", 1)[1].split("```")[0]
     services = FleetSpec.parse(yaml.safe_load(block)).service("buffer").split(":")[0]
     assert f"--buffer {services}:50051" in by_hand and f"--advertise {services}:50052" in by_hand
+
+
+LOCAL_SPEC = """\
+run_id: here
+hosts:
+  redis:    {address: 127.0.0.1, redis: [7000, 7001, 7002]}
+  services: {address: 127.0.0.1, buffer: 50051, aggregator: 50052, evaluator: 1}
+  sim:      {address: 127.0.0.1, sampler: {count: 3, cpus: [0, 1, 9999]}, learner: 1}
+"""
+
+
+def test_check_refuses_cpus_beyond_this_hosts_naming_the_file_and_line(tmp_path, capsys):
+    status, out, err = _check(tmp_path, capsys, LOCAL_SPEC)
+    assert (status, out) == (2, "")
+    assert err.startswith(f"fleetrl fleet check: error: {tmp_path / 'fleet.yaml'}:5: hosts.sim.sampler.cpus.2 (9999)")
+    assert "must be <" in err and "would not start" in err
+    status, _, _ = _check(tmp_path, capsys, LOCAL_SPEC.replace("9999", "0"))
+    assert status == 0
+
+
+def test_check_warns_but_passes_a_spec_with_no_evaluator(tmp_path, capsys):
+    status, out, err = _check(tmp_path, capsys, README_SPEC.replace(", evaluator: 1", ""))
+    assert status == 0 and out.startswith(f"{tmp_path / 'fleet.yaml'}: ok")
+    assert "fleetrl fleet check: warning: " in err and "nothing would score the policy" in err
+    _, _, err = _check(tmp_path, capsys, README_SPEC)
+    assert "warning" not in err
+
+
+def test_fleet_slurm_refuses_cpus_beyond_its_cpus_per_task(tmp_path, capsys):
+    path = tmp_path / "fleet.yaml"
+    path.write_text(README_SPEC)
+    argv = ["fleet", "slurm", str(path), "--cpus-per-task", "4", "--out", str(tmp_path / "job.sh")]
+    assert main(argv) == 2
+    assert "hosts.sim-1.sampler.cpus.4 (4) must be < 4" in capsys.readouterr().err
+    assert not (tmp_path / "job.sh").exists()

@@ -36,8 +36,8 @@ def test_every_manifest_passes_the_kubernetes_schema_strictly():
         ("PersistentVolumeClaim", "big-run"),
         ("Service", "big-buffer"),
         ("Service", "big-aggregator"),
-        ("Deployment", "big-services"),
-        ("Deployment", "big-sim-1"),
+        ("Job", "big-services"),
+        ("Job", "big-sim-1"),
     ]
     for obj in objects:
         kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
@@ -46,21 +46,21 @@ def test_every_manifest_passes_the_kubernetes_schema_strictly():
 @pytest.mark.parametrize(
     "break_it",
     [
-        lambda o: o["spec"].update(replicas="one"),
+        lambda o: o["spec"].update(completions="one"),
         lambda o: o["spec"]["template"]["spec"]["containers"][0].update(imagePullPolicie="Always"),
         lambda o: o["spec"]["template"]["spec"]["containers"][0]["readinessProbe"].update(grpc={"port": "x"}),
     ],
 )
 def test_the_schema_check_refuses_a_broken_manifest(break_it):
-    deployment = _by(_objects(), "Deployment", "big-services")
-    break_it(deployment)
+    job = _by(_objects(), "Job", "big-services")
+    break_it(job)
     with pytest.raises(kubernetes_validate.ValidationError):
-        kubernetes_validate.validate(deployment, K8S_VERSION, strict=True)
+        kubernetes_validate.validate(job, K8S_VERSION, strict=True)
 
 
 def test_each_host_is_one_pod_with_a_container_per_role_and_fleet_unique_ids():
     objects = _objects()
-    sim = _by(objects, "Deployment", "big-sim-1")["spec"]["template"]
+    sim = _by(objects, "Job", "big-sim-1")["spec"]["template"]
     names = [c["name"] for c in sim["spec"]["containers"]]
     assert names == [f"sampler-{i}" for i in range(8)] + ["learner-0"]
     sampler = sim["spec"]["containers"][3]["command"]
@@ -75,7 +75,7 @@ def test_each_host_is_one_pod_with_a_container_per_role_and_fleet_unique_ids():
 
 def test_services_select_their_pod_and_are_probed_over_grpc_health():
     objects = _objects()
-    services = _by(objects, "Deployment", "big-services")
+    services = _by(objects, "Job", "big-services")
     buffer = _by(objects, "Service", "big-buffer")
     assert buffer["spec"]["selector"] == services["spec"]["template"]["metadata"]["labels"]
     assert buffer["spec"]["ports"][0]["port"] == 50051
@@ -95,7 +95,7 @@ def test_secrets_come_from_the_secret_by_name_and_never_inline():
     envs = [
         e
         for o in objects
-        if o["kind"] in ("Deployment", "StatefulSet", "Job")
+        if o["kind"] in ("StatefulSet", "Job")
         for c in o["spec"]["template"]["spec"]["containers"]
         for e in c.get("env", [])
         if e["name"].startswith("FLEETRL_")
@@ -118,8 +118,28 @@ def test_the_redis_cluster_is_one_pod_per_node_formed_by_a_job_with_the_specs_re
 
 def test_a_service_serving_tls_gets_a_tcp_probe_since_the_grpc_probe_is_plaintext():
     objects = _objects(**{"security.tls_cert": '"/certs/fleet.pem"', "security.tls_key": '"/certs/fleet.key"'})
-    buffer = _by(objects, "Deployment", "big-services")["spec"]["template"]["spec"]["containers"][0]
+    buffer = _by(objects, "Job", "big-services")["spec"]["template"]["spec"]["containers"][0]
     assert buffer["readinessProbe"]["tcpSocket"] == {"port": 50051}
+
+
+def test_each_host_is_a_job_that_completes_when_its_roles_exit_and_restarts_a_failed_one():
+    objects = _objects()
+    hosts = [o for o in objects if o["kind"] == "Job" and o["metadata"]["labels"].get("fleetrl/role") == "host"]
+    assert [h["metadata"]["name"] for h in hosts] == ["big-services", "big-sim-1"]
+    for host in hosts:
+        spec = host["spec"]
+        assert (spec["completions"], spec["parallelism"]) == (1, 1) and spec["backoffLimit"] >= 1
+        assert spec["template"]["spec"]["restartPolicy"] == "OnFailure"  # a role that exits 0 stays done
+    assert "Deployment" not in {o["kind"] for o in objects}  # nothing the kubelet restarts after the fleet stops
+
+
+def test_the_configmap_holds_the_config_as_a_readable_yaml_block(tmp_path):
+    spec = FleetSpec.parse(yaml.safe_load(README_SPEC))
+    config = spec.config()
+    paths = write_manifests(spec, config, tmp_path / "k8s")
+    text = paths[0].read_text()
+    assert "  config.json: |\n" in text and '    "run_id": "big",\n' in text  # one field a line
+    assert RunConfig.from_json(yaml.safe_load(text)["data"]["config.json"]) == config
 
 
 def test_written_files_are_the_objects_as_plain_yaml(tmp_path):

@@ -114,3 +114,14 @@ def test_fleet_slurm_hands_every_host_the_same_config_flags(tmp_path: pathlib.Pa
     srun = shlex.split((tmp_path / "job.sh").read_text().splitlines()[-1])
     assert srun[srun.index("auto") + 1 :] == ["--set", "sampler.seed=3", "--task", "FetchPush-v4"]
     assert (tmp_path / "run").is_dir()  # sbatch opens its --output there before the job runs
+
+
+def test_the_batch_script_runs_in_an_absolute_directory_with_an_absolute_run_dir(tmp_path, monkeypatch) -> None:
+    spec = FleetSpec.parse({**SPEC, "run_dir": "runs/rel"})  # relative, as a spec usually says it
+    monkeypatch.chdir(tmp_path)
+    lines = sbatch_script(spec, pathlib.Path("fleet.yaml"), 600.0, SbatchOptions()).splitlines()
+    assert f"#SBATCH --chdir={tmp_path}" in lines  # where `fleet up` resolves runs/rel on every node
+    assert f"#SBATCH --output={tmp_path}/runs/rel/slurm-%j.out" in lines
+    assert f"mkdir -p {tmp_path}/runs/rel" in lines
+    elsewhere = SbatchOptions(workdir=str(tmp_path / "lab"))
+    assert f"#SBATCH --chdir={tmp_path / 'lab'}" in sbatch_script(spec, tmp_path / "f.yaml", 600.0, elsewhere)

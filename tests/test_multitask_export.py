@@ -115,14 +115,14 @@ def test_a_multi_task_checkpoint_needs_one_of_its_tasks_named(tmp_path):
 
 @pytest.mark.parametrize("kind", ["dense", "moe"])
 def test_fleetrl_export_writes_every_task_and_one_multi_task_graph_with_manifests(kind, tmp_path, capsys):
-    from deploy_npu import cli
+    from fleet.cli.main import main as fleetrl
     from foundation.checkpoint import save_checkpoint
 
     path = save_checkpoint(tmp_path / "ckpt", _checkpoint(kind), keep=1)
     out = tmp_path / "deploy"
     args = ["--checkpoint", str(path), "--out", str(out), "--episodes", "1", "--latency-calls", "100"]
     args += ["--budget-ms", "1000"]  # what this test checks is the graphs, not this machine's load (no timed asserts)
-    status, printed = cli.main(args), capsys.readouterr().out
+    status, printed = fleetrl(["export", *args]), capsys.readouterr().out
     assert status == 0, printed
     names = {"FetchReach-v4.onnx", "FetchPush-v4.onnx", "multitask.onnx"}
     assert {p.name for p in out.glob("*.onnx")} == names

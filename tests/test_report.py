@@ -229,3 +229,60 @@ def test_main_writes_into_the_first_run_directory_by_default(tmp_path: pathlib.P
     assert main(parser.parse_args([str(fleet), str(baseline)])) == 0
     assert (fleet / "report.html").exists() and (fleet / "report_files" / "cpu_share.png").exists()
     assert not (tmp_path / "report.html").exists()
+
+
+def test_the_page_labels_its_rates_and_says_what_its_scores_are(tmp_path: pathlib.Path) -> None:
+    page = write_report([load_run(make_fleet_run(tmp_path))], tmp_path / "report.html", "labels")
+    text = page.read_text()
+    assert "<th>updates/s (whole-run mean)</th>" in text and "<td>8.0</td>" in text
+    assert "Updates per second (rate over the last 30 s)" in text  # the plot's caption
+    glossary = text[text.index("What the terms mean") : text.index("</dl>")]
+    for term in ("curve score", "full score", "training success", "evaluation success"):
+        assert f"<dt>{term}</dt>" in glossary, term
+    assert "50 deterministic episodes" in glossary and "exploration noise and random actions" in glossary
+
+
+def test_the_page_says_what_each_run_ran_with(tmp_path: pathlib.Path) -> None:
+    fleet = make_fleet_run(tmp_path)
+    config = {"preset": "FetchPush-v4", "sim": {"task": "FetchPush-v4"}, "sampler": {"seed": 7}, "gone": 1}
+    (fleet / "config.json").write_text(json.dumps(config))
+    (fleet / "code.json").write_text(json.dumps({"fleetrl": "0.1.0", "commit": "abc123+dirty"}))
+    baseline = make_baseline_run(tmp_path)  # no config.json, no code.json: dashes, not a refusal
+    summary = json.loads((baseline / "summary.json").read_text()) | {"code": {"commit": "def456"}}
+    (baseline / "summary.json").write_text(json.dumps(summary))
+    runs = [load_run(fleet), load_run(baseline)]
+    assert runs[0].code["commit"] == "abc123+dirty" and runs[1].code["commit"] == "def456"
+
+    text = write_report(runs, tmp_path / "report.html", "setup").read_text()
+    section = text[text.index("What each run ran with") :]
+    assert "<td>FetchPush-v4</td><td>abc123+dirty</td><td>0.1.0</td>" in section
+    assert "sim.task = &#x27;FetchPush-v4&#x27; (default &#x27;FetchReach-v4&#x27;)" in section
+    assert "sampler.seed = 7 (default 0)" in section and "gone = 1 (not a field of this fleetrl)" in section
+    assert "learner.gamma" not in section  # a field at its default is not listed
+    assert "<td>—</td><td>def456</td>" in section
+
+
+def test_each_task_has_its_own_colour_and_each_run_its_own_line_style(tmp_path: pathlib.Path) -> None:
+    from matplotlib.colors import to_hex
+
+    from fleet.report.figures import task_curve_figure
+
+    runs = []
+    for name in ("a", "b"):
+        run = tmp_path / name
+        run.mkdir()
+        evals = [
+            {"version": k, "success_rate": 0.5, "episodes": 10, "env_steps": k, "wall_sec": 60.0 * k}
+            | {"task_success": {"FetchReach-v4": 0.9, "FetchPush-v4": 0.2, "FetchSlide-v4": 0.1}}
+            for k in range(3)
+        ]
+        _write_jsonl(run / "evals.jsonl", evals)
+        runs.append(load_run(run))
+    figure = task_curve_figure(runs, str)
+    assert figure is not None
+    lines = {line.get_label(): line for line in figure.axes[0].get_lines()}
+    colour = {label: to_hex(line.get_color()) for label, line in lines.items()}
+    tasks = ("FetchPush-v4", "FetchReach-v4", "FetchSlide-v4")
+    assert len({colour[f"a: {t}"] for t in tasks}) == 3  # three tasks, three colours
+    assert all(colour[f"a: {t}"] == colour[f"b: {t}"] for t in tasks)  # a task keeps its colour over runs
+    assert {lines[f"a: {t}"].get_linestyle() for t in tasks} != {lines[f"b: {t}"].get_linestyle() for t in tasks}

@@ -1,15 +1,19 @@
 """The `fleetrl` argument parser, one function per subcommand; fleet/cli/main.py runs what it parses.
 
-    args = build_parser("fleetrl ...", export_args=argv[0] == "export").parse_args(argv)
+    args = build_parser("fleetrl ...").parse_args(argv)
 
-Modules only one subcommand needs load only for it: deploy_npu (onnxruntime, torch) for
-`export`; `fleet` and `report` add their own arguments (fleet/cli/fleet_cmds.py, fleet/report/render.py).
+Building it imports nothing heavy (no torch, onnxruntime, matplotlib or deploy_npu), so every
+`--help` answers at once; `fleet`, `report` and `export` add their own arguments
+(fleet/cli/fleet_cmds.py, fleet/report/render.py, fleet/cli/export_args.py). Every page shows
+the defaults, an example, the error format and the exit codes (fleet/cli/help.py).
 """
 
 from __future__ import annotations
 
 import argparse
 from typing import Any
+
+from fleet.cli.help import Parser, epilog, package_version, page
 
 SERVICES = ("buffer", "aggregator")  # roles that serve gRPC: they take listen and advertise addresses
 
@@ -33,11 +37,11 @@ def add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--run-id", help="shorthand for --set run_id=ID")
 
 
-def build_parser(description: str, export_args: bool = True) -> argparse.ArgumentParser:
-    """Every subcommand, in the order `fleetrl --help` lists them. `export_args` False: `export`
-    without its arguments (they import deploy_npu, torch and onnxruntime)."""
-    parser = argparse.ArgumentParser(prog="fleetrl", description=description)
-    sub = parser.add_subparsers(dest="command", required=True)
+def build_parser(description: str) -> argparse.ArgumentParser:
+    """Every subcommand, in the order `fleetrl --help` lists them."""
+    parser = Parser(prog="fleetrl", description=description, epilog=epilog("fleetrl"))
+    parser.add_argument("--version", action="version", version=f"fleetrl {package_version()}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="SUBCOMMAND")
     _add_train(sub)
     _add_config(sub)
     _add_redis_cluster(sub)
@@ -47,23 +51,24 @@ def build_parser(description: str, export_args: bool = True) -> argparse.Argumen
 
     add_fleet_parser(sub, add_common)
     _add_evaluate(sub)
-    report = sub.add_parser("report", help="one HTML page (PNG plots beside it) comparing run directories")
+    report = sub.add_parser("report", **page("report", "one HTML page (PNG plots beside it) comparing run directories"))
     from fleet.report.render import add_arguments as add_report_arguments  # matplotlib loads only when writing
 
     add_report_arguments(report)
     _add_deploy_check(sub)
-    export = sub.add_parser("export", help="freeze a checkpoint into ONNX and check it for an NPU controller")
-    if export_args:  # deploy_npu pulls in onnxruntime and torch: only for `fleetrl export`
-        from deploy_npu.cli import add_arguments
+    from fleet.cli.export_args import add_export_arguments
 
-        add_arguments(export)
+    export = sub.add_parser(
+        "export", **page("export", "freeze a checkpoint into ONNX and check it for an NPU controller")
+    )
+    add_export_arguments(export)
     return parser
 
 
 def _add_train(sub: Any) -> None:
-    train = sub.add_parser("train", help="train with a complete local fleet (Redis Cluster included)")
+    train = sub.add_parser("train", **page("train", "train with a complete local fleet (Redis Cluster included)"))
     add_common(train)
-    train.add_argument("--run-dir", help="default: runs/<task>-<timestamp>")
+    train.add_argument("--run-dir", help="where the run writes (default: runs/<task>-<timestamp>)")
     train.add_argument(
         "--resume",
         metavar="RUN_DIR",
@@ -87,20 +92,23 @@ def _add_train(sub: Any) -> None:
         "--mode",
         choices=("async", "sync"),
         default="async",
-        help="async: the fleet (default); sync: the same code in one process that alternates collecting and "
+        help="async: the fleet; sync: the same code in one process that alternates collecting and "
         "training, at the same updates per env step (the baseline of benchmarks/async_vs_sync.py)",
     )
 
 
 def _add_config(sub: Any) -> None:
-    cfg = sub.add_parser("config", help="print every config field with its help line, or the config as JSON")
+    cfg = sub.add_parser(
+        "config", **page("config", "print every config field with its help line, only those changed, or the JSON")
+    )
     add_common(cfg)
     cfg.add_argument("--json", action="store_true", help="print the resolved RunConfig as JSON (for --config)")
+    cfg.add_argument("--changed", action="store_true", help="print only the fields that differ from the defaults")
 
 
 def _add_redis_cluster(sub: Any) -> None:
-    cluster = sub.add_parser("redis-cluster", help="run a local Redis Cluster until Ctrl-C")
-    cluster.add_argument("--primaries", type=int, default=3)
+    cluster = sub.add_parser("redis-cluster", **page("redis-cluster", "run a local Redis Cluster until Ctrl-C"))
+    cluster.add_argument("--primaries", type=int, default=3, help="primary nodes (a Redis Cluster needs at least 3)")
     cluster.add_argument(
         "--host", default="127.0.0.1", help="address the nodes bind and announce (reachable by others)"
     )
@@ -123,7 +131,7 @@ def _add_redis_cluster(sub: Any) -> None:
         metavar="HOST:PORT,...",
         help="start nothing: form these running nodes (names or IPs, primaries first) into one cluster with "
         "--replicas, logged in with FLEETRL_REDIS_PASSWORD, and exit (what a Kubernetes Job of "
-        "`fleet render --k8s` runs)",
+        "`fleet render` runs)",
     )
     cluster.add_argument("--redis-user", default="fleetrl", help="--join: the nodes' ACL user")
 
@@ -138,7 +146,7 @@ def _add_roles(sub: Any) -> None:
         ("sampler", ("buffer", "aggregator")),
         ("evaluator", ("buffer", "aggregator")),
     ):
-        p = sub.add_parser(role, help=f"run one {role} process")
+        p = sub.add_parser(role, **page(role, f"run one {role} process"))
         add_common(p)
         for need in needs:
             p.add_argument(f"--{need}", required=True, help=f"address(es) of the {need}, host:port[,host:port]")
@@ -157,14 +165,14 @@ def _add_roles(sub: Any) -> None:
 
 
 def _add_certs(sub: Any) -> None:
-    certs = sub.add_parser("certs", help="make a self-signed TLS certificate set for a fleet")
+    certs = sub.add_parser("certs", **page("certs", "make a self-signed TLS certificate set for a fleet"))
     certs.add_argument("--out", required=True, help="folder for ca.pem, ca.key, fleet.pem, fleet.key")
     certs.add_argument("--hosts", default="", help="comma-separated host names and IPs the services listen on")
     certs.add_argument("--days", type=int, default=365, help="validity in days")
 
 
 def _add_evaluate(sub: Any) -> None:
-    evaluate = sub.add_parser("evaluate", help="score a run's last checkpoint on held-out episodes")
+    evaluate = sub.add_parser("evaluate", **page("evaluate", "score a run's last checkpoint on held-out episodes"))
     evaluate.add_argument("run_dir", help="a run directory (its config.json and newest checkpoint)")
     evaluate.add_argument("--checkpoint", help="a ckpt_<version>.pt file instead of the run's newest")
     evaluate.add_argument("--episodes", type=int, default=50, help="deterministic episodes, never cut short")
@@ -185,7 +193,8 @@ def _add_evaluate(sub: Any) -> None:
 
 def _add_deploy_check(sub: Any) -> None:
     check = sub.add_parser(
-        "deploy-check", help="run a run's exported policy as a fixed-rate controller in the randomized sim"
+        "deploy-check",
+        **page("deploy-check", "run a run's exported policy as a fixed-rate controller in the randomized sim"),
     )
     check.add_argument("run_dir", help="a run directory (its config.json and newest checkpoint)")
     check.add_argument("--hz", type=float, default=120.0, help="controller ticks per simulated second")

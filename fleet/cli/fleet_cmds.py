@@ -1,34 +1,41 @@
 """`fleetrl fleet up|check|render` and `fleetrl redis-cluster --join`: the multi-host commands.
 
     fleetrl fleet check fleet.yaml                  # the plan: roles, ports to open, derived settings
-    fleetrl fleet render --k8s fleet.yaml --out k8s # Kubernetes manifests (fleet/launch/k8s.py)
+    fleetrl fleet render fleet.yaml --out k8s       # Kubernetes manifests (fleet/launch/k8s.py)
     fleetrl fleet up fleet.yaml --host services     # this host's share, until the fleet stops
     fleetrl fleet slurm fleet.yaml --submit         # the whole fleet as one Slurm job (fleet/launch/slurm.py)
 
 The spec's format: docs/fleet-spec.md. fleet/cli/args.py defines every other subcommand's arguments
 (and calls add_fleet_parser); fleet/cli/main.py parses the command line and hands these here.
+The config resolves as for every other subcommand (fleet/cli/resolve.py): the spec's `config`
+under this host's --set.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
+import pathlib
+import sys
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from fleet.cli.help import page
+
 if TYPE_CHECKING:
-    from fleet.launch.spec import FleetSpec
+    from fleet.launch.spec import FleetSpec, HostSpec
     from foundation.config import RunConfig
 
 
 def add_fleet_parser(sub: Any, common: Callable[[argparse.ArgumentParser], None]) -> None:
     """The `fleet` command and its subcommands; `common` adds --config/--set/--task."""
-    fleet = sub.add_parser("fleet", help="a fleet over several hosts from one spec (docs/fleet-spec.md)")
-    fleet_sub = fleet.add_subparsers(dest="fleet_command", required=True)
+    fleet = sub.add_parser("fleet", **page("fleet", "a fleet over several hosts from one spec (docs/fleet-spec.md)"))
+    fleet_sub = fleet.add_subparsers(dest="fleet_command", required=True, metavar="FLEET_COMMAND")
     spec_help = "fleet spec YAML: hosts, their addresses and roles (format: docs/fleet-spec.md)"
     up = fleet_sub.add_parser(
-        "up", help="start and supervise this host's roles from a fleet spec until the fleet stops (or Ctrl-C)"
+        "up", **page("fleet up", "start and supervise this host's roles from a fleet spec until the fleet stops")
     )
     up.add_argument("spec", help=spec_help)
     up.add_argument(
@@ -41,7 +48,8 @@ def add_fleet_parser(sub: Any, common: Callable[[argparse.ArgumentParser], None]
     )
     common(up)
     slurm = fleet_sub.add_parser(
-        "slurm", help="write (and with --submit, sbatch) a Slurm job that runs the whole fleet, a node per host"
+        "slurm",
+        **page("fleet slurm", "write (with --submit, sbatch) a Slurm job running the whole fleet, a node per host"),
     )
     slurm.add_argument("spec", help=spec_help)
     slurm.add_argument("--submit", action="store_true", help="submit the script with sbatch (default: write it only)")
@@ -52,14 +60,16 @@ def add_fleet_parser(sub: Any, common: Callable[[argparse.ArgumentParser], None]
     slurm.add_argument("--sbatch-arg", action="append", default=[], help="another #SBATCH line, e.g. --account=lab")
     common(slurm)
     check = fleet_sub.add_parser(
-        "check", help="check a fleet spec; print each host's roles, the ports to open and the derived settings"
+        "check", **page("fleet check", "check a fleet spec; print each host's roles, the ports to open, the settings")
     )
     check.add_argument("spec", help=spec_help)
     common(check)
-    render = fleet_sub.add_parser("render", help="write a fleet spec as Kubernetes manifests (untested on a cluster)")
+    render = fleet_sub.add_parser(
+        "render", **page("fleet render", "write a fleet spec as Kubernetes manifests (untested on a cluster)")
+    )
     render.add_argument("spec", help=spec_help)
-    render.add_argument("--k8s", action="store_true", required=True, help="Kubernetes manifests (the one format)")
-    render.add_argument("--out", default="k8s", help="folder for the manifests (default: k8s)")
+    render.add_argument("--k8s", action="store_true", help="Kubernetes manifests: the one format, also without it")
+    render.add_argument("--out", default="k8s", help="folder for the manifests")
     render.add_argument("--image", default="fleetrl:latest", help="container image built from the repo's Dockerfile")
     render.add_argument("--namespace", default="default", help="namespace of every object")
     common(render)
@@ -67,7 +77,6 @@ def add_fleet_parser(sub: Any, common: Callable[[argparse.ArgumentParser], None]
 
 def redis_join(args: argparse.Namespace) -> int:
     """Form running nodes into one cluster once every one answers (CLUSTER MEET takes IPs)."""
-    import os
     import socket
 
     from fleet.launch.cluster_admin import form_cluster, nodes_answer
@@ -90,49 +99,86 @@ def redis_join(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_fleet(args: argparse.Namespace, resolve: Callable[[argparse.Namespace], RunConfig]) -> int:
-    """`fleet up`, `fleet check`, `fleet render`: the spec, its config resolved as the CLI does
-    (`resolve`: the spec's task preset under its config and this host's --set)."""
+def run_fleet(args: argparse.Namespace) -> int:
+    """`fleet up`, `fleet check`, `fleet render`, `fleet slurm`: the spec, its config resolved as
+    the CLI resolves every config (the spec's task preset under its config and this host's --set)."""
+    from fleet.cli.resolve import config_request, resolve_config
     from fleet.launch.spec import FleetHost, FleetSpec
     from foundation.process import setup_logging, stop_event
 
     spec = FleetSpec.load(args.spec)
-    host_overrides = list(args.set)
-    args.set = [*spec.overrides, *args.set]  # the spec's config, then this host's own --set
-    config = spec.config(resolve(args))  # the preset of the spec's task underneath
+    config = spec.config(resolve_config(config_request(args, before=spec.overrides)))
     if args.fleet_command == "check":
-        from fleet.launch.spec_plan import plan_lines
-
-        print(f"{args.spec}: ok")
-        print("\n".join(plan_lines(spec, config)))
-        return 0
+        return _check(args, spec, config)
     if args.fleet_command == "render":
-        from fleet.launch.k8s import write_manifests
-
-        for path in write_manifests(spec, config, args.out, image=args.image, namespace=args.namespace):
-            print(path)
-        return 0
+        return _render(args, spec, config)
     if args.fleet_command == "slurm":
-        return _slurm(args, spec, config, host_overrides)
-    if args.host == "auto":
+        return _slurm(args, spec, config, args.set)
+    host = args.host
+    if host == "auto":
         from fleet.launch.slurm import place_from_env
 
-        spec, args.host = place_from_env(spec)  # every host at its node's address; CPUs Slurm's
-    setup_logging(f"fleet-{args.host}")
+        spec, host = place_from_env(spec)  # every host at its node's address; CPUs Slurm's
+    else:
+        _check_cpus(args.spec, spec, host)
+    setup_logging(f"fleet-{host}")
     if not config.security.enabled:
         logging.getLogger("fleetrl").warning("security.enabled is false: whoever reaches these ports is in the fleet")
-    FleetHost(spec, args.host, config, stop_event()).run(until_signal=args.until_signal)
+    FleetHost(spec, host, config, stop_event()).run(until_signal=args.until_signal)
+    return 0
+
+
+def _check_cpus(path: str, spec: FleetSpec, host: str | None = None) -> None:
+    """ConfigError naming the file and line of a `cpus` entry beyond its host's CPUs: with `host`
+    (the host this process runs, `fleet up`), that host's against this machine's CPUs; without,
+    every host at this machine's address (the others' CPUs are not known here)."""
+    from fleet.launch.spec_checks import check_cpus, is_this_machine
+    from fleet.launch.spec_schema import key_lines
+
+    cpus = os.cpu_count() or 1  # `cpus` are CPU numbers, as taskset takes them
+
+    def limit(h: HostSpec) -> int | None:
+        return cpus if (h.name == host if host else is_this_machine(h.address)) else None
+
+    check_cpus(spec, path, key_lines(pathlib.Path(path).read_text()), limit)
+
+
+def _check(args: argparse.Namespace, spec: FleetSpec, config: RunConfig) -> int:
+    """`fleet check`: refuse what cannot run, warn of what would run without a point, print the plan."""
+    from fleet.launch.spec_checks import spec_warnings
+    from fleet.launch.spec_plan import plan_lines
+
+    _check_cpus(args.spec, spec)
+    for warning in spec_warnings(spec, args.spec):
+        print(f"fleetrl fleet check: warning: {warning}", file=sys.stderr)
+    print(f"{args.spec}: ok")
+    print("\n".join(plan_lines(spec, config)))
+    return 0
+
+
+def _render(args: argparse.Namespace, spec: FleetSpec, config: RunConfig) -> int:
+    """`fleet render`: the manifests' paths, then what to run to start the fleet."""
+    from fleet.launch.k8s import next_steps, write_manifests
+
+    for path in write_manifests(spec, config, args.out, image=args.image, namespace=args.namespace):
+        print(path)
+    print("\nnext steps:")
+    print("\n".join(f"  {step}" for step in next_steps(spec, config, args.out, args.namespace)))
     return 0
 
 
 def _slurm(args: argparse.Namespace, spec: FleetSpec, config: RunConfig, overrides: list[str]) -> int:
     """`fleet slurm`: the batch script, and with --submit the job (fresh secrets when none are set)."""
-    import os
-    import pathlib
     import secrets
 
     from fleet.launch.slurm import SbatchOptions, sbatch_script, submit
+    from fleet.launch.spec_checks import check_cpus
+    from fleet.launch.spec_schema import key_lines
     from foundation.transport import REDIS_PASSWORD_ENV, TOKEN_ENV
+
+    if args.cpus_per_task:  # under Slurm `cpus` are positions within the task's CPUs
+        lines = key_lines(pathlib.Path(args.spec).read_text())
+        check_cpus(spec, args.spec, lines, lambda host: args.cpus_per_task)
 
     host_args = [arg for item in overrides for arg in ("--set", item)]  # every host resolves the config as here
     config_path = str(pathlib.Path(args.config).resolve()) if args.config else None

@@ -1,17 +1,21 @@
-"""A fleet spec as Kubernetes manifests: `fleetrl fleet render --k8s fleet.yaml --out k8s/`.
+"""A fleet spec as Kubernetes manifests: `fleetrl fleet render fleet.yaml --out k8s/`.
 
     objects = manifests(spec, config, image="fleetrl:latest")   # plain dicts, one per object
     write_manifests(spec, config, "k8s/")                       # one YAML file per object
+    next_steps(spec, config, "k8s/", "default")                 # the Secret to create, kubectl apply
 
 What a spec becomes (docs/fleet-spec.md, "Kubernetes"):
 - the Redis nodes of every host: one StatefulSet (one pod per node, port 6379, bus 16379) with
   a headless Service, and a Job that forms them into one cluster (`fleetrl redis-cluster --join`);
-- every host with services or workers: one Deployment of one pod, a container per role process
-  (the kubelet restarts a container that exits, in place of the watchdog);
+- every host with services or workers: one Job of one pod (`completions: 1`), a container per
+  role process; the kubelet restarts a container that fails (`restartPolicy: OnFailure`, in place
+  of the watchdog, up to HOST_BACKOFF_LIMIT times), and one that exits 0 stays done, so when the
+  fleet stops (its target, a cap) every role exits 0, each host's Job completes and the fleet ends;
 - Services for the buffer and the aggregator, probed with Kubernetes' gRPC probes against the
   grpc.health.v1 service they serve (health calls need no token);
-- the run's config as a ConfigMap; the fleet token and Redis password from the Secret
-  `<run>-secrets` (keys `token`, `redis-password`), referenced by name, never written here;
+- the run's config as a ConfigMap (config.json as a YAML block, one field a line); the fleet
+  token and Redis password from the Secret `<run>-secrets` (keys `token`, `redis-password`),
+  referenced by name, never written here;
 - the aggregator's run directory (checkpoints, evals.jsonl, tb/) on a PersistentVolumeClaim.
 Nothing here has run on a cluster; the manifests are checked against the Kubernetes schemas.
 """
@@ -33,6 +37,7 @@ REDIS_PORT = 6379  # every Redis pod has its own address, so every node takes Re
 METRICS_PORT = 9100  # the first role's Prometheus port in a pod; the next roles take the next ones
 CONFIG_DIR = "/etc/fleetrl"
 RUN_DIR = "/run/fleetrl"
+HOST_BACKOFF_LIMIT = 20  # container restarts of a host's pod before its Job fails (a role that keeps dying)
 Obj = dict[str, Any]
 
 
@@ -72,7 +77,7 @@ def manifests(
     hosts = [h for h in spec.hosts if h.services or h.workers]
     if len({name(names.run, h.name) for h in hosts}) != len(hosts):
         raise ConfigError(f"hosts {[h.name for h in hosts]}: two give the same Kubernetes name")
-    objects = [_meta(names, "ConfigMap", names.config, data={"config.json": config.to_json()})]
+    objects = [_meta(names, "ConfigMap", names.config, data={"config.json": config.to_json() + "\n"})]
     objects += _redis(spec, config, names, image)
     objects.append(_run_volume(names))
     for role in ("buffer", "aggregator"):
@@ -101,10 +106,38 @@ def write_manifests(
 
 
 class _Dumper(yaml.SafeDumper):
-    """Plain YAML: a dict used twice (a probe's check) is written twice, not as an anchor."""
+    """Plain YAML: a dict used twice (a probe's check) is written twice, not as an anchor; a
+    string of several lines (the ConfigMap's config.json) as a block, a line of YAML per line."""
 
     def ignore_aliases(self, data: Any) -> bool:
         return True
+
+
+def _block_str(dumper: yaml.SafeDumper, data: str) -> yaml.ScalarNode:
+    style = "|" if "\n" in data else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", data, style=style)
+
+
+_Dumper.add_representer(str, _block_str)
+
+
+def next_steps(spec: FleetSpec, config: RunConfig, out: str | pathlib.Path, namespace: str) -> list[str]:
+    """The commands that start the rendered fleet: the Secret (with security on), apply, wait, clean up."""
+    names = Names(spec, namespace)
+    steps = []
+    if config.security.enabled:
+        steps.append(
+            f"kubectl -n {namespace} create secret generic {names.secret} "
+            '--from-literal=token="$(openssl rand -hex 32)" --from-literal=redis-password="$(openssl rand -hex 32)"'
+            "   # the fleet's token and Redis password: never in the manifests"
+        )
+    steps.append(f"kubectl apply -f {out}")
+    steps.append(
+        f"kubectl -n {namespace} wait --for=condition=complete job -l fleetrl/role=host --timeout=-1s"
+        "   # every host's Job completes when the fleet stops"
+    )
+    steps.append(f"kubectl delete -f {out}   # the Redis nodes and the rest; the run volume's claim too")
+    return steps
 
 
 def _meta(names: Names, kind: str, obj_name: str, **body: Any) -> Obj:
@@ -225,15 +258,17 @@ def _host(spec: FleetSpec, config: RunConfig, names: Names, image: str, host: Ho
     }
     template = {
         "metadata": {"labels": {"fleetrl/host": label}, "annotations": annotations},
-        "spec": {"containers": containers, "volumes": volumes},
+        "spec": {"restartPolicy": "OnFailure", "containers": containers, "volumes": volumes},
     }
     body = {
-        "replicas": 1,  # worker ids are fixed per host: never two pods of one host
-        "strategy": {"type": "Recreate"},
-        "selector": {"matchLabels": {"fleetrl/host": label}},
+        "completions": 1,  # worker ids are fixed per host: never two pods of one host
+        "parallelism": 1,
+        "backoffLimit": HOST_BACKOFF_LIMIT,
         "template": template,
     }
-    return _meta(names, "Deployment", label, spec=body)
+    job = _meta(names, "Job", label, spec=body)
+    job["metadata"]["labels"]["fleetrl/role"] = "host"
+    return job
 
 
 def _role_argvs(spec: FleetSpec, names: Names, host: HostSpec) -> list[list[str]]:

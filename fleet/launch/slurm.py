@@ -150,6 +150,7 @@ class SbatchOptions:
     partition: str = ""  # sbatch --partition; "": the cluster's default
     extra: tuple[str, ...] = ()  # more #SBATCH lines, e.g. "--account=lab"
     host_args: tuple[str, ...] = ()  # more `fleet up` arguments for every host: --set, --task, --config
+    workdir: str = ""  # the job's working directory (--chdir); "": where `fleet slurm` runs (the submit directory)
 
 
 def cpus_needed(host: HostSpec) -> int:
@@ -166,7 +167,10 @@ def sbatch_script(spec: FleetSpec, spec_path: pathlib.Path, max_wall_sec: float,
     nodes = len(spec.hosts)
     cpus = options.cpus_per_task or max(cpus_needed(h) for h in spec.hosts)
     minutes = options.time_min or int(max_wall_sec // 60) + 10
-    run_dir = pathlib.Path(spec.run_dir).resolve()
+    # Every path absolute, and the job in the directory a relative run_dir is relative to: every
+    # node's `fleet up` then writes where --output and this script's mkdir point.
+    workdir = pathlib.Path(options.workdir or pathlib.Path.cwd()).resolve()
+    run_dir = workdir / spec.run_dir
     lines = [
         "#!/bin/bash",
         f"#SBATCH --job-name=fleetrl-{spec.run_id}",
@@ -175,10 +179,12 @@ def sbatch_script(spec: FleetSpec, spec_path: pathlib.Path, max_wall_sec: float,
         "#SBATCH --ntasks-per-node=1",
         f"#SBATCH --cpus-per-task={cpus}",
         f"#SBATCH --time={minutes}",
+        f"#SBATCH --chdir={workdir}",
         f"#SBATCH --output={run_dir}/slurm-%j.out",
         *([f"#SBATCH --partition={options.partition}"] if options.partition else []),
         *(f"#SBATCH {arg}" for arg in options.extra),
         "# Written by `fleetrl fleet slurm` (fleet/launch/slurm.py). Task i is the spec's i-th host:",
+        f"# run directory: {run_dir}",
         *(f"#   task {i}: {h.name}" for i, h in enumerate(spec.hosts)),
         "# The tasks inherit the submitting shell's FLEETRL_TOKEN and FLEETRL_REDIS_PASSWORD (sbatch --export=ALL).",
         "# scancel sends SIGTERM to every process: each role stops cleanly, the aggregator writes its last",

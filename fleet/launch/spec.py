@@ -40,7 +40,7 @@ import yaml
 
 from fleet.launch.cluster_admin import cluster_ok, form_cluster, nodes_answer
 from fleet.launch.local_cluster import LocalRedisCluster
-from fleet.launch.spec_checks import check_fleet
+from fleet.launch.spec_checks import check_config_tasks, check_fleet
 from fleet.launch.spec_schema import check_schema, key_lines, where
 from fleet.launch.watchdog import RoleSpec, Watchdog, role_spec
 from fleet.launch.winddown import Judge, StopBoard, watch, wind_down
@@ -93,6 +93,7 @@ class FleetSpec:
         """The spec from its YAML's data; ConfigError naming the file, line and key of the first
         problem (`lines`: key path -> line, from spec_schema.key_lines)."""
         check_schema(raw, source, lines)
+        check_config_tasks(raw.get("config") or {}, source, lines)
         run_id = str(raw.get("run_id", "fleet"))
         config = raw.get("config") or {}
         overrides = tuple(f"{k}={json.dumps(v)}" for k, v in config.items())

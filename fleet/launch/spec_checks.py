@@ -3,19 +3,22 @@
     for port in open_ports(spec):        # Port(address, port, "Redis cluster bus of 7000", ("hosts", "redis-a", ...))
         ...
     check_fleet(spec, "fleet.yaml", lines)   # ConfigError: one buffer, enough Redis nodes, no port twice
+    check_cpus(spec, "fleet.yaml", lines, lambda host: 8)   # ConfigError: a `cpus` entry beyond the host's
+    spec_warnings(spec, "fleet.yaml")        # what would run to no end: no evaluator
 
 The schema (fleet/launch/spec_schema.py) checks each key alone; these checks need the whole fleet.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from fleet.launch.spec_schema import where
 from foundation.config import ConfigError
 
 if TYPE_CHECKING:
-    from fleet.launch.spec import FleetSpec
+    from fleet.launch.spec import FleetSpec, HostSpec
 
 REDIS_BUS_OFFSET = 10000  # Redis fixes the cluster bus port at port + 10000
 MIN_PRIMARIES = 3  # Redis Cluster needs three primaries to agree on a failover
@@ -97,3 +100,62 @@ def _check_redis(spec: FleetSpec, source: str, lines: dict[tuple[Any, ...], int]
             f"{spec.redis or 'none'}",
             field="redis_replicas" if spec.redis_replicas else "hosts",
         )
+
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def is_this_machine(address: str) -> bool:
+    """Whether a host's address is this machine's: loopback, or this machine's host name."""
+    import socket
+
+    return address in LOOPBACK or address.startswith("127.") or address in (socket.gethostname(), socket.getfqdn())
+
+
+def check_cpus(
+    spec: FleetSpec, source: str, lines: dict[tuple[Any, ...], int] | None, limit: Callable[[HostSpec], int | None]
+) -> None:
+    """ConfigError naming the file and line of the first `cpus` entry at or beyond its host's CPU
+    count (`limit(host)`; None: unknown here, so unchecked): a worker pinned there cannot start."""
+    for host in spec.hosts:
+        count = limit(host)
+        if count is None:
+            continue
+        for role, workers in host.workers.items():
+            for index, cpu in enumerate(workers.cpus):
+                if cpu >= count:
+                    path = ("hosts", host.name, role, "cpus", index)
+                    raise ConfigError(
+                        f"{where(source, path, lines)} ({cpu}) must be < {count}, the CPUs of host {host.name}: "
+                        f"a {role} pinned to CPU {cpu} would not start",
+                        field=".".join(map(str, path)),
+                    )
+
+
+def check_config_tasks(config: dict[str, Any], source: str, lines: dict[tuple[Any, ...], int] | None) -> None:
+    """ConfigError naming the file and line of a task in the spec's `config` (sim.task, sim.tasks)
+    that is not registered, with the closest registered name."""
+    from foundation.config_base import suggest
+    from foundation.config_experience import TASK_NAMES
+
+    for key in ("sim.task", "sim.tasks"):
+        value = config.get(key)
+        names = [value] if isinstance(value, str) else value if isinstance(value, list) else []
+        for name in names:
+            if name not in TASK_NAMES:
+                raise ConfigError(
+                    f"{where(source, ('config', key), lines)}: {name!r} is not a registered task"
+                    f"{suggest(str(name), TASK_NAMES)}",
+                    field=key,
+                )
+
+
+def spec_warnings(spec: FleetSpec, source: str) -> list[str]:
+    """What a spec may run but to no end: no evaluator (nothing would score the policy)."""
+    warnings = []
+    if spec.count("evaluator") < 1:
+        warnings.append(
+            f"{source}: no host runs an evaluator: nothing would score the policy, so the run never stops at "
+            "target_success (only at max_wall_sec or max_env_steps) and no checkpoint is scored"
+        )
+    return warnings

@@ -1,6 +1,6 @@
 """`fleetrl report`'s multi-task plots: each task's curve, and what a MoE's experts learned.
 
-    figure = task_curve_figure(runs)      # success per task vs wall-clock (curve scores)
+    figure = task_curve_figure(runs, label)   # success per task vs wall-clock (curve scores)
     figure = routing_figure(run)          # per network and layer: tasks x experts, the gates
 
 Both return None when no run has the data (a single-task run; a dense or state-routed MoE).
@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-TASK_STYLES = ("-", "--", ":", "-.")
+RUN_STYLES = ("-", "--", ":", "-.")  # a run's line style; a task's colour is its own (TASK_COLORS)
+TASK_COLORS = "tab10"  # matplotlib's qualitative cycle: ten colours told apart at a glance
 
 
 def task_curves(evals: list[dict[str, Any]]) -> dict[str, list[tuple[float, float]]]:
@@ -28,7 +29,9 @@ def task_curves(evals: list[dict[str, Any]]) -> dict[str, list[tuple[float, floa
 
 
 def task_curve_figure(runs: list[Any], label: Any) -> Figure | None:
-    """One line per (run, task): the run's color, the task's line style. `label` shortens names."""
+    """One line per (run, task): the task's colour (tab10, in order of first appearance), the
+    run's line style. `label` shortens names."""
+    from matplotlib import colormaps
     from matplotlib.figure import Figure
 
     lines = [(i, run, task, pts) for i, run in enumerate(runs) for task, pts in task_curves(run.evals).items()]
@@ -36,10 +39,13 @@ def task_curve_figure(runs: list[Any], label: Any) -> Figure | None:
         return None
     figure = Figure(figsize=(8, 4.5))
     ax = figure.add_subplot()
-    styles: dict[str, str] = {}
+    palette = colormaps[TASK_COLORS].colors  # type: ignore[attr-defined]  # a ListedColormap: its ten colours
+    colors: dict[str, Any] = {}
     for i, run, task, pts in lines:
-        style = styles.setdefault(task, TASK_STYLES[len(styles) % len(TASK_STYLES)])
-        ax.plot(*zip(*pts, strict=True), style, marker=".", color=f"C{i % 10}", label=f"{label(run.name)}: {task}")
+        color = colors.setdefault(task, palette[len(colors) % len(palette)])
+        style = RUN_STYLES[i % len(RUN_STYLES)]
+        name = f"{label(run.name)}: {task}" if len(runs) > 1 else task
+        ax.plot(*zip(*pts, strict=True), style, marker=".", color=color, label=name)
     ax.set_xlabel("wall-clock (min)")
     ax.set_ylabel("curve success per task")
     ax.set_ylim(-0.05, 1.05)
