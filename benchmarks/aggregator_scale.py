@@ -26,7 +26,7 @@ import time
 
 import numpy as np
 import psutil
-from common import result_record, write_result  # benchmarks/common.py (this script's folder)
+from harness import result_record, write_result  # benchmarks/harness.py (this script's folder)
 
 from aggregator.client import AggregatorClient, GradientPush
 from fleet.launch.local_fleet import free_port

@@ -26,8 +26,8 @@ import subprocess
 import sys
 import tempfile
 
-from common import REPO, result_record, write_result  # benchmarks/common.py (this script's folder)
 from fleet_arms import steady  # progress.jsonl rates from a second on
+from harness import REPO, result_record, write_result  # benchmarks/harness.py (this script's folder)
 
 ARMS = {
     "sync": ["--mode", "sync"],

@@ -22,7 +22,7 @@ import tempfile
 import grpc
 import numpy as np
 import redis
-from common import result_record, write_result  # benchmarks/common.py (this script's folder)
+from harness import result_record, write_result  # benchmarks/harness.py (this script's folder)
 
 from aggregator.client import AggregatorClient, GradientPush
 from aggregator.core import AggregatorCore

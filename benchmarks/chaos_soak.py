@@ -30,7 +30,7 @@ import datetime
 import json
 import sys
 
-from common import result_record, write_result  # benchmarks/common.py (this script's folder)
+from harness import result_record, write_result  # benchmarks/harness.py (this script's folder)
 
 from fleet.chaos.faults import Fault
 from fleet.chaos.netns import NetnsError

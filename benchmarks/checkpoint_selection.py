@@ -24,7 +24,7 @@ import statistics
 import subprocess
 import sys
 
-from common import result_record, write_result  # benchmarks/common.py (this script's folder)
+from harness import result_record, write_result  # benchmarks/harness.py (this script's folder)
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 

@@ -23,7 +23,7 @@ import math
 import sys
 
 import numpy as np
-from common import result_record, write_result  # benchmarks/common.py (this script's folder)
+from harness import result_record, write_result  # benchmarks/harness.py (this script's folder)
 
 from foundation.acting import Policy, WeightsSnapshot, rollout
 from foundation.config import RunConfig

@@ -35,7 +35,7 @@ import time
 from collections import Counter
 
 import psutil
-from common import result_record, write_result  # benchmarks/common.py (this script's folder)
+from harness import result_record, write_result  # benchmarks/harness.py (this script's folder)
 
 from buffer.storage import TemporalStorage
 from foundation.config import RunConfig

@@ -27,7 +27,7 @@ import subprocess
 import sys
 import tempfile
 
-from common import REPO, result_record, write_result  # benchmarks/common.py (this script's folder)
+from harness import REPO, result_record, write_result  # benchmarks/harness.py (this script's folder)
 
 KEYS = (
     "steady_updates_per_sec",

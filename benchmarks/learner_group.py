@@ -32,7 +32,7 @@ import time
 from dataclasses import replace
 
 import numpy as np
-from common import result_record, write_result  # benchmarks/common.py (this script's folder)
+from harness import result_record, write_result  # benchmarks/harness.py (this script's folder)
 
 from fleet.cli.presets import preset_config
 from foundation.config import RunConfig

@@ -49,7 +49,7 @@ from contextlib import closing
 import numpy as np
 import psutil
 import torch
-from common import result_record, write_result  # benchmarks/common.py (this script's folder)
+from harness import result_record, write_result  # benchmarks/harness.py (this script's folder)
 
 from aggregator.client import AggregatorClient
 from fleet.cli.presets import preset_config, preset_for

@@ -33,7 +33,7 @@ import subprocess
 import sys
 import tempfile
 
-from common import REPO, result_record, write_result  # benchmarks/common.py (this script's folder)
+from harness import REPO, result_record, write_result  # benchmarks/harness.py (this script's folder)
 
 TASKS = "FetchReach-v4,FetchPush-v4,MetaWorld-reach-v3,MetaWorld-push-v3"
 ARMS = {

@@ -25,7 +25,7 @@ import time
 
 import numpy as np
 import torch
-from common import result_record, write_result  # benchmarks/common.py (this script's folder)
+from harness import result_record, write_result  # benchmarks/harness.py (this script's folder)
 
 from aggregator.core import AggregatorCore
 from deploy_npu.audit import OpAuditError, audit_onnx

@@ -48,7 +48,7 @@ import statistics
 import subprocess
 import sys
 
-from common import REPO, result_record, write_result  # benchmarks/common.py (this script's folder)
+from harness import REPO, result_record, write_result  # benchmarks/harness.py (this script's folder)
 
 TASKS = "FetchPush-v4,FetchReach-v4,MetaWorld-reach-v3,MetaWorld-push-v3"
 ARMS = {

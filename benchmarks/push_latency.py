@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     if args.json:
         sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parent))
-        from common import result_record, write_result
+        from harness import result_record, write_result
 
         write_result(result_record("push_latency", figures), args.json)
     print(json.dumps(figures))

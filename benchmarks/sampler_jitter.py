@@ -21,7 +21,7 @@ import sys
 import time
 
 import numpy as np
-from common import result_record, write_result  # benchmarks/common.py (this script's folder)
+from harness import result_record, write_result  # benchmarks/harness.py (this script's folder)
 
 from foundation.config import RandomizationConfig
 from foundation.process import locked_kib

@@ -39,7 +39,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 import psutil
-from common import result_record, write_result  # benchmarks/common.py (this script's folder)
+from harness import result_record, write_result  # benchmarks/harness.py (this script's folder)
 
 from buffer.ingest_client import IngestClient
 from fleet.launch.local_cluster import LocalRedisCluster

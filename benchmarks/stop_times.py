@@ -25,7 +25,7 @@ import tempfile
 import time
 from contextlib import closing
 
-from common import result_record, write_result  # benchmarks/common.py (this script's folder)
+from harness import result_record, write_result  # benchmarks/harness.py (this script's folder)
 
 from fleet.cli.presets import preset_config
 from fleet.launch.local_fleet import LocalFleet

@@ -1,0 +1,185 @@
+"""What every benchmark shares: interleaved arms, medians, a table and the raw result.
+
+    from harness import median_figures, print_table, result_record, run_interleaved, write_result
+
+    runs = run_interleaved({"dense": measure_dense, "moe": measure_moe}, repeats=3)
+    medians = median_figures(runs)        # {"dense": {"updates_per_sec": 41.0}, "moe": {...}}
+    print_table("updates per CPU-second, medians of 3", medians)
+    write_result(result_record("learner_throughput", {"medians": medians, "runs": runs}), "R.json")
+
+An arm is a function of the repeat's index (0, 1, ...) that measures once and returns its
+figures. Arms run in the order A B A B ...: a slow spell on a shared machine falls on every
+arm alike, so ratios taken within one run hold where absolute rates drift.
+"""
+
+from __future__ import annotations
+
+import datetime
+import io
+import json
+import os
+import pathlib
+import platform
+import shlex
+import statistics
+import subprocess
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, NamedTuple
+
+from rich.console import Console
+from rich.table import Table
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+
+Figures = Mapping[str, Any]
+Arm = Callable[[int], Figures]
+
+
+class Turn(NamedTuple):
+    """One measurement in an interleaved schedule: arm `arm` in repeat `repeat` (0-based)."""
+
+    repeat: int
+    arm: str
+
+
+def interleaved_order(arms: Sequence[str], repeats: int) -> list[Turn]:
+    """Every arm once per repeat, in the arms' order: A B A B for two arms and two repeats."""
+    if repeats < 1:
+        raise ValueError(f"repeats ({repeats}) must be >= 1: with none no arm is measured")
+    if not arms:
+        raise ValueError("arms is empty: there is nothing to measure")
+    if len(set(arms)) != len(arms):
+        raise ValueError(f"arms {list(arms)} name an arm twice: its figures would mix two runs")
+    return [Turn(r, arm) for r in range(repeats) for arm in arms]
+
+
+def run_interleaved(arms: Mapping[str, Arm], repeats: int) -> dict[str, list[dict[str, Any]]]:
+    """Each arm's figures per repeat, measured in `interleaved_order`; progress goes to stderr."""
+    turns = interleaved_order(list(arms), repeats)
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in arms}
+    for i, turn in enumerate(turns, 1):
+        print(f"[{i}/{len(turns)}] repeat {turn.repeat + 1}/{repeats}: {turn.arm}", file=sys.stderr, flush=True)
+        runs[turn.arm].append(dict(arms[turn.arm](turn.repeat)))
+    return runs
+
+
+def median_figures(runs: Mapping[str, Sequence[Figures]]) -> dict[str, dict[str, float | None]]:
+    """Per arm, the median of each numeric figure over its runs (None where no run had one)."""
+    medians: dict[str, dict[str, float | None]] = {}
+    for arm, samples in runs.items():
+        keys = [k for k in dict.fromkeys(k for s in samples for k in s) if _numeric(samples, k)]
+        medians[arm] = {}
+        for key in keys:
+            values = [s[key] for s in samples if s.get(key) is not None]
+            medians[arm][key] = statistics.median(values) if values else None
+    return medians
+
+
+def _numeric(samples: Sequence[Figures], key: str) -> bool:
+    values = [s.get(key) for s in samples]
+    return all(v is None or (isinstance(v, int | float) and not isinstance(v, bool)) for v in values)
+
+
+def ratio(numerator: float | None, denominator: float | None, digits: int = 3) -> float | None:
+    """numerator / denominator rounded, or None where either is missing or the denominator is 0."""
+    if numerator is None or not denominator:
+        return None
+    return round(numerator / denominator, digits)
+
+
+def cell(value: Any) -> str:
+    """How a table shows a figure: '-' for none, thousands apart, two decimals from 1 up."""
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:,.2f}" if abs(value) >= 1 else f"{value:.3g}"
+    if isinstance(value, int) and not isinstance(value, bool):
+        return f"{value:,}"
+    return str(value)
+
+
+def build_table(title: str, rows: Mapping[str, Figures], columns: Sequence[str] | None = None) -> Table:
+    """A table with one row per key of `rows` and one column per figure (all figures seen by default)."""
+    columns = list(columns) if columns is not None else list(dict.fromkeys(k for r in rows.values() for k in r))
+    table = Table(title=title)
+    table.add_column("", justify="left")
+    for column in columns:
+        table.add_column(column, justify="right")
+    for name, figures in rows.items():
+        table.add_row(name, *(cell(figures.get(c)) for c in columns))
+    return table
+
+
+def table_text(table: Table, width: int = 120) -> str:
+    """The table as plain text (what a log file or a test reads)."""
+    out = io.StringIO()
+    Console(file=out, width=width, color_system=None).print(table)
+    return out.getvalue()
+
+
+def print_table(title: str, rows: Mapping[str, Figures], columns: Sequence[str] | None = None) -> None:
+    """Print `build_table` to stdout; the figures a benchmark prints last."""
+    Console(width=None if sys.stdout.isatty() else 160).print(build_table(title, rows, columns))
+
+
+def cpu_model(cpuinfo: str) -> str:
+    """The first 'model name' of a /proc/cpuinfo text ('unknown' if it has none)."""
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "model name" and value.strip():
+            return value.strip()
+    return "unknown"
+
+
+def machine() -> dict[str, Any]:
+    """The CPU model, its logical cores and the cores this process may use, and the host name."""
+    try:
+        model = cpu_model(pathlib.Path("/proc/cpuinfo").read_text())
+    except OSError:
+        model = platform.processor() or platform.machine()
+    return {
+        "cpu": model,
+        "cores": os.cpu_count(),
+        "usable_cores": len(os.sched_getaffinity(0)),
+        "host": platform.node(),
+    }
+
+
+def git_commit() -> str:
+    """HEAD's hash, with '+dirty' when the work tree has uncommitted changes."""
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=REPO, capture_output=True, text=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + ("+dirty" if dirty.strip() else "")
+
+
+def command_line(argv: Sequence[str] | None = None) -> str:
+    """The command as typed from the repository root: 'python3 benchmarks/x.py --flag value'."""
+    argv = list(sys.argv if argv is None else argv)
+    script = os.path.relpath(argv[0], REPO) if argv else ""
+    return shlex.join(["python3", script, *argv[1:]])
+
+
+def result_record(benchmark: str, figures: Figures, argv: Sequence[str] | None = None) -> dict[str, Any]:
+    """The raw result: the figures with the commit, command line, machine and date that made them."""
+    return {
+        "benchmark": benchmark,
+        "command": command_line(argv),
+        "commit": git_commit(),
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "machine": machine(),
+        "figures": dict(figures),
+    }
+
+
+def write_result(record: Mapping[str, Any], path: str | os.PathLike) -> None:
+    """Write `record` as JSON to `path` (its folder made if missing); the path goes to stderr."""
+    out = pathlib.Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(record, indent=2) + "\n")
+    print(f"raw result: {out}", file=sys.stderr)

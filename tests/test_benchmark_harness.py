@@ -1,0 +1,100 @@
+"""benchmarks/harness.py's pure parts: the interleaved order, medians, the table and the raw result."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import pathlib
+import re
+
+import pytest
+
+BENCHMARKS = pathlib.Path(__file__).resolve().parent.parent / "benchmarks"
+
+
+@pytest.fixture
+def harness(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    return importlib.import_module("harness")
+
+
+def test_arms_alternate_within_each_repeat(harness):
+    order = harness.interleaved_order(["a", "b"], 3)
+    assert [t.arm for t in order] == ["a", "b", "a", "b", "a", "b"]
+    assert [t.repeat for t in order] == [0, 0, 1, 1, 2, 2]
+
+
+@pytest.mark.parametrize(
+    ("arms", "repeats", "says"),
+    [
+        (["a"], 0, r"repeats \(0\) must be >= 1"),
+        ([], 2, "arms is empty"),
+        (["a", "b", "a"], 1, "name an arm twice"),
+    ],
+)
+def test_a_schedule_that_measures_nothing_or_mixes_arms_is_refused(harness, arms, repeats, says):
+    with pytest.raises(ValueError, match=says):
+        harness.interleaved_order(arms, repeats)
+
+
+def test_run_interleaved_calls_the_arms_in_turn_with_the_repeat_index(harness, capsys):
+    calls = []
+
+    def arm(name):
+        def measure(repeat):
+            calls.append((name, repeat))
+            return {"rate": 10.0 * (repeat + 1) + (name == "b"), "label": name}
+
+        return measure
+
+    runs = harness.run_interleaved({"a": arm("a"), "b": arm("b")}, repeats=2)
+    assert calls == [("a", 0), ("b", 0), ("a", 1), ("b", 1)]
+    assert runs == {
+        "a": [{"rate": 10.0, "label": "a"}, {"rate": 20.0, "label": "a"}],
+        "b": [{"rate": 11.0, "label": "b"}, {"rate": 21.0, "label": "b"}],
+    }
+    assert "[4/4] repeat 2/2: b" in capsys.readouterr().err
+
+
+def test_medians_skip_missing_values_and_non_numeric_figures(harness):
+    runs = {"a": [{"x": 1.0, "y": None, "s": "t"}, {"x": 3.0, "y": 2.0}, {"x": 10.0, "y": None}], "b": [{"x": None}]}
+    assert harness.median_figures(runs) == {"a": {"x": 3.0, "y": 2.0}, "b": {"x": None}}
+
+
+def test_ratio_is_none_where_a_side_is_missing_or_zero(harness):
+    assert harness.ratio(3.0, 4.0) == 0.75
+    assert harness.ratio(None, 4.0) is None
+    assert harness.ratio(3.0, 0.0) is None
+
+
+def test_the_table_has_a_row_per_arm_and_a_column_per_figure(harness):
+    rows = {"dense": {"updates/s": 1234.5, "share": 0.1234, "runs": 3}, "moe": {"updates/s": None, "share": 0.5}}
+    text = harness.table_text(harness.build_table("medians of 3", rows))
+    assert "medians of 3" in text
+    lines = [line for line in text.splitlines() if "dense" in line or "moe" in line]
+    assert re.search(r"dense .*1,234\.50 .*0\.123 .*3", lines[0])
+    assert re.search(r"moe .* - .*0\.5 ", lines[1])
+    only = harness.table_text(harness.build_table("t", rows, columns=["share"]))
+    assert "updates/s" not in only and "0.123" in only
+
+
+def test_cpu_model_reads_the_first_model_name(harness):
+    cpuinfo = "processor\t: 0\nvendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC 7B13\n\nmodel name\t: other\n"
+    assert harness.cpu_model(cpuinfo) == "AMD EPYC 7B13"
+    assert harness.cpu_model("processor\t: 0\n") == "unknown"
+
+
+def test_the_raw_result_says_what_made_its_figures(harness, tmp_path, capsys):
+    argv = [str(BENCHMARKS / "x.py"), "--seconds", "5", "--set", "a b"]
+    record = harness.result_record("x", {"rate": 1.5}, argv=argv)
+    assert record["benchmark"] == "x"
+    assert record["command"] == "python3 benchmarks/x.py --seconds 5 --set 'a b'"
+    assert re.fullmatch(r"[0-9a-f]{40}(\+dirty)?|unknown", record["commit"])
+    assert record["machine"]["cores"] >= record["machine"]["usable_cores"] >= 1
+    assert record["machine"]["cpu"]
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\+00:00", record["date"])
+    assert record["figures"] == {"rate": 1.5}
+    out = tmp_path / "sub" / "r.json"
+    harness.write_result(record, out)
+    assert json.loads(out.read_text()) == record
+    assert str(out) in capsys.readouterr().err
