@@ -119,7 +119,9 @@ def table_text(table: Table, width: int = 120) -> str:
 
 
 def print_table(title: str, rows: Mapping[str, Figures], columns: Sequence[str] | None = None) -> None:
-    """Print `build_table` to stdout; the figures a benchmark prints last."""
+    """Print `build_table` to stdout (nothing for no rows); the figures a benchmark prints last."""
+    if not rows:
+        return
     Console(width=None if sys.stdout.isatty() else 160).print(build_table(title, rows, columns))
 
 
