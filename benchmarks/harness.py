@@ -88,6 +88,12 @@ def ratio(numerator: float | None, denominator: float | None, digits: int = 3) -
     return round(numerator / denominator, digits)
 
 
+def paired_ratios(runs: Mapping[str, Sequence[Figures]], numerator: str, denominator: str, key: str) -> list[float]:
+    """`key` of arm `numerator` over arm `denominator`, repeat by repeat (the pair a slow spell hit alike)."""
+    pairs = zip(runs[numerator], runs[denominator], strict=True)
+    return [a[key] / b[key] for a, b in pairs if a.get(key) is not None and b.get(key)]
+
+
 def cell(value: Any) -> str:
     """How a table shows a figure: '-' for none, thousands apart, two decimals from 1 up."""
     if value is None:

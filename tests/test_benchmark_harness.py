@@ -67,6 +67,13 @@ def test_ratio_is_none_where_a_side_is_missing_or_zero(harness):
     assert harness.ratio(3.0, 0.0) is None
 
 
+def test_paired_ratios_divide_within_each_repeat_and_skip_a_missing_figure(harness):
+    runs = {"a": [{"t": 2.0}, {"t": 9.0}, {"t": None}], "b": [{"t": 1.0}, {"t": 3.0}, {"t": 1.0}]}
+    assert harness.paired_ratios(runs, "a", "b", "t") == [2.0, 3.0]
+    with pytest.raises(ValueError):  # a repeat without its pair: the ratios would not be paired
+        harness.paired_ratios({"a": [{"t": 1.0}], "b": []}, "a", "b", "t")
+
+
 def test_the_table_has_a_row_per_arm_and_a_column_per_figure(harness):
     rows = {"dense": {"updates/s": 1234.5, "share": 0.1234, "runs": 3}, "moe": {"updates/s": None, "share": 0.5}}
     text = harness.table_text(harness.build_table("medians of 3", rows))
