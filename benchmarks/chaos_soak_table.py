@@ -1,4 +1,4 @@
-"""The chaos soak's table (issue 22): faulted soaks against the same seeds without faults.
+"""The chaos soak's table: faulted soaks against the same seeds without faults.
 
     python3 benchmarks/chaos_soak_table.py R1.json R2.json ... [--json out.json]
 
@@ -42,7 +42,7 @@ def _soak(record: dict) -> dict:
         "applied_twice": g.get("applied_twice"),
         "versions_reused": g.get("versions_reused"),
         "rolled_back": g.get("rolled_back"),  # acked gradients an aggregator crash undid (by design)
-        "rollback_bound": f.get("rollback_bound"),  # at most this many (results since it was recorded)
+        "rollback_bound": f.get("rollback_bound"),  # at most this many (None where a result does not record it)
         "fault_kinds": _kinds(f.get("faults", [])),
         "hosts": f.get("hosts", "local"),
         "problems": f.get("problems"),

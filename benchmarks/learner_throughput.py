@@ -5,7 +5,7 @@
 
 With --model, only the bare loop runs, once per named model on the 4-task set (FetchReach,
 FetchPush, Meta-World reach and push; batch 256, one thread), arms interleaved over --repeats
-rounds: the learner's cost per model (issue 18: moe-e32 / moe-e8 >= 0.8, moe-e32 / dense at
+rounds: the learner's cost per model (goals: moe-e32 / moe-e8 >= 0.8, moe-e32 / dense at
 equal active width >= 0.67). Each arm's config is built as `fleetrl train --tasks ... --set ...`
 builds it (fleet.cli.presets.preset_for): FetchPush's preset and the multi-task recipe, so a
 task-routed MoE arm has the task heads and per-task temperatures its runs train with.
@@ -26,11 +26,10 @@ One invocation measures, on the same machine:
 With learner.num_learners > 1 (e.g. `--task FetchPickAndPlace-v4`, whose preset trains two), (b)
 measures all of them, and the fleet figure is the result: rows of applied gradients per wall-second
 (the aggregator's count x batch) / those of the bare loop at the reference settings (batch 256,
-float32, eager, one thread; measured too when --set changes them). Issue 19's goal: >= 1.4 on 2
-cores.
+float32, eager, one thread; measured too when --set changes them). Goal: >= 1.4 on 2 cores.
 
-Figures come LAST; the ratios are the result (per CPU-second: issue goal >= 0.9). Absolute rates
-are context.
+Figures come LAST; the ratios are the result (per CPU-second: goal >= 0.9). Absolute rates are
+context.
 """
 
 from __future__ import annotations
@@ -49,7 +48,13 @@ from contextlib import closing
 import numpy as np
 import psutil
 import torch
-from harness import result_record, write_result  # benchmarks/harness.py (this script's folder)
+from harness import (  # benchmarks/harness.py (this script's folder)
+    median_figures,
+    print_table,
+    result_record,
+    run_interleaved,
+    write_result,
+)
 
 from aggregator.client import AggregatorClient
 from fleet.cli.presets import preset_config, preset_for
@@ -67,7 +72,7 @@ BARE_WARMUP_UPDATES = 5
 START_TIMEOUT_SEC = 180.0
 
 
-# issue 19's yardstick: one thread, float32, eager, batch 256
+# the yardstick: one thread, float32, eager, batch 256: as fast as one core goes
 REFERENCE = ["learner.batch_size=256", 'learner.autocast="off"', "learner.compile=false", "learner.torch_threads=1"]
 
 
@@ -129,22 +134,22 @@ MODEL_ARMS: dict[str, list[str]] = {
     "moe-e16-w256": ['model.kind="moe"', "model.experts=16", "model.expert_width=256"],
     "moe-e8-state": ['model.kind="moe"', "model.experts=8", 'model.router="state"'],
     "moe-e32-state": ['model.kind="moe"', "model.experts=32", 'model.router="state"'],
-    "dense-bf16": ['model.kind="dense"', 'learner.autocast="bf16"'],  # issue 19: the CPU's BF16 instructions
-    "dense-compile": ['model.kind="dense"', "learner.compile=true"],  # issue 19: torch.compile (inductor)
-    # issue 19: TQC (sb3-contrib's, rl-zoo's choice for Fetch): two critics of 25 quantiles, 2 dropped each
+    "dense-bf16": ['model.kind="dense"', 'learner.autocast="bf16"'],  # the CPU's BF16 instructions
+    "dense-compile": ['model.kind="dense"', "learner.compile=true"],  # torch.compile (inductor)
+    # TQC (sb3-contrib's, rl-zoo's choice for Fetch): two critics of 25 quantiles, 2 dropped each
     "dense-tqc": ['model.kind="dense"', 'learner.algo="tqc"'],
-    # issue 19: CrossQ (no target critics; batch-renormalized critics on the current and next halves at once)
+    # CrossQ (no target critics; batch-renormalized critics on the current and next halves at once)
     "dense-crossq": ['model.kind="dense"', 'learner.algo="crossq"'],
     "moe-e32-bf16": ['model.kind="moe"', "model.experts=32", 'learner.autocast="bf16"'],
-    # the MoE's twin critics one after the other (learner.fused_critics false), as before
+    # the MoE's twin critics one after the other (learner.fused_critics false)
     "moe-e32-unfused": ['model.kind="moe"', "model.experts=32", "learner.fused_critics=false"],
-    # each pass of the update mixing the experts anew (learner.mix_once false), as before
+    # each pass of the update mixing the experts anew (learner.mix_once false)
     "moe-e32-mixeach": ['model.kind="moe"', "model.experts=32", "learner.mix_once=false"],
     # twice the rows per update: a cost mostly per op (the MoE's) grows less than the rows do
     "dense-b512": ['model.kind="dense"', "learner.batch_size=512"],
     "moe-e32-b512": ['model.kind="moe"', "model.experts=32", "learner.batch_size=512"],
 }
-# Issue 18's yardstick is top-2 (k = 2) with no shared expert: every MoE arm sets it, since a
+# The per-model yardstick is top-2 (k = 2) with no shared expert: every MoE arm sets it, since a
 # multi-task run of a task-routed MoE otherwise takes the recipe's top_k 3 with one shared
 # expert (fleet/cli/presets.py TASK_ROUTED_SHARED), measured by its own arm.
 MODEL_ARMS = {
@@ -169,16 +174,19 @@ def arm_config(arm: str, extra: list[str] | None = None) -> RunConfig:
 
 def model_cost(arms: list[str], extra: list[str], seconds: float, repeats: int) -> dict:
     """Each arm's bare updates per CPU-second, gradients alone (the learner's work) and with an
-    in-process Adam step; arms interleaved, `repeats` rounds, medians (a shared machine drifts)."""
-    rates: dict[str, dict[str, list[float]]] = {a: {"gradients": [], "with_adam": []} for a in arms}
-    for r in range(repeats):
-        for arm in arms:
-            config = arm_config(arm, extra)
-            rates[arm]["gradients"].append(bare_updates_per_cpu_sec(config, seconds, adam=False))
-            rates[arm]["with_adam"].append(bare_updates_per_cpu_sec(config, seconds, adam=True))
-            print(f"[round {r + 1}/{repeats}] {arm}: {rates[arm]['gradients'][-1]:.1f} updates/CPU-s", file=sys.stderr)
+    in-process Adam step; arms interleaved over `repeats` rounds, medians (a shared machine drifts)."""
+
+    def measure(arm: str) -> dict[str, float]:
+        config = arm_config(arm, extra)
+        return {
+            "gradients": bare_updates_per_cpu_sec(config, seconds, adam=False),
+            "with_adam": bare_updates_per_cpu_sec(config, seconds, adam=True),
+        }
+
+    runs = run_interleaved({arm: (lambda _repeat, a=arm: measure(a)) for arm in arms}, repeats)
+    medians = median_figures(runs)
     out = {}
-    for arm, rate in rates.items():
+    for arm, rounds in runs.items():
         config = arm_config(arm, extra)
         spec = model_spec(config, TaskSet.for_run(config))
         sizes = SACModel(spec).group_sizes()
@@ -188,11 +196,32 @@ def model_cost(arms: list[str], extra: list[str], seconds: float, repeats: int) 
             "hidden_sizes": list(spec.hidden_sizes),
             "params": {g: sizes[g] for g in ("actor", "critic")},
             **{
-                k: {"runs": [round(v, 2) for v in vs], "median": round(float(np.median(vs)), 2)}
-                for k, vs in rate.items()
+                k: {"runs": [round(r[k], 2) for r in rounds], "median": round(float(medians[arm][k] or 0.0), 2)}
+                for k in ("gradients", "with_adam")
             },
         }
     return out
+
+
+# --model ratios: (name, numerator arm, denominator arm, rows factor: 2 for batch 512 over 256)
+MODEL_RATIOS = [
+    ("moe-e32 / moe-e8", "moe-e32", "moe-e8", 1),  # goal >= 0.8
+    ("moe-e32 / dense (equal active width)", "moe-e32", "dense", 1),  # goal >= 0.67
+    ("dense-tqc / dense", "dense-tqc", "dense", 1),
+    ("moe-e32-w256 / dense (twice the active width)", "moe-e32-w256", "dense", 1),
+    ("dense-b512 / dense (rows)", "dense-b512", "dense", 2),  # rows learned per CPU-second
+    ("moe-e32-b512 / moe-e32 (rows)", "moe-e32-b512", "moe-e32", 2),
+    ("moe-e32-b512 / dense (rows)", "moe-e32-b512", "dense", 2),
+]
+
+
+def model_ratios(medians: dict[str, float]) -> dict[str, float]:
+    """The MODEL_RATIOS whose two arms were measured, on the gradients-alone medians."""
+    return {
+        name: round(factor * medians[num] / medians[den], 3)
+        for name, num, den, factor in MODEL_RATIOS
+        if num in medians and medians.get(den)
+    }
 
 
 def _learner_cpu(pid: int) -> float:
@@ -290,56 +319,33 @@ def main_models(args: argparse.Namespace) -> int:
     batch = arm_config(arms[0], args.set).learner.batch_size
     figures: dict = {"tasks": MODEL_TASKS, "batch_size": batch, "torch_threads": 1, "set": args.set}
     figures["arms"] = model_cost(arms, args.set, args.seconds, args.repeats)
-    med = {a: figures["arms"][a]["gradients"]["median"] for a in arms}
-    ratios = {}
-    if {"moe-e32", "moe-e8"} <= med.keys():
-        ratios["moe-e32 / moe-e8"] = med["moe-e32"] / med["moe-e8"]  # issue 18 goal >= 0.8
-    if {"moe-e32", "dense"} <= med.keys():
-        ratios["moe-e32 / dense (equal active width)"] = med["moe-e32"] / med["dense"]  # goal >= 0.67
-    if {"dense-tqc", "dense"} <= med.keys():
-        ratios["dense-tqc / dense"] = med["dense-tqc"] / med["dense"]
-    if {"moe-e32-w256", "dense"} <= med.keys():
-        ratios["moe-e32-w256 / dense (twice the active width)"] = med["moe-e32-w256"] / med["dense"]
-    for arm in ("dense", "moe-e32"):  # rows learned per CPU-second at batch 512 over batch 256
-        if {arm, f"{arm}-b512"} <= med.keys():
-            ratios[f"{arm}-b512 / {arm} (rows)"] = 2 * med[f"{arm}-b512"] / med[arm]
-    if {"moe-e32-b512", "dense"} <= med.keys():
-        ratios["moe-e32-b512 / dense (rows)"] = 2 * med["moe-e32-b512"] / med["dense"]
-    figures["ratios"] = {k: round(v, 3) for k, v in ratios.items()}
+    figures["ratios"] = model_ratios({a: figures["arms"][a]["gradients"]["median"] for a in arms})
     if args.json:
         write_result(result_record("learner_throughput_models", figures), args.json)
-    print(f"\n=== learner cost per model: {len(MODEL_TASKS)} tasks, batch {batch}, 1 thread ===")
-    print(f"{'arm':16s} {'params (actor+critic)':>22s} {'grads/CPU-s':>12s} {'+Adam':>8s}")
-    for arm in arms:
-        row = figures["arms"][arm]
-        params = sum(row["params"].values())
-        print(f"{arm:16s} {params:22,d} {row['gradients']['median']:12.1f} {row['with_adam']['median']:8.1f}")
-    for name, value in figures["ratios"].items():
-        print(f"ratio {name}: {value:.3f}")
+    rows = {
+        arm: {
+            "params (actor+critic)": sum(row["params"].values()),
+            "grads/CPU-s": row["gradients"]["median"],
+            "+Adam": row["with_adam"]["median"],
+        }
+        for arm, row in figures["arms"].items()
+    }
+    print_table(f"learner cost per model: {len(MODEL_TASKS)} tasks, batch {batch}, 1 thread", rows)
+    print_table("ratios", {name: {"ratio": value} for name, value in figures["ratios"].items()})
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    if args.model:
-        return main_models(args)
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
-    run_dir = pathlib.Path(args.run_dir or tempfile.mkdtemp(prefix="fleetrl-learner-bench-"))
-    overrides = ["run_id=bench", f"run_dir={json.dumps(str(run_dir))}", *args.set]
-    config = with_overrides(preset_config(args.task), overrides).validate()
+def fleet_figures(args: argparse.Namespace, config: RunConfig, run_dir: pathlib.Path) -> dict:
+    """(a) the bare loop, half before and half after (b) the learner in the fleet; the ratios."""
     print(f"[a] bare loop, {args.seconds / 2:.0f}s", file=sys.stderr)
     bare_before = bare_updates_per_cpu_sec(config, args.seconds / 2)
     print(f"[b] learner in the fleet, {args.seconds:.0f}s window, run dir {run_dir}", file=sys.stderr)
     learner = measure_learner(config, run_dir, args.seconds)
     bare_after = bare_updates_per_cpu_sec(config, args.seconds / 2)
-    if not args.run_dir:
-        shutil.rmtree(run_dir, ignore_errors=True)
     bare = (bare_before + bare_after) / 2
     reference = reference_config(config)
-    # the issue's yardstick: a bare one-thread float32 loop at batch 256, as fast as one core goes
     bare_reference = bare if reference == config else bare_updates_per_cpu_sec(reference, args.seconds / 2)
-    reference_rows = bare_reference * reference.learner.batch_size
-    figures = {
+    return {
         "task": args.task,
         "batch_size": config.learner.batch_size,
         "hidden_sizes": list(config.learner.hidden_sizes),
@@ -350,21 +356,46 @@ def main(argv: list[str] | None = None) -> int:
         "learners": learner["learners"],
         "reference_bare_updates_per_sec": round(bare_reference, 2),
         "reference": REFERENCE,
+        "reference_rows_per_sec": round(bare_reference * reference.learner.batch_size, 1),
         # the fleet's learning throughput (rows of applied gradients per wall-second) / the reference's
-        "fleet_ratio": learner["rows_per_sec"] / reference_rows,
+        "fleet_ratio": learner["rows_per_sec"] / (bare_reference * reference.learner.batch_size),
     }
-    if args.json:
-        write_result(result_record("learner_throughput", figures), args.json)
+
+
+def print_fleet(figures: dict) -> None:
+    learner, bare = figures["learner"], figures["bare_updates_per_cpu_sec"]
     print(f"\nlearner phases (wall ms per update): {learner['phase_ms_per_update']}")
     print(f"learner threads (CPU ms per update): {learner['thread_cpu_ms_per_update']}")
     print(f"learner wall rate: {learner['updates_per_sec']:.1f} updates/s over {learner['window_sec']:.0f}s")
-    print(f"\n=== learner throughput: {args.task}, batch {config.learner.batch_size} ===")
-    print(f"bare loop updates per CPU-s:          {bare:10.1f}  (before {bare_before:.1f}, after {bare_after:.1f})")
-    print(f"learner process updates per CPU-s:    {learner['updates_per_cpu_sec']:10.1f}")
-    print(f"ratio learner / bare:                 {figures['ratio']:10.3f}")
-    print(f"fleet rows learned per second:        {learner['rows_per_sec']:10.0f}  ({learner['learners']} learner(s))")
-    print(f"bare reference rows per second:       {reference_rows:10.0f}  ({', '.join(REFERENCE)})")
-    print(f"ratio fleet / bare reference:         {figures['fleet_ratio']:10.3f}")
+    rows = {
+        f"bare loop updates per CPU-s (before {bare['before']}, after {bare['after']})": (
+            bare["before"] + bare["after"]
+        )
+        / 2,
+        "learner process updates per CPU-s": learner["updates_per_cpu_sec"],
+        "ratio learner / bare": figures["ratio"],
+        f"fleet rows learned per second ({learner['learners']} learner(s))": learner["rows_per_sec"],
+        f"bare reference rows per second ({', '.join(REFERENCE)})": figures["reference_rows_per_sec"],
+        "ratio fleet / bare reference": figures["fleet_ratio"],
+    }
+    title = f"learner throughput: {figures['task']}, batch {figures['batch_size']}"
+    print_table(title, {name: {"value": value} for name, value in rows.items()})
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.model:
+        return main_models(args)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    run_dir = pathlib.Path(args.run_dir or tempfile.mkdtemp(prefix="fleetrl-learner-bench-"))
+    overrides = ["run_id=bench", f"run_dir={json.dumps(str(run_dir))}", *args.set]
+    config = with_overrides(preset_config(args.task), overrides).validate()
+    figures = fleet_figures(args, config, run_dir)
+    if not args.run_dir:
+        shutil.rmtree(run_dir, ignore_errors=True)
+    if args.json:
+        write_result(result_record("learner_throughput", figures), args.json)
+    print_fleet(figures)
     return 0
 
 

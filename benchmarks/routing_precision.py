@@ -2,14 +2,13 @@
 
     python3 benchmarks/routing_precision.py RUN_DIR [RUN_DIR ...] [--json OUT]
 
-Samplers, the evaluator and `fleetrl export` route in float32. Before stop 46 a learner under
-`learner.autocast` bf16 computed the gates in bfloat16, so where two experts' logits were
-closer than a bfloat16 step the learner could train another expert than the one the actors
-run. This reads each run's newest checkpoint and lists, per network, layer and task, the
-experts float32 routing chooses and those the gates chose in bfloat16 (the gate Linear run
-under torch.autocast, as the learner ran it then), and flags every difference. Runs trained
-since then route in float32 everywhere (nets/moe.py MoELinear.logits); this stays the
-check on an older run, and on a checkpoint whose routing looks wrong.
+Samplers, the evaluator and `fleetrl export` route in float32, and so does a learner under
+`learner.autocast` bf16 (nets/moe.py MoELinear.logits computes the gates in float32). Gates
+computed in bfloat16 would differ where two experts' logits are closer than a bfloat16 step: the
+learner would train another expert than the one the actors run. This reads each run's newest
+checkpoint and lists, per network, layer and task, the experts float32 routing chooses and those
+the gate Linear chooses under torch.autocast bf16, and flags every difference: the check on a
+checkpoint trained with bfloat16 gates, and on one whose routing looks wrong.
 """
 
 from __future__ import annotations
@@ -31,7 +30,7 @@ from sim.tasks import TaskSet
 def _experts(layer: torch.nn.Module, embed: torch.Tensor, top_k: int, bf16: bool) -> list[list[int]]:
     """Each task's top_k experts, sorted, from the gate run in float32 or under bf16 autocast."""
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-        logits = layer.gate(embed)  # the raw gate, as a learner under autocast ran it before stop 46
+        logits = layer.gate(embed)  # the raw gate, as bfloat16 gates compute it
     return [sorted(row) for row in logits.float().topk(top_k, dim=-1).indices.tolist()]
 
 

@@ -3,7 +3,7 @@
     python3 benchmarks/sb3_baseline.py [--seed 0] [--max-steps 20000] [--max-wall-sec 1200]
     python3 benchmarks/sb3_baseline.py --task FetchPush-v4 --out runs/sb3-push-seed0
     python3 benchmarks/sb3_baseline.py --algo sbx --task FetchPush-v4 --out runs/sbx-push-seed0
-    fleetrl report runs/FetchPush-v4-20250101-120000 runs/sb3-push-seed0 --out push.html
+    fleetrl report runs/FLEET_RUN runs/sb3-push-seed0 --out push.html
 
 What a user would run instead of the fleet: one process that alternates one env step and one
 gradient update (train_freq=1, gradient_steps=1), batch 256, HER 'future' with
@@ -13,8 +13,8 @@ learning_starts 1000: uniform random actions for the first 1000 env steps), with
 layers of fleetrl's learner (256, 256) so both train the same network size.
 
 `--task` picks another Fetch task. FetchPush-v4 and FetchPickAndPlace-v4 use tau 0.05 instead
-of 0.005 (the rest as above): the settings of the SBX peer measurement in our issue. Other tasks
-use FetchReach's.
+of 0.005 (the rest as above): the settings of the SBX peer measurement the fleet is compared
+with. Other tasks use FetchReach's.
 
 `--algo sb3-tqc` runs sb3-contrib's TQC+HER with rl-baselines3-zoo's settings for the task
 (hyperparams/tqc.yml: FetchPickAndPlace batch 1024, FetchPush and FetchSlide 2048, three hidden
@@ -24,7 +24,7 @@ trains PickAndPlace for 1M env steps; this runs it on the same wall-clock as eve
 `--algo sbx` runs the same protocol with SBX (`sbx-rl`, Stable-Baselines in JAX; SB3's
 HerReplayBuffer, same hyperparameters and network size). XLA runs on one CPU thread
 (XLA_FLAGS="--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1" and
-OMP_NUM_THREADS=1, set before jax's first import): the SBX peer in our issue was measured
+OMP_NUM_THREADS=1, set before jax's first import): the SBX peer measurement was made
 that way (one thread, ~85 updates/s on this machine), and the torch arm has one thread too.
 
 Training env: plain `gym.make(task)` (what users would use; `--randomized` trains

@@ -163,12 +163,12 @@ def test_learner_throughput_model_arms_are_valid_configs(monkeypatch):
     assert configs["dense"].learner.gamma == 0.95  # FetchPush's preset, the first task with one
     assert lt.arm_config("moe-e32", ["learner.batch_size=128"]).learner.batch_size == 128
     assert configs["dense"].learner.batch_size == configs["moe-e32"].learner.batch_size == 256
-    # not the task-routed MoE recipe's batch 1024 in bfloat16: the yardstick is batch 256 in float32
+    # not the task-routed MoE recipe's batch 1024 in bfloat16: the per-model yardstick is batch 256 in float32
     assert configs["moe-e32"].learner.autocast == configs["dense"].learner.autocast == "off"
     assert configs["moe-e32-bf16"].learner.autocast == "bf16"
     assert configs["dense-b512"].learner.batch_size == configs["moe-e32-b512"].learner.batch_size == 512
     assert configs["moe-e32-b512"].model.kind == "moe" and configs["moe-e32-b512"].model.experts == 32
-    # the k = 2 on every MoE arm but the one that measures the multi-task recipe's shared expert
+    # the yardstick's k = 2 on every MoE arm but the one that measures the multi-task recipe's shared expert
     moe = {arm: (c.model.top_k, c.model.shared_experts) for arm, c in configs.items() if c.model.kind == "moe"}
     assert moe.pop("moe-e32-shared") == (3, 1) and set(moe.values()) == {(2, 0)}, moe
     assert configs["dense-b512"].model.kind == "dense"
