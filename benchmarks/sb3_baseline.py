@@ -25,7 +25,7 @@ trains PickAndPlace for 1M env steps; this runs it on the same wall-clock as eve
 HerReplayBuffer, same hyperparameters and network size). XLA runs on one CPU thread
 (XLA_FLAGS="--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1" and
 OMP_NUM_THREADS=1, set before jax's first import): the SBX peer measurement was made
-that way (one thread, ~85 updates/s on this machine), and the torch arm has one thread too.
+that way (one thread, ~85 updates/s on a 2-core host), and the torch arm has one thread too.
 
 Training env: plain `gym.make(task)` (what users would use; `--randomized` trains
 under fleetrl's default domain randomization instead, as fleetrl's samplers do).

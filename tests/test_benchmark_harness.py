@@ -105,3 +105,21 @@ def test_the_raw_result_says_what_made_its_figures(harness, tmp_path, capsys):
     harness.write_result(record, out)
     assert json.loads(out.read_text()) == record
     assert str(out) in capsys.readouterr().err
+
+
+def test_every_script_is_in_the_readme_with_its_command():
+    """Each script has a row in the index and a section that shows how to run it."""
+    readme = (BENCHMARKS / "README.md").read_text()
+    scripts = sorted(p.name for p in BENCHMARKS.glob("*.py") if p.name != "harness.py")
+    assert scripts
+    for name in scripts:
+        assert f"| `{name}` |" in readme, f"{name}: no row in the README's index"
+        assert f"## `{name}`" in readme, f"{name}: no section in the README"
+        assert f"python3 benchmarks/{name}" in readme, f"{name}: the README shows no command"
+
+
+def test_the_scripts_and_readme_speak_of_the_product_not_of_its_history():
+    history = re.compile(r"\b(stop|issue|preset)[ -]\d+|\bstops? \d+-\d+|\bfinding \d", re.IGNORECASE)
+    for path in [BENCHMARKS / "README.md", *BENCHMARKS.glob("*.py")]:
+        found = [m.group(0) for m in history.finditer(path.read_text())]
+        assert not found, f"{path.name}: {found}"
