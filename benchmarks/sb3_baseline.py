@@ -61,6 +61,8 @@ import gymnasium as gym
 import numpy as np
 import psutil
 import torch
+from baseline_hyperparams import TASK_HYPERPARAMS, ZOO_TQC, SacHyperparams  # this script's folder
+from harness import result_record, write_result
 from stable_baselines3 import SAC, HerReplayBuffer
 from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.off_policy_algorithm import OffPolicyAlgorithm
@@ -77,50 +79,6 @@ EVAL_SEED = 1_000_000  # fleetrl's EvalConfig.seed: far from every training seed
 ALGO_LABELS = {"sb3": "SB3 SAC+HER", "sbx": "SBX SAC+HER", "sb3-tqc": "SB3-contrib TQC+HER (zoo)"}
 # One XLA CPU thread, as in the SBX peer measurement (~85 updates/s); set before jax is imported.
 ONE_XLA_THREAD_FLAGS = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
-
-
-@dataclass(frozen=True)
-class SacHyperparams:
-    """What differs between tasks; train_freq 1, gradient_steps 1, HER 'future'/4 are fixed."""
-
-    gamma: float = 0.95
-    learning_rate: float = 1e-3
-    tau: float = 0.005  # SB3's and SBX's default
-    buffer_size: int = 1_000_000
-    batch_size: int = 256
-    ent_coef: str = "auto"
-
-
-# FetchReach: the zoo's entry. Push and PickAndPlace: the SBX peer measurement's settings.
-TASK_HYPERPARAMS = {
-    "FetchReach-v4": SacHyperparams(),
-    "FetchPush-v4": SacHyperparams(tau=0.05),
-    "FetchPickAndPlace-v4": SacHyperparams(tau=0.05),
-}
-
-
-@dataclass(frozen=True)
-class ZooTqc:
-    """rl-baselines3-zoo's TQC+HER entry for a Fetch task (hyperparams/tqc.yml): HER 'future'/4,
-    ent_coef auto, learning rate 1e-3, gamma 0.95, tau 0.05, buffer 1e6; train_freq 1 and
-    gradient_steps 1 (SB3's defaults, which the entries keep); learning_starts is --learning-starts
-    (the zoo leaves TQC's default of 100) so every arm starts after the same random steps."""
-
-    batch_size: int
-    net_arch: tuple[int, ...]
-    n_critics: int = 2
-    gamma: float = 0.95
-    learning_rate: float = 1e-3
-    tau: float = 0.05
-    buffer_size: int = 1_000_000
-
-
-ZOO_TQC = {
-    "FetchReach-v4": ZooTqc(batch_size=256, net_arch=(64, 64), n_critics=1, tau=0.005),
-    "FetchPush-v4": ZooTqc(batch_size=2048, net_arch=(512, 512, 512)),
-    "FetchSlide-v4": ZooTqc(batch_size=2048, net_arch=(512, 512, 512)),
-    "FetchPickAndPlace-v4": ZooTqc(batch_size=1024, net_arch=(512, 512, 512)),
-}
 
 
 def wall_sec() -> float:
@@ -386,7 +344,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--learning-starts", type=int, default=1000, help="random-action env steps before updates")
     p.add_argument("--net-arch", default="256,256", help="hidden layer widths of actor and critics")
     p.add_argument("--randomized", action="store_true", help="train under fleetrl's default domain randomization")
-    p.add_argument("--json", help="also write the outcome here as JSON")
+    p.add_argument("--json", help="also write the outcome here as a raw result (JSON)")
     p.add_argument("--out", metavar="RUN_DIR", help="also write summary.json and evals.jsonl here for `fleetrl report`")
     args = p.parse_args(argv)
     if args.max_steps < 1 or args.eval_every < 1 or args.eval_episodes < 1 or not 0.0 < args.target <= 1.0:
@@ -414,7 +372,7 @@ def main(argv: list[str] | None = None) -> int:
         eval_env.close()
     outcome.gradient_steps = model._n_updates
     if args.json:
-        pathlib.Path(args.json).write_text(json.dumps(asdict(outcome), indent=2))
+        write_result(result_record("sb3_baseline", asdict(outcome)), args.json)
     if args.out:
         write_run_dir(pathlib.Path(args.out), args, outcome)
     return print_outcome(args, outcome)
