@@ -14,9 +14,11 @@ arm alike, so ratios taken within one run hold where absolute rates drift.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import io
 import json
+import math
 import os
 import pathlib
 import platform
@@ -24,9 +26,11 @@ import shlex
 import statistics
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
+import psutil
 from rich.console import Console
 from rich.table import Table
 
@@ -95,11 +99,13 @@ def paired_ratios(runs: Mapping[str, Sequence[Figures]], numerator: str, denomin
 
 
 def cell(value: Any) -> str:
-    """How a table shows a figure: '-' for none, thousands apart, two decimals from 1 up."""
+    """How a table shows a figure: '-' for none, thousands apart, a ratio to three decimals."""
     if value is None:
         return "-"
     if isinstance(value, float):
-        return f"{value:,.2f}" if abs(value) >= 1 else f"{value:.3g}"
+        if abs(value) >= 100:
+            return f"{value:,.1f}"
+        return f"{value:.3f}" if abs(value) >= 1 else f"{value:.3g}"
     if isinstance(value, int) and not isinstance(value, bool):
         return f"{value:,}"
     return str(value)
@@ -128,7 +134,49 @@ def print_table(title: str, rows: Mapping[str, Figures], columns: Sequence[str] 
     """Print `build_table` to stdout (nothing for no rows); the figures a benchmark prints last."""
     if not rows:
         return
-    Console(width=None if sys.stdout.isatty() else 160).print(build_table(title, rows, columns))
+    Console(width=None if sys.stdout.isatty() else 240).print(build_table(title, rows, columns))  # a log: wide
+
+
+class CpuMeter:
+    """CPU used by given processes, and by the whole machine, between start() and stop().
+
+    meter = CpuMeter({"sampler-0": pid}); meter.start(); ...; meter.stop()
+    # {"sampler-0": 97.0, "machine": 180.0, "others": 83.0}: percent of one core
+    """
+
+    def __init__(self, procs: dict[str, int]) -> None:
+        self.procs = {name: psutil.Process(pid) for name, pid in procs.items()}
+        self._start: dict[str, float] = {}
+        self._machine_busy = 0.0
+        self._t0 = 0.0
+
+    @staticmethod
+    def _busy() -> float:
+        """CPU seconds the whole machine spent not idle (every core, every process)."""
+        t = psutil.cpu_times()
+        # Linux counts guest time inside user time too: leave it out of the sum.
+        not_busy = ("idle", "iowait", "guest", "guest_nice")
+        return sum(getattr(t, f) for f in t._fields if f not in not_busy)
+
+    def _cpu(self, proc: psutil.Process) -> float:
+        with contextlib.suppress(psutil.Error):
+            return sum(proc.cpu_times()[:2])  # user + system
+        return float("nan")
+
+    def start(self) -> None:
+        self._t0 = time.monotonic()
+        self._machine_busy = self._busy()
+        self._start = {name: self._cpu(p) for name, p in self.procs.items()}
+
+    def stop(self) -> dict[str, float]:
+        """Percent of one core per process, plus 'machine' (all processes) and 'others' (not ours)."""
+        wall = time.monotonic() - self._t0
+        used = {name: 100 * (self._cpu(p) - self._start[name]) / wall for name, p in self.procs.items()}
+        ours = sum(v for v in used.values() if not math.isnan(v))
+        machine = 100 * (self._busy() - self._machine_busy) / wall
+        used["machine"] = machine
+        used["others"] = max(0.0, machine - ours)
+        return used
 
 
 def cpu_model(cpuinfo: str) -> str:

@@ -36,10 +36,10 @@ import tempfile
 import time
 from contextlib import closing
 from dataclasses import asdict, dataclass
+from typing import NamedTuple
 
 import numpy as np
-import psutil
-from harness import result_record, write_result  # benchmarks/harness.py (this script's folder)
+from harness import CpuMeter, print_table, result_record, write_result  # benchmarks/harness.py (this script's folder)
 
 from buffer.ingest_client import IngestClient
 from fleet.launch.local_cluster import LocalRedisCluster
@@ -96,44 +96,6 @@ class Figures:
             e2e_env_steps_per_fleet_cpu_sec=_per(acked, fleet_cores),
             cpu_ratio=_per(_per(acked, sampler_cores), single.env_steps_per_cpu_sec),
         )
-
-
-class CpuMeter:
-    """CPU seconds used by given processes, and by the whole machine, between start() and stop()."""
-
-    def __init__(self, procs: dict[str, int]) -> None:
-        self.procs = {name: psutil.Process(pid) for name, pid in procs.items()}
-        self._start: dict[str, float] = {}
-        self._machine_busy = 0.0
-        self._t0 = 0.0
-
-    @staticmethod
-    def _busy() -> float:
-        """CPU seconds the whole machine spent not idle (every core, every process)."""
-        t = psutil.cpu_times()
-        # Linux counts guest time inside user time too: leave it out of the sum.
-        not_busy = ("idle", "iowait", "guest", "guest_nice")
-        return sum(getattr(t, f) for f in t._fields if f not in not_busy)
-
-    def _cpu(self, proc: psutil.Process) -> float:
-        with contextlib.suppress(psutil.Error):
-            return sum(proc.cpu_times()[:2])  # user + system
-        return float("nan")
-
-    def start(self) -> None:
-        self._t0 = time.monotonic()
-        self._machine_busy = self._busy()
-        self._start = {name: self._cpu(p) for name, p in self.procs.items()}
-
-    def stop(self) -> dict[str, float]:
-        """Percent of one core per process, plus 'machine' (all processes) and 'others' (not ours)."""
-        wall = time.monotonic() - self._t0
-        used = {name: 100 * (self._cpu(p) - self._start[name]) / wall for name, p in self.procs.items()}
-        ours = sum(v for v in used.values() if not np.isnan(v))
-        machine = 100 * (self._busy() - self._machine_busy) / wall
-        used["machine"] = machine
-        used["others"] = max(0.0, machine - ours)
-        return used
 
 
 @dataclass
@@ -374,6 +336,37 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+class Measured(NamedTuple):
+    single: SingleResult  # (a), both halves
+    config: RunConfig
+    e2e: dict  # (b) with the default security
+    security: dict[str, float] | None  # --compare-security: acked env steps/s per mode
+
+
+def measure(args: argparse.Namespace, run_dir: pathlib.Path) -> Measured:
+    """(a) in halves around (b): a drift in the machine's load shows as a gap between the halves
+    instead of skewing the ratio one way."""
+    half = args.seconds / 2
+    print(f"[a] single process: {args.task} env.step, {half:.0f}s before and after (b)", file=sys.stderr)
+    before = measure_env_steps(args.task, half, warmup_sec=min(2.0, half))
+    print(f"[e2e] starting fleet in {run_dir}", file=sys.stderr)
+    config, e2e = run_e2e(args, run_dir)
+    security = compare_security(args, run_dir) if args.compare_security else None
+    after = measure_env_steps(args.task, half, warmup_sec=min(1.0, half), seed=1)
+    print_diagnostics(before, after, e2e)
+    return Measured(SingleResult.combine(before, after), config, e2e, security)
+
+
+def print_security(default: float, security: dict[str, float]) -> None:
+    on, off = security["token_tls"], security["off"]
+    rows = {
+        "security off": {"env steps acked/s": off},
+        "token + Redis password (the default)": {"env steps acked/s": default, "over off": _per(default, off)},
+        "token + TLS": {"env steps acked/s": on, "over off": _per(on, off)},
+    }
+    print_table("security", rows)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     # SIGTERM unwinds like Ctrl-C: the `with` blocks stop every role and redis node.
@@ -381,15 +374,7 @@ def main(argv: list[str] | None = None) -> int:
     run_dir = pathlib.Path(args.run_dir or tempfile.mkdtemp(prefix="fleetrl-bench-"))
     ok = False
     try:
-        # (a) is split in halves around (b): a drift in the machine's load shows as a gap
-        # between the halves instead of skewing the ratio one way.
-        half = args.seconds / 2
-        print(f"[a] single process: {args.task} env.step, {half:.0f}s before and after (b)", file=sys.stderr)
-        before = measure_env_steps(args.task, half, warmup_sec=min(2.0, half))
-        print(f"[e2e] starting fleet in {run_dir}", file=sys.stderr)
-        config, e2e = run_e2e(args, run_dir)
-        security = compare_security(args, run_dir) if args.compare_security else None
-        after = measure_env_steps(args.task, half, warmup_sec=min(1.0, half), seed=1)
+        measured = measure(args, run_dir)
         ok = True
     except KeyboardInterrupt:
         print("interrupted; every process stopped", file=sys.stderr)
@@ -400,22 +385,16 @@ def main(argv: list[str] | None = None) -> int:
             print(f"logs kept in {run_dir / 'logs'}", file=sys.stderr)
         elif not args.run_dir:
             shutil.rmtree(run_dir, ignore_errors=True)
-    single = SingleResult.combine(before, after)
-    figures = Figures.of(args, config.sampler.her_k, single, e2e)
+    e2e, security = measured.e2e, measured.security
+    figures = Figures.of(args, measured.config.sampler.her_k, measured.single, e2e)
     if args.json:
-        payload = {**asdict(figures), "cpu_single": single.cpu, "cpu_e2e": e2e["cpu"], "phases": e2e["phases"]}
+        payload = {**asdict(figures), "cpu_single": measured.single.cpu, "cpu_e2e": e2e["cpu"], "phases": e2e["phases"]}
         if security is not None:
             payload["security_env_steps_per_sec"] = {**security, "default": e2e["env_steps_per_sec"]}
         write_result(result_record("sampler_throughput", payload), args.json)
-    print_diagnostics(before, after, e2e)
     print_figures(figures)
     if security is not None:
-        on, off = security["token_tls"], security["off"]
-        print(f"security off:            {off:10.1f} env steps acked/s")
-        print(f"token + Redis password:  {e2e['env_steps_per_sec']:10.1f} env steps acked/s (the default)")
-        print(f"token + TLS:             {on:10.1f} env steps acked/s")
-        print(f"ratio token+TLS / off:   {on / off:10.3f}")
-        print(f"ratio default / off:     {e2e['env_steps_per_sec'] / off:10.3f}")
+        print_security(e2e["env_steps_per_sec"], security)
     return 0
 
 

@@ -75,12 +75,12 @@ def test_paired_ratios_divide_within_each_repeat_and_skip_a_missing_figure(harne
 
 
 def test_the_table_has_a_row_per_arm_and_a_column_per_figure(harness):
-    rows = {"dense": {"updates/s": 1234.5, "share": 0.1234, "runs": 3}, "moe": {"updates/s": None, "share": 0.5}}
+    rows = {"dense": {"updates/s": 1234.5, "share": 0.1234, "runs": 3}, "moe": {"updates/s": None, "share": 1.6667}}
     text = harness.table_text(harness.build_table("medians of 3", rows))
     assert "medians of 3" in text
     lines = [line for line in text.splitlines() if "dense" in line or "moe" in line]
-    assert re.search(r"dense .*1,234\.50 .*0\.123 .*3", lines[0])
-    assert re.search(r"moe .* - .*0\.5 ", lines[1])
+    assert re.search(r"dense .*1,234\.5 .*0\.123 .*3", lines[0])
+    assert re.search(r"moe .* - .*1\.667 ", lines[1])
     only = harness.table_text(harness.build_table("t", rows, columns=["share"]))
     assert "updates/s" not in only and "0.123" in only
 
@@ -123,3 +123,18 @@ def test_the_scripts_and_readme_speak_of_the_product_not_of_its_history():
     for path in [BENCHMARKS / "README.md", *BENCHMARKS.glob("*.py")]:
         found = [m.group(0) for m in history.finditer(path.read_text())]
         assert not found, f"{path.name}: {found}"
+
+
+def test_the_cpu_meter_charges_a_busy_process_and_counts_the_rest_as_others(harness):
+    import os
+    import time
+
+    meter = harness.CpuMeter({"me": os.getpid()})
+    meter.start()
+    end = time.process_time() + 0.3
+    while time.process_time() < end:  # 0.3 CPU-seconds of this process
+        pass
+    used = meter.stop()
+    assert used["me"] > 10.0  # percent of one core over the window
+    assert used["machine"] >= used["others"] >= 0.0
+    assert set(used) == {"me", "machine", "others"}
