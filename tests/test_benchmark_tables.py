@@ -152,7 +152,7 @@ def test_learner_throughput_model_arms_are_valid_configs(monkeypatch):
     the config `fleetrl train --tasks ...` would run (the multi-task recipe, task heads for a
     task-routed MoE), one torch thread."""
     monkeypatch.syspath_prepend(str(BENCHMARKS))
-    lt = importlib.import_module("learner_throughput")
+    lt = importlib.import_module("model_arms")  # learner_throughput.py --model's arms
 
     configs = {arm: lt.arm_config(arm) for arm in lt.MODEL_ARMS}
     assert all(c.learner.torch_threads == 1 and list(c.sim.tasks) == lt.MODEL_TASKS for c in configs.values())
@@ -172,6 +172,15 @@ def test_learner_throughput_model_arms_are_valid_configs(monkeypatch):
     moe = {arm: (c.model.top_k, c.model.shared_experts) for arm, c in configs.items() if c.model.kind == "moe"}
     assert moe.pop("moe-e32-shared") == (3, 1) and set(moe.values()) == {(2, 0)}, moe
     assert configs["dense-b512"].model.kind == "dense"
+
+
+def test_learner_throughput_model_ratios_pair_the_measured_arms_and_count_rows(monkeypatch):
+    """A ratio needs both of its arms; at batch 512 it compares rows learned, twice the updates' rows."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    arms = importlib.import_module("model_arms")
+    ratios = arms.model_ratios({"dense": 50.0, "moe-e32": 40.0, "dense-b512": 30.0})
+    assert ratios == {"moe-e32 / dense (equal active width)": 0.8, "dense-b512 / dense (rows)": 1.2}
+    assert arms.model_ratios({"moe-e32": 40.0, "dense": 0.0}) == {}  # no rate to divide by
 
 
 def test_learner_throughput_measures_the_fleet_against_the_one_thread_float32_batch_256_loop(monkeypatch):
