@@ -45,6 +45,7 @@ from harness import (
     median_figures,
     print_table,
     ratio,
+    repeats_arg,
     result_record,
     run_interleaved,
     write_result,
@@ -194,7 +195,7 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--task", default="FetchPush-v4")
     p.add_argument("--versions", type=int, default=3000, help="versions per measurement")
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--repeats", type=repeats_arg, default=3)
     p.add_argument("--arm", action="append", default=[], help="NAME=CHECKOUT (a git work tree); default this one")
     p.add_argument(
         "--hidden",

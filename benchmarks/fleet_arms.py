@@ -26,11 +26,12 @@ import subprocess
 import sys
 import tempfile
 
-from harness import (  # benchmarks/harness.py (this script's folder)
+from harness import (
     REPO,
     median_figures,
     print_table,
     ratio,
+    repeats_arg,  # benchmarks/harness.py (this script's folder)
     result_record,
     run_interleaved,
     write_result,
@@ -113,7 +114,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--arm", action="append", required=True, help='NAME="fleetrl train options" (may be empty)')
     p.add_argument("--max-wall-sec", type=float, default=240.0)
     p.add_argument("--steady-from", type=float, default=60.0, help="steady-state rates from this second on")
-    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--repeats", type=repeats_arg, default=2)
     p.add_argument("--out", help="write the raw result here")
     return p
 

@@ -14,6 +14,7 @@ arm alike, so ratios taken within one run hold where absolute rates drift.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import datetime
 import io
@@ -56,6 +57,17 @@ def interleaved_order(arms: Sequence[str], repeats: int) -> list[Turn]:
     if len(set(arms)) != len(arms):
         raise ValueError(f"arms {list(arms)} name an arm twice: its figures would mix two runs")
     return [Turn(r, arm) for r in range(repeats) for arm in arms]
+
+
+def repeats_arg(text: str) -> int:
+    """argparse type for --repeats: an int >= 1, refused at the door with what it would mean."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of repeats") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be >= 1: with no repeat no arm is measured")
+    return value
 
 
 def run_interleaved(arms: Mapping[str, Arm], repeats: int) -> dict[str, list[dict[str, Any]]]:

@@ -34,11 +34,12 @@ import time
 from dataclasses import replace
 
 import numpy as np
-from harness import (  # benchmarks/harness.py (this script's folder)
+from harness import (
     Arm,
     median_figures,
     paired_ratios,
     print_table,
+    repeats_arg,  # benchmarks/harness.py (this script's folder)
     result_record,
     run_interleaved,
     write_result,
@@ -281,7 +282,7 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="learner.shared_memory=false: weights and gradients over gRPC even on the aggregator's host",
     )
-    p.add_argument("--repeats", type=int, default=3, help="runs of every arm, interleaved; figures are medians")
+    p.add_argument("--repeats", type=repeats_arg, default=3, help="runs of every arm, interleaved; figures are medians")
     p.add_argument("--out", help="write the raw result here")
     return p
 

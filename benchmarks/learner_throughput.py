@@ -48,9 +48,10 @@ from contextlib import closing
 import numpy as np
 import psutil
 import torch
-from harness import (  # benchmarks/harness.py (this script's folder)
+from harness import (
     median_figures,
     print_table,
+    repeats_arg,  # benchmarks/harness.py (this script's folder)
     result_record,
     run_interleaved,
     write_result,
@@ -236,7 +237,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="instead of (a)/(b): the bare loop of each named model on the 4-task set (repeatable; "
         "--seconds per arm and round)",
     )
-    p.add_argument("--repeats", type=int, default=3, help="--model: interleaved rounds (medians reported)")
+    p.add_argument("--repeats", type=repeats_arg, default=3, help="--model: interleaved rounds (medians reported)")
     args = p.parse_args(argv)
     if args.seconds <= 0:
         p.error(f"--seconds {args.seconds}: must be > 0")

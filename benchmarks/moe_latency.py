@@ -26,10 +26,11 @@ from collections.abc import Callable
 
 import numpy as np
 import torch
-from harness import (  # benchmarks/harness.py (this script's folder)
+from harness import (
     Arm,
     print_table,
     ratio,
+    repeats_arg,  # benchmarks/harness.py (this script's folder)
     result_record,
     run_interleaved,
     write_result,
@@ -129,11 +130,13 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--task", default="FetchPush-v4")
     p.add_argument("--calls", type=int, default=10_000, help="timed calls per arm")
-    p.add_argument("--rounds", type=int, default=10, help="interleaved rounds the calls are split into")
+    p.add_argument("--rounds", type=repeats_arg, default=10, help="interleaved rounds the calls are split into")
     p.add_argument("--calibration-episodes", type=int, default=10)
     p.add_argument("--checkpoint", help="a trained single-task MoE checkpoint (file, or the directory: newest)")
     p.add_argument("--out", help="write the raw result here")
     args = p.parse_args(argv)
+    if args.calls < args.rounds:
+        p.error(f"--calls {args.calls} must be >= --rounds {args.rounds}: each round times calls // rounds calls")
     torch.set_num_threads(1)
     subject = load_subject(args, p)
     paths, table = export_arms(subject, args.calibration_episodes, pathlib.Path(tempfile.mkdtemp(prefix="moe-lat-")))

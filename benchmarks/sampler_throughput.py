@@ -38,24 +38,19 @@ from contextlib import closing
 from dataclasses import asdict, dataclass
 from typing import NamedTuple
 
-import numpy as np
+from env_step_rate import SingleResult, measure_env_steps, per_unit  # this script's folder
 from harness import CpuMeter, print_table, result_record, write_result  # benchmarks/harness.py (this script's folder)
 
 from buffer.ingest_client import IngestClient
 from fleet.launch.local_cluster import LocalRedisCluster
 from fleet.launch.local_fleet import LocalFleet
 from fleet.launch.watchdog import Watchdog
-from foundation.config import RandomizationConfig, RunConfig, with_overrides
+from foundation.config import RunConfig, with_overrides
 from foundation.process import heartbeat_file
-from sim.registry import get_task, make_env
 
 FIRST_ACK_TIMEOUT_SEC = 120.0
 POLL_SEC = 0.5
 NEVER_POLICY_STEPS = 10**12  # sampler.random_steps: the samplers act randomly for the whole run
-
-
-def _per(amount: float, per: float) -> float:
-    return amount / per if per > 0 else float("nan")
 
 
 @dataclass
@@ -88,64 +83,14 @@ class Figures:
             single_env_steps_per_sec=single.env_steps_per_sec,
             e2e_env_steps_per_sec=acked,
             e2e_transitions_per_sec=e2e["transitions_per_sec"],
-            ratio=_per(acked, single.env_steps_per_sec),
+            ratio=per_unit(acked, single.env_steps_per_sec),
             single_window_sec=single.window_sec,
             e2e_window_sec=e2e["window_sec"],
             single_env_steps_per_cpu_sec=single.env_steps_per_cpu_sec,
-            e2e_env_steps_per_sampler_cpu_sec=_per(acked, sampler_cores),
-            e2e_env_steps_per_fleet_cpu_sec=_per(acked, fleet_cores),
-            cpu_ratio=_per(_per(acked, sampler_cores), single.env_steps_per_cpu_sec),
+            e2e_env_steps_per_sampler_cpu_sec=per_unit(acked, sampler_cores),
+            e2e_env_steps_per_fleet_cpu_sec=per_unit(acked, fleet_cores),
+            cpu_ratio=per_unit(per_unit(acked, sampler_cores), single.env_steps_per_cpu_sec),
         )
-
-
-@dataclass
-class SingleResult:
-    env_steps: int
-    window_sec: float
-    cpu: dict[str, float]  # CpuMeter.stop() over the measured window
-
-    @property
-    def env_steps_per_sec(self) -> float:
-        return self.env_steps / self.window_sec
-
-    @property
-    def env_steps_per_cpu_sec(self) -> float:
-        return _per(self.env_steps_per_sec, self.cpu["benchmark"] / 100)
-
-    @staticmethod
-    def combine(a: SingleResult, b: SingleResult) -> SingleResult:
-        """Both windows as one: steps and seconds add up, CPU shares are time-weighted."""
-        window = a.window_sec + b.window_sec
-        cpu = {k: (a.cpu[k] * a.window_sec + b.cpu[k] * b.window_sec) / window for k in a.cpu}
-        return SingleResult(a.env_steps + b.env_steps, window, cpu)
-
-
-def measure_env_steps(task: str, seconds: float, warmup_sec: float, seed: int = 0) -> SingleResult:
-    """env.step calls per second of the randomized env with uniform random actions, reset on episode end."""
-    env = make_env(get_task(task), RandomizationConfig())
-    rng = np.random.default_rng(seed)
-    shape = env.action_space.shape
-    env.reset(seed=seed)
-    episodes = 1
-
-    def run_for(duration: float) -> tuple[int, float]:
-        nonlocal episodes
-        steps, start = 0, time.perf_counter()
-        while time.perf_counter() - start < duration:
-            _, _, terminated, truncated, _ = env.step(rng.uniform(-1.0, 1.0, shape).astype(np.float32))
-            steps += 1
-            if terminated or truncated:
-                env.reset(seed=seed + episodes)
-                episodes += 1
-        return steps, time.perf_counter() - start
-
-    run_for(warmup_sec)
-    meter = CpuMeter({"benchmark": os.getpid()})
-    meter.start()
-    steps, elapsed = run_for(seconds)
-    cpu = meter.stop()
-    env.close()
-    return SingleResult(steps, elapsed, cpu)
 
 
 def bench_config(task: str, samplers: int, run_dir: pathlib.Path, security: list[str] = ()) -> RunConfig:
@@ -262,7 +207,7 @@ def print_diagnostics(before: SingleResult, after: SingleResult, e2e: dict) -> N
 
 
 def print_figures(f: Figures) -> None:
-    her = f"{_per(f.e2e_transitions_per_sec, f.e2e_env_steps_per_sec):.2f} per env step, HER k={f.her_k} included"
+    her = f"{per_unit(f.e2e_transitions_per_sec, f.e2e_env_steps_per_sec):.2f} per env step, HER k={f.her_k} included"
     rows = [
         ("per CPU-second (context: less sensitive to other load than the rates below)", None, ""),
         ("  single-process env.step per CPU-s", f.single_env_steps_per_cpu_sec, ""),
@@ -273,7 +218,7 @@ def print_figures(f: Figures) -> None:
         ("end-to-end transitions acked/s", f.e2e_transitions_per_sec, her),
         (
             "ratio transitions acked/s / env.step/s",
-            _per(f.e2e_transitions_per_sec, f.single_env_steps_per_sec),
+            per_unit(f.e2e_transitions_per_sec, f.single_env_steps_per_sec),
             "relabeled copies count: up to her_k + 1 per sampler",
         ),
         ("ratio end-to-end / single-process", f.ratio, "env steps acked/s over env.step/s, like for like"),
@@ -361,8 +306,8 @@ def print_security(default: float, security: dict[str, float]) -> None:
     on, off = security["token_tls"], security["off"]
     rows = {
         "security off": {"env steps acked/s": off},
-        "token + Redis password (the default)": {"env steps acked/s": default, "over off": _per(default, off)},
-        "token + TLS": {"env steps acked/s": on, "over off": _per(on, off)},
+        "token + Redis password (the default)": {"env steps acked/s": default, "over off": per_unit(default, off)},
+        "token + TLS": {"env steps acked/s": on, "over off": per_unit(on, off)},
     }
     print_table("security", rows)
 

@@ -37,6 +37,15 @@ def test_a_schedule_that_measures_nothing_or_mixes_arms_is_refused(harness, arms
         harness.interleaved_order(arms, repeats)
 
 
+@pytest.mark.parametrize(("text", "says"), [("0", "must be >= 1"), ("-2", "must be >= 1"), ("two", "not a whole")])
+def test_a_repeats_flag_below_one_is_refused_at_the_door(harness, text, says):
+    import argparse
+
+    assert harness.repeats_arg("3") == 3
+    with pytest.raises(argparse.ArgumentTypeError, match=says):
+        harness.repeats_arg(text)
+
+
 def test_run_interleaved_calls_the_arms_in_turn_with_the_repeat_index(harness, capsys):
     calls = []
 
