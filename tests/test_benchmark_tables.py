@@ -304,3 +304,12 @@ def test_exploration_probe_counts_moved_episodes_with_the_samplers_policy(monkey
     # FetchReach's achieved goal is the gripper: a walk of uniform steps always leaves its first 5 cm.
     reach = probe.probe("FetchReach-v4", random_share=1.0, repeat=1, episodes=3, seed=0)
     assert reach["moved"] == 3 and reach["moved_share"] == 1.0 and reach["episodes"] == 3
+
+
+def test_a_baseline_counts_its_training_rate_without_the_evaluations_after_its_first_update(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    outcome_mod = importlib.import_module("baseline_outcome")
+    outcome = outcome_mod.Outcome(seed=0, target=0.9, wall_sec=100.0, gradient_steps=700)
+    assert outcome_mod.train_updates_per_sec(outcome) == 0.0  # no update made: no training time
+    outcome.train_start_wall_sec, outcome.eval_sec_total, outcome.eval_sec_before_train = 10.0, 30.0, 10.0
+    assert outcome_mod.train_updates_per_sec(outcome) == 10.0  # 700 updates over 100 - 10 - (30 - 10) s
