@@ -31,6 +31,7 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import replace
 
 import numpy as np
@@ -305,9 +306,15 @@ def group_arms(config: RunConfig, args: argparse.Namespace) -> dict[str, Arm]:
         ("straggler_k_of_m", run_aggregator_arm, True, straggle),
         ("straggler_allreduce", run_allreduce_arm, True, straggle),
     ):
-        arms[name] = functools.partial(lambda run, c, p, _r: run(config, args.learners, args.seconds, c, p),
-                                       runner, compute, pause)  # fmt: skip
+        arms[name] = functools.partial(_measure_arm, runner, config, args, compute, pause)
     return arms
+
+
+def _measure_arm(
+    runner: Callable[..., dict], config: RunConfig, args: argparse.Namespace, compute: bool, pause: tuple, _repeat: int
+) -> dict:
+    """One repeat of one arm (the repeat changes nothing: the arms differ, the repeats do not)."""
+    return runner(config, args.learners, args.seconds, compute, pause)
 
 
 def group_ratios(runs: dict[str, list[dict]]) -> dict[str, float]:
