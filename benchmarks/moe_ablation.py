@@ -8,8 +8,8 @@ Each run, one after another on this machine, the arms interleaved within each se
 `--max-wall-sec` only guards against a hung run, and a run it stops is marked so), with the same
 replay ratio, with layered SWA on, so the run's checkpoint holds three actors from the same
 versions: the live one, the layered average and the plain average of the same scored versions.
-After the run, each of the three is scored on
-`--episodes` held-out episodes per task (`fleetrl evaluate --weights live|swa|swa_plain`).
+After the run, each of the three is scored on `--episodes` held-out episodes per task
+(`fleetrl evaluate --weights live|swa|swa_plain`).
 
 Arms:
 - dense: the dense networks (model.kind dense);
