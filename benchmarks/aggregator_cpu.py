@@ -24,19 +24,32 @@ Prints LAST each arm's CPU per version over the first arm's (below 1: cheaper).
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
+import itertools
 import json
 import os
 import pathlib
-import statistics
+import re
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 
 import numpy as np
 import psutil
 import torch
-from common import REPO, result_record, write_result  # benchmarks/common.py (this script's folder)
+from harness import (
+    REPO,
+    median_figures,
+    print_table,
+    ratio,
+    repeats_arg,
+    result_record,
+    run_interleaved,
+    write_result,
+)  # benchmarks/harness.py (this script's folder)
 
 from aggregator.client import AggregatorClient, GradientPush
 from fleet.launch.local_fleet import free_port
@@ -60,20 +73,21 @@ def _wait_up(address: str, proc: subprocess.Popen, timeout: float = 60.0) -> Non
                 time.sleep(0.2)
 
 
-def measure(
-    checkout: pathlib.Path,
-    config_path: str,
-    versions: int,
-    task: str,
-    hidden: tuple[int, ...],
-    wire: str,
-    weights_via: str = "grpc",
-    push_via: str = "stream",
-) -> dict:
-    grads, stats, sizes = _gradient(RunConfig.load(config_path))
-    gradient_bytes = (2 if wire == "bfloat16" else 4) * sum(sizes[g] for g in GRADIENT_GROUPS)
-    weight_bytes = 4 * sum(sizes[g] for g in LEARNER_GROUPS)
-    moved_mb = (gradient_bytes + weight_bytes) / 1e6 if weights_via == "grpc" else 0.0  # over gRPC
+@dataclasses.dataclass(frozen=True)
+class ArmSpec:
+    """One arm: the checkout whose aggregator runs, the networks' size and how bytes travel."""
+
+    checkout: pathlib.Path
+    hidden: tuple[int, ...]
+    wire: str  # float32 | bfloat16: the gradients' wire format
+    weights_via: str  # grpc | shm
+    push_via: str  # stream | unary
+    settings: tuple[str, ...]  # section.field=value for this arm's run
+
+
+@contextlib.contextmanager
+def running_aggregator(checkout: pathlib.Path, config_path: str) -> Iterator[tuple[str, psutil.Process]]:
+    """A `fleetrl aggregator` process of `checkout`, up and answering: (address, process)."""
     port = free_port()
     env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "PYTHONPATH": str(checkout)}
     cmd = [sys.executable, "-m", "fleet.cli.main", "aggregator", "--config", config_path, "--port", str(port)]
@@ -81,44 +95,53 @@ def measure(
     address = f"127.0.0.1:{port}"
     try:
         _wait_up(address, proc)
-        agg = psutil.Process(proc.pid)
-        with (
-            AggregatorClient(address) as client,
-            client.watch("bench-learner", LEARNER_GROUPS, shared_memory=weights_via == "shm") as weights,
-            client.watch("bench-sampler", ACTOR_GROUPS, 0.2),
-        ):
-            snapshot = weights.wait_newer_than(-1, timeout=30)
-            assert snapshot is not None, "no weights streamed"
-            if weights_via == "shm":  # as a learner does once it maps the aggregator's weights
-                deadline = time.monotonic() + 30
-                while not weights.shared_memory and time.monotonic() < deadline:
-                    time.sleep(0.01)
-                assert weights.shared_memory and client.share_gradients({g: grads[g].size for g in grads})
-            before, start = agg.cpu_times(), time.monotonic()
-            first = snapshot.version
-            while snapshot.version < first + versions:
-                push = GradientPush(0, snapshot.version, grads, stats, 256, wire_dtype=wire)
-                if push_via == "stream":  # as a learner pushes: PushGradientsStream
-                    client.push_gradients_async(push).result()
-                else:
-                    client.push_gradients(push)
-                newer = weights.wait_newer_than(snapshot.version, timeout=30)
-                assert newer is not None, f"no version after {snapshot.version}"
-                snapshot = newer
-            elapsed, after = time.monotonic() - start, agg.cpu_times()
-        made = snapshot.version - first
-        cpu = (after.user - before.user) + (after.system - before.system)
-        return {
-            "versions": made,
-            "mb_moved_per_version": moved_mb,  # the gradient in, the learner's weights out (over gRPC)
-            "weights_from_shared_memory": weights.shared_reads,
-            "gradients_through_shared_memory": client.shares_gradients,
-            "cpu_ms_per_version": 1000 * cpu / made,
-            "versions_per_sec": made / elapsed,
-        }
+        yield address, psutil.Process(proc.pid)
     finally:
         proc.terminate()
         proc.wait(30)
+
+
+def measure(spec: ArmSpec, config_path: str, versions: int) -> dict:
+    """The aggregator's CPU per version while a learner pushes a gradient on each of `versions` versions."""
+    grads, stats, sizes = _gradient(RunConfig.load(config_path))
+    gradient_bytes = (2 if spec.wire == "bfloat16" else 4) * sum(sizes[g] for g in GRADIENT_GROUPS)
+    weight_bytes = 4 * sum(sizes[g] for g in LEARNER_GROUPS)
+    shm = spec.weights_via == "shm"
+    with (
+        running_aggregator(spec.checkout, config_path) as (address, agg),
+        AggregatorClient(address) as client,
+        client.watch("bench-learner", LEARNER_GROUPS, shared_memory=shm) as weights,
+        client.watch("bench-sampler", ACTOR_GROUPS, 0.2),
+    ):
+        snapshot = weights.wait_newer_than(-1, timeout=30)
+        assert snapshot is not None, "no weights streamed"
+        if shm:  # as a learner does once it maps the aggregator's weights
+            deadline = time.monotonic() + 30
+            while not weights.shared_memory and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert weights.shared_memory and client.share_gradients({g: grads[g].size for g in grads})
+        before, start = agg.cpu_times(), time.monotonic()
+        first = snapshot.version
+        while snapshot.version < first + versions:
+            push = GradientPush(0, snapshot.version, grads, stats, 256, wire_dtype=spec.wire)
+            if spec.push_via == "stream":  # as a learner pushes: PushGradientsStream
+                client.push_gradients_async(push).result()
+            else:
+                client.push_gradients(push)
+            newer = weights.wait_newer_than(snapshot.version, timeout=30)
+            assert newer is not None, f"no version after {snapshot.version}"
+            snapshot = newer
+        elapsed, after = time.monotonic() - start, agg.cpu_times()
+    made = snapshot.version - first
+    cpu = (after.user - before.user) + (after.system - before.system)
+    return {
+        "versions": made,
+        "mb_moved_per_version": 0.0 if shm else (gradient_bytes + weight_bytes) / 1e6,  # gradient in, weights out
+        "weights_from_shared_memory": weights.shared_reads,
+        "gradients_through_shared_memory": client.shares_gradients,
+        "cpu_ms_per_version": 1000 * cpu / made,
+        "versions_per_sec": made / elapsed,
+    }
 
 
 def _gradient(config: RunConfig, rows: int = 256) -> tuple[dict[str, np.ndarray], np.ndarray, dict[str, int]]:
@@ -149,24 +172,30 @@ def _tag(value: str, values: list[str]) -> str:
     return f"/{value}" if len(values) > 1 else ""
 
 
-def _print(medians: dict, fits: dict, ratios: dict, repeats: int) -> None:
-    print(f"\n{'arm':>16} {'MB moved':>9} {'CPU ms/version':>15} {'versions/s':>11}  (medians of {repeats})")
-    for name, m in medians.items():
-        mb, cpu, rate = m["mb_moved_per_version"], m["cpu_ms_per_version"], m["versions_per_sec"]
-        print(f"{name:>16} {mb:>9.2f} {cpu:>15.2f} {rate:>11.1f}")
-    for name, fit in fits.items():
-        print(
-            f"{name}: {fit['fixed_cpu_ms_per_version']:.2f} ms fixed + {fit['cpu_ms_per_mb_moved']:.2f} ms per MB moved"
-        )
-    for name, value in ratios.items():
-        print(f"{name}: {value:.3f}")
+def _fits(medians: dict, arms: dict[str, ArmSpec]) -> dict:
+    """Per checkout and transport: CPU per version = fixed + per_mb * MB moved (least squares on the medians)."""
+    groups: dict[tuple, list[str]] = {}
+    for name, spec in arms.items():
+        groups.setdefault((spec.checkout, spec.wire, spec.weights_via, spec.push_via, spec.settings), []).append(name)
+    fits = {}
+    for names in groups.values():
+        if len({arms[n].hidden for n in names}) < 2:
+            continue
+        points = [medians[n] for n in names]
+        per_mb, fixed = np.polyfit([m["mb_moved_per_version"] for m in points],
+                                   [m["cpu_ms_per_version"] for m in points], 1)  # fmt: skip
+        fits[re.sub(r"@[0-9x]+", "", names[0])] = {
+            "fixed_cpu_ms_per_version": float(fixed),
+            "cpu_ms_per_mb_moved": float(per_mb),
+        }
+    return fits
 
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--task", default="FetchPush-v4")
     p.add_argument("--versions", type=int, default=3000, help="versions per measurement")
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--repeats", type=repeats_arg, default=3)
     p.add_argument("--arm", action="append", default=[], help="NAME=CHECKOUT (a git work tree); default this one")
     p.add_argument(
         "--hidden",
@@ -204,9 +233,8 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = _parser()
-    args = p.parse_args(argv)
+def arm_specs(args: argparse.Namespace, p: argparse.ArgumentParser) -> dict[str, ArmSpec]:
+    """Every checkout x size x wire x transport x push, named by what varies: 'this@64x64/bfloat16'."""
     checkouts = dict(a.split("=", 1) for a in args.arm) or {"this": str(REPO)}
     arm_sets: dict[str, list[str]] = {}
     for item in args.arm_set:
@@ -216,81 +244,64 @@ def main(argv: list[str] | None = None) -> int:
         arm_sets.setdefault(name, []).append(setting)
     sizes = [tuple(int(w) for w in h.split(",")) for h in args.hidden] or [(256, 256)]
     wires = args.wire or [RunConfig().learner.gradient_wire_dtype]
-    vias = args.weights or ["grpc"]
-    pushes = args.push or ["stream"]
+    vias, pushes = args.weights or ["grpc"], args.push or ["stream"]
+    arms = {}
+    for name, path in checkouts.items():
+        for hidden, wire, via, push in itertools.product(sizes, wires, vias, pushes):
+            size = f"@{'x'.join(map(str, hidden))}" if len(sizes) > 1 else ""
+            label = name + size + _tag(wire, wires) + _tag(via, vias) + _tag(push, pushes)
+            arms[label] = ArmSpec(pathlib.Path(path), hidden, wire, via, push, tuple(arm_sets.get(name, [])))
+    return arms
 
-    def arm_name(name: str, hidden: tuple[int, ...], wire: str, via: str, push: str) -> str:  # what varies
-        size = f"@{'x'.join(map(str, hidden))}" if len(sizes) > 1 else ""
-        return name + size + _tag(wire, wires) + _tag(via, vias) + _tag(push, pushes)
 
-    arms = {
-        arm_name(name, hidden, wire, via, push): (path, hidden, wire, via, push)
-        for name, path in checkouts.items()
-        for hidden in sizes
-        for wire in wires
-        for via in vias
-        for push in pushes
-    }
-    commits = {
-        name: subprocess.run(["git", "rev-parse", "HEAD"], cwd=path, capture_output=True, text=True).stdout.strip()
-        for name, path in checkouts.items()
-    }
-    rows: list[dict] = []
+def arm_config(args: argparse.Namespace, spec: ArmSpec, path: pathlib.Path) -> str:
+    """Write the arm's run config (one learner, the arm's networks and settings) to `path`."""
+    overrides = [
+        f'sim.task="{args.task}"',
+        "learner.num_learners=1",
+        f"learner.hidden_sizes={list(spec.hidden)}",
+        *([f"sim.tasks={json.dumps(args.tasks.split(','))}"] if args.tasks else []),
+        *args.set,
+        *spec.settings,
+    ]
+    path.write_text(with_overrides(RunConfig(), overrides).to_json())
+    return str(path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = _parser()
+    args = p.parse_args(argv)
+    arms = arm_specs(args, p)
     with tempfile.TemporaryDirectory() as tmp:
-        for repeat in range(args.repeats):
-            for name, (path, hidden, wire, via, push) in arms.items():
-                overrides = [
-                    f'sim.task="{args.task}"',
-                    "learner.num_learners=1",
-                    f"learner.hidden_sizes={list(hidden)}",
-                    *([f"sim.tasks={json.dumps(args.tasks.split(','))}"] if args.tasks else []),
-                    *args.set,
-                    *arm_sets.get(name.split("@")[0].split("/")[0], []),
-                ]
-                config_path = os.path.join(tmp, f"config-{name.replace('/', '-')}.json")
-                pathlib.Path(config_path).write_text(with_overrides(RunConfig(), overrides).to_json())
-                row = {
-                    "arm": name,
-                    "hidden": list(hidden),
-                    "wire": wire,
-                    "weights": via,
-                    "push": push,
-                    "repeat": repeat,
-                    **measure(pathlib.Path(path), config_path, args.versions, args.task, hidden, wire, via, push),
-                }
-                rows.append(row)
-                print(row, flush=True)
-    medians = {
-        name: {
-            key: statistics.median(r[key] for r in rows if r["arm"] == name)
-            for key in ("mb_moved_per_version", "cpu_ms_per_version", "versions_per_sec")
-        }
-        for name in arms
-    }
+        configs = {name: arm_config(args, spec, pathlib.Path(tmp, f"config-{i}.json"))
+                   for i, (name, spec) in enumerate(arms.items())}  # fmt: skip
+        runs = run_interleaved(
+            {name: (lambda _repeat, n=name: measure(arms[n], configs[n], args.versions)) for name in arms},
+            args.repeats,
+        )
+    keys = ("mb_moved_per_version", "cpu_ms_per_version", "versions_per_sec")
+    medians = {name: {k: m[k] for k in keys} for name, m in median_figures(runs).items()}
     base = next(iter(arms))
     ratios = {
-        f"cpu_per_version_{name}_over_{base}": medians[name]["cpu_ms_per_version"] / medians[base]["cpu_ms_per_version"]
-        for name in arms
+        f"cpu_per_version_{name}_over_{base}": ratio(m["cpu_ms_per_version"], medians[base]["cpu_ms_per_version"])
+        for name, m in medians.items()
         if name != base
     }
-    fits = {}
-    if len(sizes) > 1:  # per checkout: CPU per version = fixed + per_mb * MB moved (least squares on the medians)
-        for name, wire, via, push in ((n, w, v, u) for n in checkouts for w in wires for v in vias for u in pushes):
-            same = (checkouts[name], wire, via, push)
-            points = [medians[a] for a, (path, _, *rest) in arms.items() if (path, *rest) == same]
-            per_mb, fixed = np.polyfit([m["mb_moved_per_version"] for m in points],
-                                       [m["cpu_ms_per_version"] for m in points], 1)  # fmt: skip
-            fits[name + _tag(wire, wires) + _tag(via, vias) + _tag(push, pushes)] = {
-                "fixed_cpu_ms_per_version": float(fixed),
-                "cpu_ms_per_mb_moved": float(per_mb),
-            }
+    fits = _fits(medians, arms)
     if args.out:
-        figures = {"task": args.task, "arms": {a: p for a, (p, *_) in arms.items()}, "commits": commits, "rows": rows}
-        figures |= {"tasks": args.tasks, "settings": args.set, "arm_settings": arm_sets}
-        figures |= {"medians": medians, "ratios": ratios, "fits": fits}
+        commits = {name: _commit(spec.checkout) for name, spec in arms.items()}
+        figures = {"task": args.task, "tasks": args.tasks, "settings": args.set, "commits": commits}
+        figures |= {"arms": {n: dataclasses.asdict(s) | {"checkout": str(s.checkout)} for n, s in arms.items()}}
+        figures |= {"runs": runs, "medians": medians, "ratios": ratios, "fits": fits}
         write_result(result_record("aggregator_cpu", figures), args.out)
-    _print(medians, fits, ratios, args.repeats)
+    print_table(f"aggregator per version, medians of {args.repeats}", medians)
+    print_table("CPU per version = fixed + per MB moved", fits)
+    print_table("CPU per version over the first arm's (below 1: cheaper)", {k: {"ratio": v} for k, v in ratios.items()})
     return 0
+
+
+def _commit(checkout: pathlib.Path) -> str:
+    return subprocess.run(["git", "rev-parse", "HEAD"], cwd=checkout, capture_output=True, text=True).stdout.strip()
 
 
 if __name__ == "__main__":

@@ -3,7 +3,8 @@
     python3 benchmarks/async_vs_sync.py --task FetchReach-v4 [--seeds 0,1,2] [--out R.json]
     python3 benchmarks/async_vs_sync.py --task FetchPush-v4 --max-wall-sec 300 --seeds 0 [--out R.json]
 
-For each seed, one after another on this machine (nothing else running), `fleetrl train`:
+For each seed, one after another on this machine (nothing else running), the arms interleaved
+(each seed is a repeat), `fleetrl train`:
 - sync: `--mode sync`, one process alternating collection and training (fleet/launch/sync.py);
 - async: the local fleet with one learner (the default);
 - async-2: the local fleet with two learners, each gradient its own version
@@ -12,7 +13,7 @@ For each seed, one after another on this machine (nothing else running), `fleetr
 All three keep the task preset's `sampler.max_env_steps_per_update`. Figures per run: env
 steps per second over the run and in steady state (from --steady-from seconds on, from
 progress.jsonl), updates per second, wall-clock and env steps to the target. Ratios of the
-medians over seeds, async / sync (target: >= 1.7 on 2 cores, 2.0 the limit).
+medians over seeds, async / sync (goal: >= 1.7 on 2 cores, 2.0 the limit).
 Prints the figures last.
 """
 
@@ -21,13 +22,20 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
-import statistics
 import subprocess
 import sys
 import tempfile
 
-from common import REPO, result_record, write_result  # benchmarks/common.py (this script's folder)
 from fleet_arms import steady  # progress.jsonl rates from a second on
+from harness import (  # benchmarks/harness.py (this script's folder)
+    REPO,
+    median_figures,
+    print_table,
+    ratio,
+    result_record,
+    run_interleaved,
+    write_result,
+)
 
 ARMS = {
     "sync": ["--mode", "sync"],
@@ -46,7 +54,6 @@ def run(arm: str, task: str, seed: int, max_wall_sec: float, root: pathlib.Path,
     subprocess.run(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=max_wall_sec + 600)
     s = json.loads((run_dir / "summary.json").read_text())
     return {
-        "arm": arm,
         "seed": seed,
         "reached_target": s["reached_target"],
         "wall_sec": s["wall_sec"],
@@ -60,13 +67,18 @@ def run(arm: str, task: str, seed: int, max_wall_sec: float, root: pathlib.Path,
     }
 
 
-def _median(rows: list[dict], key: str) -> float | None:
-    values = [r[key] for r in rows if r[key] is not None]
-    return statistics.median(values) if values else None
-
-
-def _ratio(a: float | None, b: float | None) -> float | None:
-    return round(a / b, 3) if a and b else None
+def over_sync(medians: dict[str, dict[str, float | None]]) -> dict[str, dict[str, float | None]]:
+    """Each async arm's rates over sync's, and sync's wall-clock to the target over the arm's."""
+    sync = medians.get("sync", {})
+    return {
+        arm: {
+            "env_steps_per_sec": ratio(m["env_steps_per_sec"], sync.get("env_steps_per_sec")),
+            "steady_env_steps_per_sec": ratio(m["steady_env_steps_per_sec"], sync.get("steady_env_steps_per_sec")),
+            "wall_sec_to_target_sync_over_async": ratio(sync.get("wall_sec_to_target"), m["wall_sec_to_target"]),
+        }
+        for arm, m in medians.items()
+        if arm != "sync"
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -75,35 +87,28 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--max-wall-sec", type=float, default=300.0)
     p.add_argument("--steady-from", type=float, default=60.0, help="steady-state rate from this second on")
-    p.add_argument("--arms", default=",".join(ARMS))
+    p.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated, of {list(ARMS)}")
     p.add_argument("--out", help="write the raw result here")
     args = p.parse_args(argv)
-    arms = args.arms.split(",")
+    arms, seeds = args.arms.split(","), [int(s) for s in args.seeds.split(",")]
+    if unknown := set(arms) - set(ARMS):
+        p.error(f"--arms: unknown {sorted(unknown)}; expected some of {list(ARMS)}")
     root = pathlib.Path(tempfile.mkdtemp(prefix="fleetrl-async-sync-"))
-    rows = []
-    for seed in (int(s) for s in args.seeds.split(",")):
-        for arm in arms:
-            rows.append(run(arm, args.task, seed, args.max_wall_sec, root, args.steady_from))
+    runs = run_interleaved(
+        {
+            arm: (lambda r, a=arm: run(a, args.task, seeds[r], args.max_wall_sec, root, args.steady_from))
+            for arm in arms
+        },
+        len(seeds),
+    )
     keys = ("env_steps_per_sec", "steady_env_steps_per_sec", "updates_per_sec", "wall_sec_to_target")
-    medians = {arm: {k: _median([r for r in rows if r["arm"] == arm], k) for k in keys} for arm in arms}
-    ratios = {}
-    for arm in (a for a in arms if a != "sync"):
-        m, sync = medians[arm], medians.get("sync", {})
-        ratios[arm] = {
-            "env_steps_per_sec": _ratio(m["env_steps_per_sec"], sync.get("env_steps_per_sec")),
-            "steady_env_steps_per_sec": _ratio(m["steady_env_steps_per_sec"], sync.get("steady_env_steps_per_sec")),
-            "wall_sec_to_target_sync_over_async": _ratio(sync.get("wall_sec_to_target"), m["wall_sec_to_target"]),
-        }
-    figures = {"task": args.task, "max_wall_sec": args.max_wall_sec, "runs": rows, "medians": medians}
-    figures["async_over_sync"] = ratios
+    medians = {arm: {k: m.get(k) for k in keys} for arm, m in median_figures(runs).items()}
+    figures = {"task": args.task, "max_wall_sec": args.max_wall_sec, "runs": runs, "medians": medians}
+    figures["async_over_sync"] = over_sync(medians)
     if args.out:
         write_result(result_record("async_vs_sync", figures), args.out)
-    print(f"\n=== {args.task}: medians over seeds {args.seeds} ===")
-    for arm, m in medians.items():
-        shown = {k: (round(v, 1) if v is not None else None) for k, v in m.items()}
-        print(f"{arm:8s} {shown}")
-    for arm, r in ratios.items():
-        print(f"{arm} / sync: {r}  (goal >= 1.7)")
+    print_table(f"{args.task}: medians over seeds {args.seeds}", medians)
+    print_table("async / sync (goal >= 1.7)", figures["async_over_sync"])
     return 0
 
 

@@ -22,7 +22,7 @@ import tempfile
 import grpc
 import numpy as np
 import redis
-from common import result_record, write_result  # benchmarks/common.py (this script's folder)
+from harness import print_table, result_record, write_result  # benchmarks/harness.py (this script's folder)
 
 from aggregator.client import AggregatorClient, GradientPush
 from aggregator.core import AggregatorCore
@@ -69,16 +69,77 @@ def refused(call) -> str:
     return "OK"  # served: a refusal case that gets this is a hole
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", help="write the raw result (JSON) here")
-    args = p.parse_args(argv)
-    fleet = Security(token="the-fleet-token", redis_user="fleetrl", redis_password="the-redis-password-" + "x" * 12)
-    rows = []
-    with (
-        LocalRedisCluster(auth=fleet) as cluster,
-        tempfile.TemporaryDirectory() as run_dir,
+class SecuredServices:
+    """The ingest service and the aggregator with security on, and callers of each."""
+
+    def __init__(
+        self, storage: TemporalStorage, core: AggregatorCore, ingest: IngestServer, aggregator: AggregatorServer
     ):
+        self.storage, self.core, self.ingest, self.aggregator = storage, core, ingest, aggregator
+        self._seq = iter(range(1, 1000))
+
+    def push(self, security: Security) -> None:
+        with IngestClient(self.ingest.address, sampler_id=1, run_id=RUN, security=security) as c:
+            c.push(transitions(50), seq=next(self._seq), policy_version=0, task_id=0, env_steps=50, max_retry_sec=2)
+
+    def call_aggregator(self, security: Security, what: str) -> None:
+        with AggregatorClient(self.aggregator.address, timeout_sec=3.0, security=security) as c:
+            if what == "PushGradients":
+                c.push_gradients(gradient(self.core))
+            elif what == "Stats":
+                c.stats()
+            elif what == "ReportEval":  # a forged "target reached"
+                c._stub.ReportEval(pb.EvalReport(episodes=50, success_rate=1.0, kind="full"), timeout=3)
+            else:
+                next(iter(c._stub.WatchWeights(pb.WatchRequest(subscriber="x"), timeout=3)))
+
+    def state(self) -> dict:
+        """What a call let through would change: the buffer's head, the version, the last evaluation."""
+        return {"buffer_head": self.storage.head(), "version": self.core.version,
+                "last_eval_episodes": self.aggregator.servicer.last_eval.episodes}  # fmt: skip
+
+
+def service_rows(services: SecuredServices, fleet: Security) -> list[dict]:
+    """Each gRPC call without the token and with a wrong one: status, what changed, served after."""
+    rows = []
+    for who, caller in CALLERS.items():
+        for service, call in (
+            ("ingest Push", lambda c=caller: services.push(c)),
+            ("aggregator PushGradients", lambda c=caller: services.call_aggregator(c, "PushGradients")),
+            ("aggregator ReportEval", lambda c=caller: services.call_aggregator(c, "ReportEval")),
+            ("aggregator WatchWeights", lambda c=caller: services.call_aggregator(c, "WatchWeights")),
+        ):
+            before = services.state()
+            status = refused(call)
+            after = services.state()
+            changed = {k: (before[k], after[k]) for k in before if before[k] != after[k]}
+            serving = refused(
+                lambda s=service: services.push(fleet) if "ingest" in s else services.call_aggregator(fleet, "Stats")
+            )
+            rows.append({"call": f"{service}, {who}", "status": status, "changed": changed or "nothing",
+                         "still_serving": serving == "OK"})  # fmt: skip
+    return rows
+
+
+def redis_rows(cluster: LocalRedisCluster, client: redis.RedisCluster) -> list[dict]:
+    """FLUSHALL on a Redis node without the password and with a wrong one: was the data kept?"""
+    rows = []
+    host, port = cluster.nodes[0]
+    client.set("{auth}:probe", b"kept")
+    for who, password in (("no password", None), ("wrong password", "guess")):
+        intruder = redis.Redis(host=host, port=port, password=password)
+        status = refused(intruder.flushall)
+        intruder.close()
+        kept = client.get("{auth}:probe") == b"kept"
+        rows.append({"call": f"Redis FLUSHALL, {who}", "status": status,
+                     "changed": "nothing" if kept else "DATA LOST", "still_serving": kept})  # fmt: skip
+    return rows
+
+
+def auth_rows() -> list[dict]:
+    """Start the secured parts (as `fleetrl train` does) and call each without credentials."""
+    fleet = Security(token="the-fleet-token", redis_user="fleetrl", redis_password="the-redis-password-" + "x" * 12)
+    with LocalRedisCluster(auth=fleet) as cluster, tempfile.TemporaryDirectory() as run_dir:
         client = cluster.client()
         storage = TemporalStorage(client, RUN, SCHEMA, BUFFER)
         config = AggregatorConfig(checkpoint_every_versions=1000)
@@ -87,59 +148,24 @@ def main(argv: list[str] | None = None) -> int:
             IngestServer(storage, task_ids=(0,), schema=SCHEMA, run_id=RUN, config=BUFFER, security=fleet) as ingest,
             AggregatorServer(core, config, run_dir=run_dir, security=fleet) as aggregator,
         ):
-            seq = iter(range(1, 1000))
+            rows = service_rows(SecuredServices(storage, core, ingest, aggregator), fleet)
+            rows += redis_rows(cluster, client)
+        client.close()
+    return rows
 
-            def push(security: Security) -> None:
-                with IngestClient(ingest.address, sampler_id=1, run_id=RUN, security=security) as c:
-                    c.push(transitions(50), seq=next(seq), policy_version=0, task_id=0, env_steps=50, max_retry_sec=2)
 
-            def agg_call(security: Security, what: str) -> None:
-                with AggregatorClient(aggregator.address, timeout_sec=3.0, security=security) as c:
-                    if what == "PushGradients":
-                        c.push_gradients(gradient(core))
-                    elif what == "Stats":
-                        c.stats()
-                    elif what == "ReportEval":  # a forged "target reached"
-                        c._stub.ReportEval(pb.EvalReport(episodes=50, success_rate=1.0, kind="full"), timeout=3)
-                    else:
-                        next(iter(c._stub.WatchWeights(pb.WatchRequest(subscriber="x"), timeout=3)))
-
-            def state() -> dict:
-                return {"buffer_head": storage.head(), "version": core.version,
-                        "last_eval_episodes": aggregator.servicer.last_eval.episodes}  # fmt: skip
-
-            for who, caller in CALLERS.items():
-                for service, call in (
-                    ("ingest Push", lambda c=caller: push(c)),
-                    ("aggregator PushGradients", lambda c=caller: agg_call(c, "PushGradients")),
-                    ("aggregator ReportEval", lambda c=caller: agg_call(c, "ReportEval")),
-                    ("aggregator WatchWeights", lambda c=caller: agg_call(c, "WatchWeights")),
-                ):
-                    before = state()
-                    status = refused(call)
-                    after = state()
-                    changed = {k: (before[k], after[k]) for k in before if before[k] != after[k]}
-                    serving = refused(lambda s=service: push(fleet) if "ingest" in s else agg_call(fleet, "Stats"))
-                    rows.append({"call": f"{service}, {who}", "status": status, "changed": changed or "nothing",
-                                 "still_serving": serving == "OK"})  # fmt: skip
-            host, port = cluster.nodes[0]
-            client.set("{auth}:probe", b"kept")
-            for who, password in (("no password", None), ("wrong password", "guess")):
-                intruder = redis.Redis(host=host, port=port, password=password)
-                status = refused(intruder.flushall)
-                intruder.close()
-                kept = client.get("{auth}:probe") == b"kept"
-                rows.append({"call": f"Redis FLUSHALL, {who}", "status": status,
-                             "changed": "nothing" if kept else "DATA LOST", "still_serving": kept})  # fmt: skip
-            client.close()
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", help="write the raw result (JSON) here")
+    args = p.parse_args(argv)
+    rows = auth_rows()
     ok = all(r["status"] != "OK" and r["changed"] == "nothing" and r["still_serving"] for r in rows)
     if args.out:
         write_result(result_record("auth_table", {"rows": rows, "all_refused_nothing_changed": ok}), args.out)
-    width = max(len(r["call"]) for r in rows)
-    print(f"\n{'call':<{width}}  {'status':<22} {'changed':<8} still serving")
-    for r in rows:
-        print(f"{r['call']:<{width}}  {r['status']:<22} {str(r['changed']):<8} {r['still_serving']}")
-    print(f"\nall refused, nothing changed, still serving: {ok}")
+    table = {r["call"]: {"status": r["status"], "changed": str(r["changed"]), "still serving": r["still_serving"]}
+             for r in rows}  # fmt: skip
+    print_table("who gets in", table)
+    print(f"all refused, nothing changed, still serving: {ok}")
     return 0 if ok else 1
 
 

@@ -30,7 +30,7 @@ import datetime
 import json
 import sys
 
-from common import result_record, write_result  # benchmarks/common.py (this script's folder)
+from harness import print_table, result_record, write_result  # benchmarks/harness.py (this script's folder)
 
 from fleet.chaos.faults import Fault
 from fleet.chaos.netns import NetnsError
@@ -67,12 +67,10 @@ def problems(result: SoakResult) -> int:
     return b.lost + b.doubled + b.acked_twice + g.applied_twice + g.acked_twice + g.versions_reused + beyond
 
 
-def print_table(result: SoakResult) -> None:
-    print(f"\n{'at (s)':>8} {'fault':<28} {'target':<14} {'pid':>8} {'recovered (s)':>14} {'restarts':>9}")
-    for f in result.faults:
-        rec = "-" if f["recovered_sec"] is None else f"{f['recovered_sec']:.1f}"
-        pid = "-" if f["pid"] is None else f["pid"]  # a network fault
-        print(f"{f['at_sec']:>8.1f} {f['fault']:<28} {f['target']:<14} {pid:>8} {rec:>14} {f['restarts']:>9}")
+def print_soak(result: SoakResult) -> None:
+    """The fault table, then whether the target was reached and what the audit found."""
+    columns = ["fault", "target", "pid", "recovered_sec", "restarts"]  # pid: none for a network fault
+    print_table("faults", {f"{f['at_sec']:.1f} s": f for f in result.faults}, columns)
     s = result.summary
     reached = f"{s.wall_sec_to_target:.0f}s" if s.reached_target and s.wall_sec_to_target else "no"
     print(
@@ -99,7 +97,7 @@ def print_table(result: SoakResult) -> None:
         print(f"error: {error}")
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--task", default="FetchPush-v4")
     p.add_argument("--seed", type=int, default=0, help="the run's seed and the fault generator's")
@@ -132,15 +130,28 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--set", action="append", default=[], help="section.field=value (JSON), after the soak's own")
     p.add_argument("--run-dir")
     p.add_argument("--out", help="write the raw result (JSON) here")
-    args = p.parse_args(argv)
-    config = config_from(args)
+    return p
+
+
+def soak(args: argparse.Namespace) -> SoakResult:
+    """Run the soak the arguments describe (faults at random, planned, or none) and audit it."""
     plan = [Fault(*item.split()) for item in args.plan.split(",")] if args.plan else None
     every = 0.0 if args.no_faults else args.every
-    low, high = (float(x) for x in args.net_fault_sec.split(","))
+    low, high = net_fault_sec(args)
     net_ranges = NetFaultRanges(down_sec=(low, high), slow_sec=(low, high))
+    return run_soak(config_from(args), every, args.seed, stop_sec=args.stop_sec, first_sec=args.first, plan=plan,
+                    hosts=args.hosts, net_ranges=net_ranges)  # fmt: skip
+
+
+def net_fault_sec(args: argparse.Namespace) -> tuple[float, float]:
+    low, high = (float(x) for x in args.net_fault_sec.split(","))
+    return low, high
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
     try:
-        result = run_soak(config, every, args.seed, stop_sec=args.stop_sec, first_sec=args.first, plan=plan,
-                          hosts=args.hosts, net_ranges=net_ranges)  # fmt: skip
+        result = soak(args)
     except NetnsError as err:  # no namespace, link or qdisc here: say why, start nothing
         print(f"chaos_soak: {err}", file=sys.stderr)
         return 2
@@ -151,13 +162,13 @@ def main(argv: list[str] | None = None) -> int:
         "stop_sec": args.stop_sec,
         "plan": args.plan,
         "hosts": args.hosts,
-        "net_fault_sec": [low, high],
+        "net_fault_sec": list(net_fault_sec(args)),
         **result.as_dict(),
         "problems": problems(result),
     }
     if args.out:
         write_result(result_record("chaos_soak", figures), args.out)
-    print_table(result)
+    print_soak(result)
     return 0 if problems(result) == 0 else 1
 
 

@@ -17,7 +17,7 @@ import json
 import pathlib
 import sys
 
-from common import result_record, write_result  # benchmarks/common.py (this script's folder)
+from harness import print_table, result_record, write_result  # benchmarks/harness.py (this script's folder)
 
 RATIO_GOAL = 1.5
 
@@ -42,7 +42,7 @@ def _soak(record: dict) -> dict:
         "applied_twice": g.get("applied_twice"),
         "versions_reused": g.get("versions_reused"),
         "rolled_back": g.get("rolled_back"),  # acked gradients an aggregator crash undid (by design)
-        "rollback_bound": f.get("rollback_bound"),  # at most this many (results since it was recorded)
+        "rollback_bound": f.get("rollback_bound"),  # at most this many (None where a result does not record it)
         "fault_kinds": _kinds(f.get("faults", [])),
         "hosts": f.get("hosts", "local"),
         "problems": f.get("problems"),
@@ -107,15 +107,11 @@ def main(argv: list[str] | None = None) -> int:
     figures = table(records)
     if args.json:
         write_result(result_record("chaos_soak_table", figures), args.json)
-    print(f"\n{'task':<14} {'seed':>4} {'every':>6} {'faults':>6} {'min to target':>14} {'baseline':>9} {'ratio':>6} "
-          f"{'lost':>5} {'doubled':>7} {'twice':>5} {'reused':>6} {'rolled back':>11} {'updates (base)':>16} "
-          f"{'upd/s ratio':>11}")  # fmt: skip
-    for r in figures["rows"]:
-        print(f"{r['task']:<14} {r['seed']:>4} {r['every_sec']:>6g} {r['faults']:>6} {r['minutes_to_target']!s:>14} "
-              f"{r['baseline_minutes']!s:>9} {r['ratio']!s:>6} {r['lost']!s:>5} {r['doubled']!s:>7} "
-              f"{r['applied_twice']!s:>5} {r['versions_reused']!s:>6} {r['rolled_back']!s:>11} "
-              f"{str(r['updates_to_target']) + ' (' + str(r['baseline_updates_to_target']) + ')':>16} "
-              f"{r['updates_per_sec_ratio']!s:>11}")  # fmt: skip
+    columns = ["faults", "minutes_to_target", "baseline_minutes", "ratio", "lost", "doubled", "applied_twice",
+               "versions_reused", "rolled_back", "updates_to_target", "baseline_updates_to_target",
+               "updates_per_sec_ratio"]  # fmt: skip
+    rows = {f"{r['task']} seed {r['seed']}, every {r['every_sec']:g} s": r for r in figures["rows"]}
+    print_table("faulted soaks against their seeds' baselines", rows, columns)
     print(f"\ngoals: {json.dumps(figures['goals'])}")
     return 0
 

@@ -24,7 +24,7 @@ import statistics
 import subprocess
 import sys
 
-from common import result_record, write_result  # benchmarks/common.py (this script's folder)
+from harness import print_table, result_record, write_result  # benchmarks/harness.py (this script's folder)
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 
@@ -111,13 +111,18 @@ def main(argv: list[str] | None = None) -> int:
     }
     if args.json:
         write_result(result_record("checkpoint_selection", figures), args.json)
-    for run in runs:
-        picks = ", ".join(f"v{x['version']} {x['fresh_success']:.2f}" for x in run["picks"])
-        print(f"{pathlib.Path(run['run_dir']).name}: picks {picks}; final {run['final']['fresh_success']:.2f}")
+    table = {
+        pathlib.Path(run["run_dir"]).name: {
+            "picks": ", ".join(f"v{x['version']} {x['fresh_success']:.2f}" for x in run["picks"]),
+            "final": run["final"]["fresh_success"],
+        }
+        for run in runs
+    }
+    print_table(f"on seeds {args.first_seed}+, {args.episodes} episodes each", table)
     if picked:
         print(
-            f"on seeds {args.first_seed}+ ({args.episodes} episodes), over {len(picked)} runs: the evaluator's top "
-            f"pick {figures['mean_top_pick']:.3f}, the final checkpoint {figures['mean_final']:.3f}"
+            f"over {len(picked)} runs: the evaluator's top pick {figures['mean_top_pick']:.3f}, "
+            f"the final checkpoint {figures['mean_final']:.3f}"
         )
     return 0
 

@@ -18,7 +18,7 @@ import json
 import pathlib
 import sys
 
-from common import result_record, write_result  # benchmarks/common.py (this script's folder)
+from harness import result_record, write_result  # benchmarks/harness.py (this script's folder)
 
 from foundation.config import RunConfig
 

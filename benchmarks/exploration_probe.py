@@ -23,7 +23,7 @@ import math
 import sys
 
 import numpy as np
-from common import result_record, write_result  # benchmarks/common.py (this script's folder)
+from harness import print_table, result_record, write_result  # benchmarks/harness.py (this script's folder)
 
 from foundation.acting import Policy, WeightsSnapshot, rollout
 from foundation.config import RunConfig
@@ -74,7 +74,19 @@ def probe(task: str, random_share: float, repeat: int, episodes: int, seed: int)
     }
 
 
-def main() -> None:
+def probe_rows(tasks: list[str], shares: list[float], repeats: list[int], episodes: int, seed: int) -> list[dict]:
+    """`probe` for every task, random share and repeat, in that order."""
+    rows = []
+    for task in tasks:
+        for share in shares:
+            for repeat in repeats:
+                row = probe(task, share, repeat, episodes, seed)
+                print(f"{task} share {share} repeat {repeat}: {row['moved']}/{row['episodes']}", file=sys.stderr)
+                rows.append(row)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--task", action="append", required=True, choices=sorted(TASKS))
     parser.add_argument("--repeat", default="1,5,10", help="sampler.random_action_repeat values, comma-separated")
@@ -82,28 +94,26 @@ def main() -> None:
     parser.add_argument("--episodes", type=int, default=100)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", help="write the raw result here")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     repeats = [int(r) for r in args.repeat.split(",")]
     shares = args.random_share or [0.3]
     if args.episodes < 1 or min(repeats) < 1 or not all(0.0 < s <= 1.0 for s in shares):
         parser.error("--episodes >= 1, every --repeat >= 1 and every --random-share in (0, 1]")
-    rows = []
-    for task in args.task:
-        for share in shares:
-            for repeat in repeats:
-                row = probe(task, share, repeat, args.episodes, args.seed)
-                print(f"{task} share {share} repeat {repeat}: {row['moved']}/{row['episodes']}", file=sys.stderr)
-                rows.append(row)
+    rows = probe_rows(args.task, shares, repeats, args.episodes, args.seed)
     if args.json:
         write_result(result_record("exploration_probe", {"rows": rows}), args.json)
-    print("\nepisodes that moved the object, by a policy that has learned nothing:")
-    for row in rows:
-        low, high = row["wilson95"]
-        print(
-            f"  {row['task']:<20} random share {row['random_share']:<4} repeat {row['repeat']:<3} "
-            f"{row['moved_share']:.3f} ({row['moved']}/{row['episodes']}; 95% {low:.3f}-{high:.3f})"
-        )
+    table = {
+        f"{r['task']}, random share {r['random_share']}, repeat {r['repeat']}": {
+            "moved": f"{r['moved']}/{r['episodes']}",
+            "moved_share": r["moved_share"],
+            "wilson95_low": r["wilson95"][0],
+            "wilson95_high": r["wilson95"][1],
+        }
+        for r in rows
+    }
+    print_table("episodes that moved the object, by a policy that has learned nothing", table)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -35,7 +35,7 @@ import time
 from collections import Counter
 
 import psutil
-from common import result_record, write_result  # benchmarks/common.py (this script's folder)
+from harness import print_table, result_record, write_result  # benchmarks/harness.py (this script's folder)
 
 from buffer.storage import TemporalStorage
 from foundation.config import RunConfig
@@ -167,14 +167,10 @@ def audit(fleet: Fleet, task: str) -> dict:
     }
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--task", default="FetchReach-v4")
-    p.add_argument("--heartbeat-timeout", type=float, default=10.0, help="watchdog.heartbeat_timeout_sec")
-    p.add_argument("--out", help="write the raw result (JSON) here")
-    args = p.parse_args(argv)
+def fault_rows(task: str, heartbeat_timeout: float) -> tuple[list[dict], dict]:
+    """Start the fleet, inject FAULTS one after another with the fleet recovered in between, audit."""
     with tempfile.TemporaryDirectory(prefix="fleetrl-faults-") as tmp:
-        fleet = Fleet(pathlib.Path(tmp) / "run", args.task, args.heartbeat_timeout)
+        fleet = Fleet(pathlib.Path(tmp) / "run", task, heartbeat_timeout)
         rows = []
         try:
             fleet.wait(lambda: fleet.beat("aggregator").get("counters", {}).get("version", 0) >= 300, 300, "warm-up")
@@ -182,17 +178,25 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append(inject(fleet, kind, role))
                 print(f"{rows[-1]}", flush=True)
                 time.sleep(5.0)  # the fleet runs settled for a while between faults
-            totals = audit(fleet, args.task)
+            totals = audit(fleet, task)
         finally:
             fleet.stop()
+    return rows, totals
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--task", default="FetchReach-v4")
+    p.add_argument("--heartbeat-timeout", type=float, default=10.0, help="watchdog.heartbeat_timeout_sec")
+    p.add_argument("--out", help="write the raw result (JSON) here")
+    args = p.parse_args(argv)
+    rows, totals = fault_rows(args.task, args.heartbeat_timeout)
     figures = {"heartbeat_timeout_sec": args.heartbeat_timeout, "faults": rows, **totals}
     if args.out:
         write_result(result_record("fault_table", figures), args.out)
-    print(f"\n{'fault':<20} {'recovered (s)':>14} {'versions reused':>16}")
-    for r in rows:
-        print(f"{r['fault']:<20} {r['recovered_sec']:>14} {r['versions_reused']:>16}")
+    print_table("what each fault cost", {r["fault"]: r for r in rows}, ["recovered_sec", "versions_reused"])
     print(
-        f"\nacked batches {totals['acked_batches']} ({totals['acked_env_steps']} env steps): "
+        f"acked batches {totals['acked_batches']} ({totals['acked_env_steps']} env steps): "
         f"lost {totals['acked_lost']}, doubled {totals['acked_doubled']}"
     )
     return 0 if totals["acked_lost"] == 0 and totals["acked_doubled"] == 0 else 1

@@ -22,12 +22,20 @@ import json
 import os
 import pathlib
 import shlex
-import statistics
 import subprocess
 import sys
 import tempfile
 
-from common import REPO, result_record, write_result  # benchmarks/common.py (this script's folder)
+from harness import (
+    REPO,
+    median_figures,
+    print_table,
+    ratio,
+    repeats_arg,  # benchmarks/harness.py (this script's folder)
+    result_record,
+    run_interleaved,
+    write_result,
+)
 
 KEYS = (
     "steady_updates_per_sec",
@@ -84,7 +92,6 @@ def run(name: str, options: list[str], args: argparse.Namespace, repeat: int, ro
     cpu = s["cpu"]
     gradients_per_sec, stale_share = gradient_counts(s)
     return {
-        "arm": name,
         "repeat": repeat,
         "steady_updates_per_sec": steady(run_dir, args.steady_from, "version"),
         "steady_env_steps_per_sec": steady(run_dir, args.steady_from, "env_steps"),
@@ -100,40 +107,38 @@ def run(name: str, options: list[str], args: argparse.Namespace, repeat: int, ro
     }
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--task", default="FetchPush-v4")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--arm", action="append", required=True, help='NAME="fleetrl train options" (may be empty)')
     p.add_argument("--max-wall-sec", type=float, default=240.0)
     p.add_argument("--steady-from", type=float, default=60.0, help="steady-state rates from this second on")
-    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--repeats", type=repeats_arg, default=2)
     p.add_argument("--out", help="write the raw result here")
-    args = p.parse_args(argv)
+    return p
+
+
+def over_first(medians: dict[str, dict[str, float | None]]) -> dict[str, dict[str, float | None]]:
+    """Each arm's RATIO_KEYS medians over the first arm's."""
+    base = next(iter(medians))
+    return {name: {k: ratio(m[k], medians[base][k]) for k in RATIO_KEYS} for name, m in medians.items() if name != base}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
     arms = {name: shlex.split(options) for name, _, options in (a.partition("=") for a in args.arm)}
     root = pathlib.Path(tempfile.mkdtemp(prefix="fleetrl-arms-"))
-    rows = [run(name, options, args, r, root) for r in range(args.repeats) for name, options in arms.items()]
-    medians = {
-        name: {
-            k: statistics.median(v) if (v := [r[k] for r in rows if r["arm"] == name and r[k] is not None]) else None
-            for k in KEYS
-        }  # fmt: skip
-        for name in arms
-    }
-    base = next(iter(arms))
-    ratios = {
-        name: {k: round(a / b, 3) if (a := m[k]) and (b := medians[base][k]) else None for k in RATIO_KEYS}
-        for name, m in medians.items()
-        if name != base
-    }
+    runs = run_interleaved(
+        {name: (lambda r, n=name, o=options: run(n, o, args, r, root)) for name, options in arms.items()}, args.repeats
+    )
+    medians = {name: {k: m.get(k) for k in KEYS} for name, m in median_figures(runs).items()}
+    ratios = over_first(medians)
     if args.out:
-        figures = {"task": args.task, "arms": {n: shlex.join(o) for n, o in arms.items()}, "runs": rows}
+        figures = {"task": args.task, "arms": {n: shlex.join(o) for n, o in arms.items()}, "runs": runs}
         write_result(result_record("fleet_arms", figures | {"medians": medians, "over_first": ratios}), args.out)
-    print(f"\n=== {args.task}, {args.max_wall_sec:.0f} s runs, medians of {args.repeats} ===")
-    for name, m in medians.items():
-        print(f"{name:12s} " + "  ".join(f"{k} {v:.3f}" if v is not None else f"{k} -" for k, v in m.items()))
-    for name, r in ratios.items():
-        print(f"{name} / {base}: {r}")
+    print_table(f"{args.task}, {args.max_wall_sec:.0f} s runs, medians of {args.repeats}", medians)
+    print_table(f"over {next(iter(arms))}", ratios)
     return 0
 
 

@@ -20,7 +20,7 @@ import sys
 
 import numpy as np
 import torch
-from common import result_record, write_result  # benchmarks/common.py (this script's folder)
+from harness import result_record, write_result  # benchmarks/harness.py (this script's folder)
 
 from foundation.acting import Policy, rollout
 from foundation.checkpoint import CheckpointError, load_policy_checkpoint, resolve_checkpoint

@@ -17,7 +17,7 @@ a synchronous data-parallel learner group does). Arms, all in one run:
   and going on with the newest weights it has (weights and gradients through /dev/shm, as a
   learner on the aggregator's host does; --grpc-only: over gRPC);
   all-reduce: every rank waits for the slowest each step. Gradients applied per second over
-  the group (each a batch of the preset's size), K-of-M / all-reduce (target: >= 1.4).
+  the group (each a batch of the preset's size), K-of-M / all-reduce (goal: >= 1.4).
 
 Prints the figures last.
 """
@@ -25,14 +25,26 @@ Prints the figures last.
 from __future__ import annotations
 
 import argparse
+import functools
 import multiprocessing as mp
 import os
+import statistics
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import replace
 
 import numpy as np
-from common import result_record, write_result  # benchmarks/common.py (this script's folder)
+from harness import (
+    Arm,
+    median_figures,
+    paired_ratios,
+    print_table,
+    repeats_arg,  # benchmarks/harness.py (this script's folder)
+    result_record,
+    run_interleaved,
+    write_result,
+)
 
 from fleet.cli.presets import preset_config
 from foundation.config import RunConfig
@@ -88,6 +100,27 @@ class _Pauser:
             self.paused += self.pause_sec
 
 
+def _newest_weights(watcher, snap, need: int, model):  # noqa: ANN001, ANN202
+    """As learner/worker.py: the newest weights, waiting only when `need` is not yet reached."""
+    latest = watcher.latest() or snap
+    if latest.version < need:
+        latest = watcher.wait_newer_than(need - 1, timeout=60) or latest
+    if latest.version != snap.version:
+        for group in GROUPS_SENT:
+            model.set_flat(group, latest.tensors[group])
+    return latest
+
+
+def _step_weights(watcher, snap, model, window_end: float):  # noqa: ANN001, ANN202
+    """The weights of the step this learner's gradient closed, loaded into `model`."""
+    # Not past the window by much: a step the other learner, already done, never closes.
+    left = window_end + 1.0 - time.monotonic()
+    snap = watcher.wait_newer_than(snap.version, timeout=max(left, 0.1)) or snap
+    for group in GROUPS_SENT:
+        model.set_flat(group, snap.tensors[group])
+    return snap
+
+
 def aggregator_learner(index, address, config, seconds, compute, pause, barrier, out) -> None:  # noqa: ANN001
     from aggregator.client import AggregatorClient, GradientPush
     from learner.sac import compute_gradients
@@ -111,14 +144,8 @@ def aggregator_learner(index, address, config, seconds, compute, pause, barrier,
         pending = None  # with compute: one push in flight, its step overlapping the next gradient (as learners do)
         start = time.monotonic()
         while time.monotonic() - start < seconds:
-            if compute:  # as learner/worker.py: the newest weights, waiting only when too far behind
-                latest = watcher.latest() or snap
-                if latest.version < need:
-                    latest = watcher.wait_newer_than(need - 1, timeout=60) or latest
-                if latest.version != snap.version:
-                    snap = latest
-                    for group in GROUPS_SENT:
-                        model.set_flat(group, snap.tensors[group])
+            if compute:
+                snap = _newest_weights(watcher, snap, need, model)
             pauser.maybe()  # a stall while computing: this gradient's weights age meanwhile
             result = compute_gradients(model, batch, hp) if compute else fixed
             push = GradientPush(index, snap.version, result.grads, result.norm_stats, config.learner.batch_size)
@@ -131,11 +158,7 @@ def aggregator_learner(index, address, config, seconds, compute, pause, barrier,
                 pending = client.push_gradients_async(push)
             else:  # a round: push, then wait for the step this gradient is in
                 applied += int(client.push_gradients(push).applied)
-                # Not past the window by much: a step the other learner, already done, never closes.
-                left = start + seconds + 1.0 - time.monotonic()
-                snap = watcher.wait_newer_than(snap.version, timeout=max(left, 0.1)) or snap
-                for group in GROUPS_SENT:
-                    model.set_flat(group, snap.tensors[group])
+                snap = _step_weights(watcher, snap, model, start + seconds)
         if pending is not None:
             applied += int(pending.result().applied)
         elapsed = time.monotonic() - start
@@ -242,7 +265,7 @@ def run_allreduce_arm(config: RunConfig, learners: int, seconds: float, compute:
     }
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--task", default="FetchPush-v4")
     p.add_argument("--learners", type=int, default=2)
@@ -260,38 +283,56 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="learner.shared_memory=false: weights and gradients over gRPC even on the aggregator's host",
     )
-    p.add_argument("--repeats", type=int, default=3, help="runs of every arm, interleaved; figures are medians")
+    p.add_argument("--repeats", type=repeats_arg, default=3, help="runs of every arm, interleaved; figures are medians")
     p.add_argument("--out", help="write the raw result here")
-    args = p.parse_args(argv)
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    return p
+
+
+def group_config(args: argparse.Namespace) -> RunConfig:
+    """The task's preset with the staleness bound and the weights' transport under test."""
     config = preset_config(args.task)
     staleness = args.learners if args.max_staleness is None else args.max_staleness
     learner = replace(config.learner, max_grad_staleness=staleness, shared_memory=not args.grpc_only)
-    config = replace(config, learner=learner)
+    return replace(config, learner=learner)
+
+
+def group_arms(config: RunConfig, args: argparse.Namespace) -> dict[str, Arm]:
+    """The four arms: a round with no gradient computation and a straggler, through each way."""
     still, straggle = (0.0, 0.0), (args.pause_prob, args.pause_ms / 1000.0)
-    repeats = []  # each repeat runs every arm once: a slow spell on this shared machine hits all arms alike
-    for r in range(args.repeats):
-        arms = {}
-        for name, runner, compute, pause in (
-            ("round_aggregator", run_aggregator_arm, False, still),
-            ("round_allreduce", run_allreduce_arm, False, still),
-            ("straggler_k_of_m", run_aggregator_arm, True, straggle),
-            ("straggler_allreduce", run_allreduce_arm, True, straggle),
-        ):
-            print(f"repeat {r + 1}/{args.repeats}: arm {name} ({args.seconds:.0f} s)", flush=True)
-            arms[name] = runner(config, args.learners, args.seconds, compute, pause)
-        k_of_m, allreduce = arms["straggler_k_of_m"], arms["straggler_allreduce"]
-        repeats.append(
-            {
-                "arms": arms,
-                "round_aggregator_vs_allreduce": arms["round_aggregator"]["sec_per_round"]
-                / arms["round_allreduce"]["sec_per_round"],
-                "straggler_k_of_m_vs_allreduce": k_of_m["gradients_applied_per_sec"]
-                / allreduce["gradients_applied_per_sec"],
-            }
-        )
-    round_ratio = float(np.median([r["round_aggregator_vs_allreduce"] for r in repeats]))
-    straggler_ratio = float(np.median([r["straggler_k_of_m_vs_allreduce"] for r in repeats]))
+    arms: dict[str, Arm] = {}
+    for name, runner, compute, pause in (
+        ("round_aggregator", run_aggregator_arm, False, still),
+        ("round_allreduce", run_allreduce_arm, False, still),
+        ("straggler_k_of_m", run_aggregator_arm, True, straggle),
+        ("straggler_allreduce", run_allreduce_arm, True, straggle),
+    ):
+        arms[name] = functools.partial(_measure_arm, runner, config, args, compute, pause)
+    return arms
+
+
+def _measure_arm(
+    runner: Callable[..., dict], config: RunConfig, args: argparse.Namespace, compute: bool, pause: tuple, _repeat: int
+) -> dict:
+    """One repeat of one arm (the repeat changes nothing: the arms differ, the repeats do not)."""
+    return runner(config, args.learners, args.seconds, compute, pause)
+
+
+def group_ratios(runs: dict[str, list[dict]]) -> dict[str, float]:
+    """Per repeat, round time aggregator / all-reduce and gradients applied/s K-of-M / all-reduce; medians."""
+    rounds = paired_ratios(runs, "round_aggregator", "round_allreduce", "sec_per_round")
+    applied = paired_ratios(runs, "straggler_k_of_m", "straggler_allreduce", "gradients_applied_per_sec")
+    return {
+        "round_aggregator_vs_allreduce": round(statistics.median(rounds), 3),
+        "straggler_k_of_m_vs_allreduce": round(statistics.median(applied), 3),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    config = group_config(args)
+    runs = run_interleaved(group_arms(config, args), args.repeats)
+    ratios = group_ratios(runs)
     figures = {
         "task": args.task,
         "learners": args.learners,
@@ -299,27 +340,22 @@ def main(argv: list[str] | None = None) -> int:
         "hidden_sizes": list(config.learner.hidden_sizes),
         "pause": {"ms": args.pause_ms, "prob": args.pause_prob, "learner": 0},
         "step_deadline_ms": config.aggregator.step_deadline_ms,
-        "max_grad_staleness": staleness,
+        "max_grad_staleness": config.learner.max_grad_staleness,
         "shared_memory": config.learner.shared_memory,
         "seconds_per_arm": args.seconds,
-        "repeats": repeats,
-        "round_aggregator_vs_allreduce": round(round_ratio, 3),  # medians over the repeats
-        "straggler_k_of_m_vs_allreduce": round(straggler_ratio, 3),
+        "runs": runs,
+        **ratios,  # medians over the repeats
     }
     if args.out:
         write_result(result_record("learner_group", figures), args.out)
-    print(f"\n=== {args.learners} learners, {args.task} networks, batch {config.learner.batch_size} ===")
-    for r, rep in enumerate(repeats):
-        for name, arm in rep["arms"].items():
-            print(
-                f"{r + 1} {name:20s} versions {arm['versions']:6d}  s/round {arm['sec_per_round'] * 1000:7.2f} ms  "
-                f"gradients applied/s {arm['gradients_applied_per_sec']:7.1f}"
-            )
-    print(f"round time, aggregator / gloo all-reduce (median of {len(repeats)}): {round_ratio:.3f}")
-    print(
-        f"gradients applied/s with a straggler, K-of-M / all-reduce (median of {len(repeats)}): "
-        f"{straggler_ratio:.3f}  (goal >= 1.4)"
+    columns = ["versions", "sec_per_round", "gradients_applied_per_sec"]
+    title = (
+        f"{args.learners} learners, {args.task} networks, batch {config.learner.batch_size}: medians of {args.repeats}"
     )
+    print_table(title, median_figures(runs), columns)
+    print(f"round time, aggregator / gloo all-reduce: {ratios['round_aggregator_vs_allreduce']:.3f}")
+    straggler = ratios["straggler_k_of_m_vs_allreduce"]
+    print(f"gradients applied/s with a straggler, K-of-M / all-reduce: {straggler:.3f}  (goal >= 1.4)")
     return 0
 
 

@@ -5,7 +5,7 @@
 
 With --model, only the bare loop runs, once per named model on the 4-task set (FetchReach,
 FetchPush, Meta-World reach and push; batch 256, one thread), arms interleaved over --repeats
-rounds: the learner's cost per model (targets: moe-e32 / moe-e8 >= 0.8, moe-e32 / dense at
+rounds: the learner's cost per model (goals: moe-e32 / moe-e8 >= 0.8, moe-e32 / dense at
 equal active width >= 0.67). Each arm's config is built as `fleetrl train --tasks ... --set ...`
 builds it (fleet.cli.presets.preset_for): FetchPush's preset and the multi-task recipe, so a
 task-routed MoE arm has the task heads and per-task temperatures its runs train with.
@@ -26,10 +26,10 @@ One invocation measures, on the same machine:
 With learner.num_learners > 1 (e.g. `--task FetchPickAndPlace-v4`, whose preset trains two), (b)
 measures all of them, and the fleet figure is the result: rows of applied gradients per wall-second
 (the aggregator's count x batch) / those of the bare loop at the reference settings (batch 256,
-float32, eager, one thread; measured too when --set changes them). Target: >= 1.4 on 2 cores.
+float32, eager, one thread; measured too when --set changes them). Goal: >= 1.4 on 2 cores.
 
-Figures come LAST; the ratios are the result (per CPU-second: target >= 0.9). Absolute rates
-are context.
+Figures come LAST; the ratios are the result (per CPU-second: goal >= 0.9). Absolute rates are
+context.
 """
 
 from __future__ import annotations
@@ -48,10 +48,18 @@ from contextlib import closing
 import numpy as np
 import psutil
 import torch
-from common import result_record, write_result  # benchmarks/common.py (this script's folder)
+from harness import (
+    median_figures,
+    print_table,
+    repeats_arg,  # benchmarks/harness.py (this script's folder)
+    result_record,
+    run_interleaved,
+    write_result,
+)
+from model_arms import MODEL_ARMS, MODEL_TASKS, arm_config, model_ratios  # this script's folder
 
 from aggregator.client import AggregatorClient
-from fleet.cli.presets import preset_config, preset_for
+from fleet.cli.presets import preset_config
 from fleet.launch.local_fleet import LocalFleet
 from fleet.launch.watchdog import Watchdog
 from foundation.config import RunConfig, with_overrides
@@ -66,7 +74,7 @@ BARE_WARMUP_UPDATES = 5
 START_TIMEOUT_SEC = 180.0
 
 
-# the yardstick: one thread, float32, eager, batch 256
+# the yardstick: one thread, float32, eager, batch 256: as fast as one core goes
 REFERENCE = ["learner.batch_size=256", 'learner.autocast="off"', "learner.compile=false", "learner.torch_threads=1"]
 
 
@@ -116,68 +124,21 @@ def bare_updates_per_cpu_sec(config: RunConfig, seconds: float, adam: bool = Tru
     return updates / (time.process_time() - cpu0)
 
 
-# --model arms: overrides on the multi-task config (4 tasks, batch 256, one torch thread).
-MODEL_ARMS: dict[str, list[str]] = {
-    "dense": ['model.kind="dense"'],  # learner.hidden_sizes [256, 256]
-    "moe-e8": ['model.kind="moe"', "model.experts=8"],  # top-2, expert width 128, task router
-    "moe-e32": ['model.kind="moe"', "model.experts=32"],  # the default MoE: active width 2 x 128
-    "moe-e32-w256": ['model.kind="moe"', "model.experts=32", "model.expert_width=256"],  # 2x the active width
-    # per task, k mixed experts are ONE Linear of expert_width (sum_j g_j W_j): 256 is the
-    # dense default's width per task; 8 or 16 experts keep the flat vector near moe-e32's
-    "moe-e8-w256": ['model.kind="moe"', "model.experts=8", "model.expert_width=256"],
-    "moe-e16-w256": ['model.kind="moe"', "model.experts=16", "model.expert_width=256"],
-    "moe-e8-state": ['model.kind="moe"', "model.experts=8", 'model.router="state"'],
-    "moe-e32-state": ['model.kind="moe"', "model.experts=32", 'model.router="state"'],
-    "dense-bf16": ['model.kind="dense"', 'learner.autocast="bf16"'],  # the CPU's BF16 instructions
-    "dense-compile": ['model.kind="dense"', "learner.compile=true"],  # torch.compile (inductor)
-    # TQC (sb3-contrib's, rl-zoo's choice for Fetch): two critics of 25 quantiles, 2 dropped each
-    "dense-tqc": ['model.kind="dense"', 'learner.algo="tqc"'],
-    # CrossQ (no target critics; batch-renormalized critics on the current and next halves at once)
-    "dense-crossq": ['model.kind="dense"', 'learner.algo="crossq"'],
-    "moe-e32-bf16": ['model.kind="moe"', "model.experts=32", 'learner.autocast="bf16"'],
-    # the MoE's twin critics one after the other (learner.fused_critics false)
-    "moe-e32-unfused": ['model.kind="moe"', "model.experts=32", "learner.fused_critics=false"],
-    # each pass of the update mixing the experts anew (learner.mix_once false)
-    "moe-e32-mixeach": ['model.kind="moe"', "model.experts=32", "learner.mix_once=false"],
-    # twice the rows per update: a cost mostly per op (the MoE's) grows less than the rows do
-    "dense-b512": ['model.kind="dense"', "learner.batch_size=512"],
-    "moe-e32-b512": ['model.kind="moe"', "model.experts=32", "learner.batch_size=512"],
-}
-# The cost yardstick is top-2 (k = 2) with no shared expert: every MoE arm sets it, since a
-# multi-task run of a task-routed MoE otherwise takes the recipe's top_k 3 with one shared
-# expert (fleet/cli/presets.py TASK_ROUTED_SHARED), measured by its own arm.
-MODEL_ARMS = {
-    arm: [*sets, "model.top_k=2", "model.shared_experts=0"] if arm.startswith("moe") else sets
-    for arm, sets in MODEL_ARMS.items()
-}
-MODEL_ARMS["moe-e32-shared"] = ['model.kind="moe"', "model.experts=32"]  # the recipe: top_k 3, 1 shared
-MODEL_TASKS = ["FetchReach-v4", "FetchPush-v4", "MetaWorld-reach-v3", "MetaWorld-push-v3"]
-# every arm at batch 256 in float32 unless it says otherwise, whatever the multi-task recipe's
-# (a dense or task-routed MoE multi-task run's is batch 1024 with autocast "auto": MULTITASK_BATCH)
-MODEL_BASE = ["learner.batch_size=256", 'learner.autocast="off"']
-
-
-def arm_config(arm: str, extra: list[str] | None = None) -> RunConfig:
-    """`arm`'s config on the 4-task set as the CLI builds a run's (fleet/cli/main.py): the preset and
-    multi-task recipe chosen by what was set, then what was set on top (batch 256 in float32
-    unless the arm or `extra` sets them: MODEL_BASE); one torch thread."""
-    overrides = [f"sim.tasks={json.dumps(MODEL_TASKS)}", *MODEL_BASE, *MODEL_ARMS[arm], *(extra or [])]
-    overrides.append("learner.torch_threads=1")
-    return with_overrides(preset_for(with_overrides(RunConfig(), overrides), overrides), overrides).validate()
-
-
 def model_cost(arms: list[str], extra: list[str], seconds: float, repeats: int) -> dict:
     """Each arm's bare updates per CPU-second, gradients alone (the learner's work) and with an
-    in-process Adam step; arms interleaved, `repeats` rounds, medians (a shared machine drifts)."""
-    rates: dict[str, dict[str, list[float]]] = {a: {"gradients": [], "with_adam": []} for a in arms}
-    for r in range(repeats):
-        for arm in arms:
-            config = arm_config(arm, extra)
-            rates[arm]["gradients"].append(bare_updates_per_cpu_sec(config, seconds, adam=False))
-            rates[arm]["with_adam"].append(bare_updates_per_cpu_sec(config, seconds, adam=True))
-            print(f"[round {r + 1}/{repeats}] {arm}: {rates[arm]['gradients'][-1]:.1f} updates/CPU-s", file=sys.stderr)
+    in-process Adam step; arms interleaved over `repeats` rounds, medians (a shared machine drifts)."""
+
+    def measure(arm: str) -> dict[str, float]:
+        config = arm_config(arm, extra)
+        return {
+            "gradients": bare_updates_per_cpu_sec(config, seconds, adam=False),
+            "with_adam": bare_updates_per_cpu_sec(config, seconds, adam=True),
+        }
+
+    runs = run_interleaved({arm: (lambda _repeat, a=arm: measure(a)) for arm in arms}, repeats)
+    medians = median_figures(runs)
     out = {}
-    for arm, rate in rates.items():
+    for arm, rounds in runs.items():
         config = arm_config(arm, extra)
         spec = model_spec(config, TaskSet.for_run(config))
         sizes = SACModel(spec).group_sizes()
@@ -187,8 +148,8 @@ def model_cost(arms: list[str], extra: list[str], seconds: float, repeats: int) 
             "hidden_sizes": list(spec.hidden_sizes),
             "params": {g: sizes[g] for g in ("actor", "critic")},
             **{
-                k: {"runs": [round(v, 2) for v in vs], "median": round(float(np.median(vs)), 2)}
-                for k, vs in rate.items()
+                k: {"runs": [round(r[k], 2) for r in rounds], "median": round(float(medians[arm][k] or 0.0), 2)}
+                for k in ("gradients", "with_adam")
             },
         }
     return out
@@ -276,7 +237,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="instead of (a)/(b): the bare loop of each named model on the 4-task set (repeatable; "
         "--seconds per arm and round)",
     )
-    p.add_argument("--repeats", type=int, default=3, help="--model: interleaved rounds (medians reported)")
+    p.add_argument("--repeats", type=repeats_arg, default=3, help="--model: interleaved rounds (medians reported)")
     args = p.parse_args(argv)
     if args.seconds <= 0:
         p.error(f"--seconds {args.seconds}: must be > 0")
@@ -289,56 +250,33 @@ def main_models(args: argparse.Namespace) -> int:
     batch = arm_config(arms[0], args.set).learner.batch_size
     figures: dict = {"tasks": MODEL_TASKS, "batch_size": batch, "torch_threads": 1, "set": args.set}
     figures["arms"] = model_cost(arms, args.set, args.seconds, args.repeats)
-    med = {a: figures["arms"][a]["gradients"]["median"] for a in arms}
-    ratios = {}
-    if {"moe-e32", "moe-e8"} <= med.keys():
-        ratios["moe-e32 / moe-e8"] = med["moe-e32"] / med["moe-e8"]  # target >= 0.8
-    if {"moe-e32", "dense"} <= med.keys():
-        ratios["moe-e32 / dense (equal active width)"] = med["moe-e32"] / med["dense"]  # target >= 0.67
-    if {"dense-tqc", "dense"} <= med.keys():
-        ratios["dense-tqc / dense"] = med["dense-tqc"] / med["dense"]
-    if {"moe-e32-w256", "dense"} <= med.keys():
-        ratios["moe-e32-w256 / dense (twice the active width)"] = med["moe-e32-w256"] / med["dense"]
-    for arm in ("dense", "moe-e32"):  # rows learned per CPU-second at batch 512 over batch 256
-        if {arm, f"{arm}-b512"} <= med.keys():
-            ratios[f"{arm}-b512 / {arm} (rows)"] = 2 * med[f"{arm}-b512"] / med[arm]
-    if {"moe-e32-b512", "dense"} <= med.keys():
-        ratios["moe-e32-b512 / dense (rows)"] = 2 * med["moe-e32-b512"] / med["dense"]
-    figures["ratios"] = {k: round(v, 3) for k, v in ratios.items()}
+    figures["ratios"] = model_ratios({a: figures["arms"][a]["gradients"]["median"] for a in arms})
     if args.json:
         write_result(result_record("learner_throughput_models", figures), args.json)
-    print(f"\n=== learner cost per model: {len(MODEL_TASKS)} tasks, batch {batch}, 1 thread ===")
-    print(f"{'arm':16s} {'params (actor+critic)':>22s} {'grads/CPU-s':>12s} {'+Adam':>8s}")
-    for arm in arms:
-        row = figures["arms"][arm]
-        params = sum(row["params"].values())
-        print(f"{arm:16s} {params:22,d} {row['gradients']['median']:12.1f} {row['with_adam']['median']:8.1f}")
-    for name, value in figures["ratios"].items():
-        print(f"ratio {name}: {value:.3f}")
+    rows = {
+        arm: {
+            "params (actor+critic)": sum(row["params"].values()),
+            "grads/CPU-s": row["gradients"]["median"],
+            "+Adam": row["with_adam"]["median"],
+        }
+        for arm, row in figures["arms"].items()
+    }
+    print_table(f"learner cost per model: {len(MODEL_TASKS)} tasks, batch {batch}, 1 thread", rows)
+    print_table("ratios", {name: {"ratio": value} for name, value in figures["ratios"].items()})
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    if args.model:
-        return main_models(args)
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
-    run_dir = pathlib.Path(args.run_dir or tempfile.mkdtemp(prefix="fleetrl-learner-bench-"))
-    overrides = ["run_id=bench", f"run_dir={json.dumps(str(run_dir))}", *args.set]
-    config = with_overrides(preset_config(args.task), overrides).validate()
+def fleet_figures(args: argparse.Namespace, config: RunConfig, run_dir: pathlib.Path) -> dict:
+    """(a) the bare loop, half before and half after (b) the learner in the fleet; the ratios."""
     print(f"[a] bare loop, {args.seconds / 2:.0f}s", file=sys.stderr)
     bare_before = bare_updates_per_cpu_sec(config, args.seconds / 2)
     print(f"[b] learner in the fleet, {args.seconds:.0f}s window, run dir {run_dir}", file=sys.stderr)
     learner = measure_learner(config, run_dir, args.seconds)
     bare_after = bare_updates_per_cpu_sec(config, args.seconds / 2)
-    if not args.run_dir:
-        shutil.rmtree(run_dir, ignore_errors=True)
     bare = (bare_before + bare_after) / 2
     reference = reference_config(config)
-    # the issue's yardstick: a bare one-thread float32 loop at batch 256, as fast as one core goes
     bare_reference = bare if reference == config else bare_updates_per_cpu_sec(reference, args.seconds / 2)
-    reference_rows = bare_reference * reference.learner.batch_size
-    figures = {
+    return {
         "task": args.task,
         "batch_size": config.learner.batch_size,
         "hidden_sizes": list(config.learner.hidden_sizes),
@@ -349,21 +287,46 @@ def main(argv: list[str] | None = None) -> int:
         "learners": learner["learners"],
         "reference_bare_updates_per_sec": round(bare_reference, 2),
         "reference": REFERENCE,
+        "reference_rows_per_sec": round(bare_reference * reference.learner.batch_size, 1),
         # the fleet's learning throughput (rows of applied gradients per wall-second) / the reference's
-        "fleet_ratio": learner["rows_per_sec"] / reference_rows,
+        "fleet_ratio": learner["rows_per_sec"] / (bare_reference * reference.learner.batch_size),
     }
-    if args.json:
-        write_result(result_record("learner_throughput", figures), args.json)
+
+
+def print_fleet(figures: dict) -> None:
+    learner, bare = figures["learner"], figures["bare_updates_per_cpu_sec"]
     print(f"\nlearner phases (wall ms per update): {learner['phase_ms_per_update']}")
     print(f"learner threads (CPU ms per update): {learner['thread_cpu_ms_per_update']}")
     print(f"learner wall rate: {learner['updates_per_sec']:.1f} updates/s over {learner['window_sec']:.0f}s")
-    print(f"\n=== learner throughput: {args.task}, batch {config.learner.batch_size} ===")
-    print(f"bare loop updates per CPU-s:          {bare:10.1f}  (before {bare_before:.1f}, after {bare_after:.1f})")
-    print(f"learner process updates per CPU-s:    {learner['updates_per_cpu_sec']:10.1f}")
-    print(f"ratio learner / bare:                 {figures['ratio']:10.3f}")
-    print(f"fleet rows learned per second:        {learner['rows_per_sec']:10.0f}  ({learner['learners']} learner(s))")
-    print(f"bare reference rows per second:       {reference_rows:10.0f}  ({', '.join(REFERENCE)})")
-    print(f"ratio fleet / bare reference:         {figures['fleet_ratio']:10.3f}")
+    rows = {
+        f"bare loop updates per CPU-s (before {bare['before']}, after {bare['after']})": (
+            bare["before"] + bare["after"]
+        )
+        / 2,
+        "learner process updates per CPU-s": learner["updates_per_cpu_sec"],
+        "ratio learner / bare": figures["ratio"],
+        f"fleet rows learned per second ({learner['learners']} learner(s))": learner["rows_per_sec"],
+        f"bare reference rows per second ({', '.join(REFERENCE)})": figures["reference_rows_per_sec"],
+        "ratio fleet / bare reference": figures["fleet_ratio"],
+    }
+    title = f"learner throughput: {figures['task']}, batch {figures['batch_size']}"
+    print_table(title, {name: {"value": value} for name, value in rows.items()})
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.model:
+        return main_models(args)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    run_dir = pathlib.Path(args.run_dir or tempfile.mkdtemp(prefix="fleetrl-learner-bench-"))
+    overrides = ["run_id=bench", f"run_dir={json.dumps(str(run_dir))}", *args.set]
+    config = with_overrides(preset_config(args.task), overrides).validate()
+    figures = fleet_figures(args, config, run_dir)
+    if not args.run_dir:
+        shutil.rmtree(run_dir, ignore_errors=True)
+    if args.json:
+        write_result(result_record("learner_throughput", figures), args.json)
+    print_fleet(figures)
     return 0
 
 

@@ -3,12 +3,13 @@
     python3 benchmarks/moe_ablation.py [--tasks A,B,...] [--seeds 0,1,2] [--arms dense,moe,moe-decay,moe-task] \\
         [--env-steps 20000] [--max-wall-sec 900] [--episodes 50] --out benchmarks/results/moe_ablation-seed0.json
 
-Each run, one after another on this machine: `fleetrl train --tasks ...` for the same env-step
-budget (`--env-steps`, over all tasks; `--max-wall-sec` only guards against a hung run, and a
-run it stops is marked so), with the same replay ratio, with layered SWA on, so the run's
-checkpoint holds three actors from the same versions: the live one, the layered average and the
-plain average of the same scored versions. After the run, each of the three is scored on
-`--episodes` held-out episodes per task (`fleetrl evaluate --weights live|swa|swa_plain`).
+Each run, one after another on this machine, the arms interleaved within each seed:
+`fleetrl train --tasks ...` for the same env-step budget (`--env-steps`, over all tasks;
+`--max-wall-sec` only guards against a hung run, and a run it stops is marked so), with the same
+replay ratio, with layered SWA on, so the run's checkpoint holds three actors from the same
+versions: the live one, the layered average and the plain average of the same scored versions.
+After the run, each of the three is scored on `--episodes` held-out episodes per task
+(`fleetrl evaluate --weights live|swa|swa_plain`).
 
 Arms:
 - dense: the dense networks (model.kind dense);
@@ -26,6 +27,7 @@ arm at a time, each with its own --out. Prints the figures last.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import pathlib
 import statistics
@@ -33,7 +35,7 @@ import subprocess
 import sys
 import tempfile
 
-from common import REPO, result_record, write_result  # benchmarks/common.py (this script's folder)
+from harness import REPO, result_record, run_interleaved, write_result  # benchmarks/harness.py (this script's folder)
 
 TASKS = "FetchReach-v4,FetchPush-v4,MetaWorld-reach-v3,MetaWorld-push-v3"
 ARMS = {
@@ -106,11 +108,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", help="write the raw result here")
     args = p.parse_args(argv)
     root = pathlib.Path(tempfile.mkdtemp(prefix="fleetrl-moe-ablation-"))
-    rows = [
-        run(arm, args.tasks, int(seed), (args.env_steps, args.max_wall_sec), args.episodes, root)
-        for seed in args.seeds.split(",")
-        for arm in args.arms.split(",")
-    ]
+    seeds = [int(seed) for seed in args.seeds.split(",")]
+
+    def measure(arm: str, repeat: int) -> dict:  # repeat i runs seed i
+        return run(arm, args.tasks, seeds[repeat], (args.env_steps, args.max_wall_sec), args.episodes, root)
+
+    runs = run_interleaved({arm: functools.partial(measure, arm) for arm in args.arms.split(",")}, len(seeds))
+    rows = [row for arm_rows in runs.values() for row in arm_rows]
     figures = {"tasks": args.tasks.split(","), "env_steps": args.env_steps, "max_wall_sec": args.max_wall_sec}
     figures["runs"] = rows
     figures["summary"] = summarize(rows)

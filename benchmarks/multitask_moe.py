@@ -4,11 +4,11 @@
     python3 benchmarks/multitask_moe.py score R/moe-seed0 R/dense-seed0 ... [--json out.json]
     python3 benchmarks/multitask_moe.py combine A.json B.json ... [--json out.json]
 
-`run`: one `fleetrl train --tasks ...` per arm and seed, one after another (this machine has 2
-cores: runs side by side would share them), each capped at --minutes, checkpoints kept every
---checkpoint-versions so every mark has one, layered SWA on (so each checkpoint also holds the
-layered and plain weight averages). The first task with a preset picks it (FetchPush's). Each
-run's directory is R/<arm>-seed<S>; then `score` runs on them.
+`run`: one `fleetrl train --tasks ...` per arm and seed, one after another (on a small machine
+runs side by side would share its cores), the arms interleaved within each seed, each capped at
+--minutes, checkpoints kept every --checkpoint-versions so every mark has one, layered SWA on
+(so each checkpoint also holds the layered and plain weight averages). The first task with a
+preset picks it (FetchPush's). Each run's directory is R/<arm>-seed<S>; then `score` runs on them.
 
 `score`: per run, at each mark (15, 30, 45 minutes by default) the newest checkpoint made by
 then (progress.jsonl maps wall-clock to versions) scored on --episodes held-out episodes per
@@ -18,24 +18,24 @@ above 0.9 (evals.jsonl). Then per arm and mark: each task's mean, min and max ov
 the mean over the tasks. Figures come last.
 
 `combine`: joins raw results of `score` (runs scored one by one, as they finished) into one
-table per arm, and checks the issue's goals: in the MoE arm FetchReach and FetchPush >= 0.9 on
+table per arm, and checks the goals: in the MoE arm FetchReach and FetchPush >= 0.9 on
 held-out episodes at the last mark on every seed; MoE's mean over the tasks at the last mark >=
 dense's (means over seeds); the cost of sharing, FetchPush's minutes to 0.9 in the multi-task
 run / --single-task-minutes (FetchPush alone, median of 3 seeds), <= 2 on every seed. Each run
 keeps the commit it was scored at and the `runs_command` its record names.
 
-The arms start from the multi-task preset (fleet/cli/presets.py: "focus" task sampling, a temperature
-per task, the FetchPush-v4 preset's batch: 1024 rows, 4 env steps per gradient, autocast "auto" and,
-for a task-routed MoE, its switches; a dense arm at the manipulation recipe's batch 256: --set
-learner.batch_size=256 --set sampler.max_env_steps_per_update=1 --set 'learner.autocast="off"');
-override any with --set, applied to every arm:
+The arms start from the multi-task preset (fleet/cli/presets.py: "focus" task sampling, a
+temperature per task, FetchPush's batch of 1024 rows, 4 env steps per gradient, autocast "auto"
+and, for a task-routed MoE, its switches); override any with --set, applied to every arm (a
+dense arm at batch 256: --set learner.batch_size=256 --set sampler.max_env_steps_per_update=1
+--set 'learner.autocast="off"'):
     dense         learner.hidden_sizes 256x256
-    moe           the multi-task MoE: 32 experts, 128 wide, task router, router decay 1 and
-                  the recipe's top_k 3 with one shared expert per layer (TASK_ROUTED_SHARED)
-    moe-plain     the design's plain top-2 with no shared expert
+    moe           the multi-task MoE: 32 experts, 128 wide, task router, router decay 1, top_k 3
+                  with one shared expert per layer (TASK_ROUTED_SHARED)
+    moe-plain     plain top-2 routing with no shared expert
     moe-nodecay   the moe arm with router decay 0 (the balancing loss at full weight throughout)
     moe-success   the moe arm with learner.task_sampling "success"
-    moe-shared    top_k 3 and one shared expert set explicitly (what the moe arm takes by default)
+    moe-shared    top_k 3 and one shared expert set explicitly (what the moe arm's preset holds)
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ import statistics
 import subprocess
 import sys
 
-from common import REPO, result_record, write_result  # benchmarks/common.py (this script's folder)
+from harness import REPO, result_record, run_interleaved, write_result  # benchmarks/harness.py (this script's folder)
 
 TASKS = "FetchPush-v4,FetchReach-v4,MetaWorld-reach-v3,MetaWorld-push-v3"
 ARMS = {
@@ -168,7 +168,7 @@ def _difference(a: list[float], b: list[float]) -> dict:
 
 
 def combine(records: list[dict], single_task_minutes: float) -> dict:
-    """One table per arm from several `score` records, with the issue's goals checked."""
+    """One table per arm from several `score` records, with the goals checked."""
     runs = []
     for rec in records:
         for run in rec["figures"]["runs"]:
@@ -195,7 +195,7 @@ def combine(records: list[dict], single_task_minutes: float) -> dict:
             "mean_at_last_mark": [f.get("success_rate") for f in final],
         }
     out["by_mark"] = summarize(runs)
-    # Every MoE arm (moe, moe-shared, ...) is checked against the issue's goals and against dense.
+    # Every MoE arm (moe, moe-shared, ...) is checked against the goals and against dense.
     dense = out["arms"].get("dense")
     goals: dict = {}
     for name in [a for a in out["arms"] if a.startswith("moe")]:
@@ -227,7 +227,7 @@ def _print_combined(figures: dict) -> None:
     print(f"\ngoals: {json.dumps(figures['goals'])}")
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="train every arm and seed, one after another")
@@ -247,25 +247,20 @@ def main(argv: list[str] | None = None) -> int:
     comb.add_argument("results", nargs="+", help="raw results written by `score --json`")
     comb.add_argument("--single-task-minutes", type=float, default=SINGLE_TASK_PUSH_MINUTES)
     comb.add_argument("--json", help="write the raw result (figures, commit, command) here")
-    args = p.parse_args(argv)
-    if args.command == "combine":
-        records = [json.loads(pathlib.Path(r).read_text()) for r in args.results]
-        bad = [r for r, rec in zip(args.results, records, strict=True) if rec.get("benchmark") != "multitask_moe"]
-        if bad:
-            p.error(f"results: not raw results of `multitask_moe.py score`: {bad}")
-        figures = combine(records, args.single_task_minutes)
-        if args.json:
-            write_result(result_record("multitask_moe_combined", figures), args.json)
-        _print_combined(figures)
-        return 0
-    if args.command == "run":
-        unknown = set(args.arms.split(",")) - set(ARMS)
-        if unknown:
-            p.error(f"--arms: unknown {sorted(unknown)}; expected some of {sorted(ARMS)}")
-        for seed in [int(s) for s in args.seeds.split(",")]:
-            for arm in args.arms.split(","):
-                train(arm, seed, args)
-        return 0
+    return p
+
+
+def run_command(args: argparse.Namespace, p: argparse.ArgumentParser) -> None:
+    """Train every arm and seed: the seeds are the repeats, the arms interleaved within each."""
+    arms = args.arms.split(",")
+    unknown = set(arms) - set(ARMS)
+    if unknown:
+        p.error(f"--arms: unknown {sorted(unknown)}; expected some of {sorted(ARMS)}")
+    seeds = [int(s) for s in args.seeds.split(",")]
+    run_interleaved({arm: (lambda r, a=arm: {"run_dir": str(train(a, seeds[r], args))}) for arm in arms}, len(seeds))
+
+
+def score_command(args: argparse.Namespace) -> None:
     marks = [float(m) for m in args.marks.split(",")]
     runs = [score_run(pathlib.Path(d), marks, args.episodes) for d in args.run_dirs]
     figures = {"marks_min": marks, "episodes_per_task": args.episodes, "runs": runs, "arms": summarize(runs)}
@@ -274,10 +269,30 @@ def main(argv: list[str] | None = None) -> int:
     for run_fig in runs:
         print(f"\n{run_fig['run_dir']}: minutes to {TARGET:g} per task (curve): {run_fig['minutes_to_90']}")
         for mark, scores in run_fig["marks"].items():
-            print(
-                f"  {mark} min: "
-                + ", ".join(f"{w} {s.get('task_success', s)}" for w, s in scores.items() if w != "checkpoint")
-            )
+            shown = ", ".join(f"{w} {s.get('task_success', s)}" for w, s in scores.items() if w != "checkpoint")
+            print(f"  {mark} min: {shown}")
+
+
+def combine_command(args: argparse.Namespace, p: argparse.ArgumentParser) -> None:
+    records = [json.loads(pathlib.Path(r).read_text()) for r in args.results]
+    bad = [r for r, rec in zip(args.results, records, strict=True) if rec.get("benchmark") != "multitask_moe"]
+    if bad:
+        p.error(f"results: not raw results of `multitask_moe.py score`: {bad}")
+    figures = combine(records, args.single_task_minutes)
+    if args.json:
+        write_result(result_record("multitask_moe_combined", figures), args.json)
+    _print_combined(figures)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = _parser()
+    args = p.parse_args(argv)
+    if args.command == "run":
+        run_command(args, p)
+    elif args.command == "score":
+        score_command(args)
+    else:
+        combine_command(args, p)
     return 0
 
 

@@ -2,14 +2,13 @@
 
     python3 benchmarks/routing_precision.py RUN_DIR [RUN_DIR ...] [--json OUT]
 
-Samplers, the evaluator and `fleetrl export` route in float32. A learner that computes the
-gates in bfloat16 (the gate Linear under `learner.autocast` bf16) can, where two experts' logits
-are closer than a bfloat16 step, train another expert than the one the actors run. This reads
-each run's newest checkpoint and lists, per network, layer and task, the experts float32
-routing chooses and those the gates choose in bfloat16 (the gate Linear run under
-torch.autocast), and flags every difference. The learner routes in float32
-(MoELinear.logits runs the gate in float32 under autocast), so this is the check for a
-checkpoint whose routing looks wrong.
+Samplers, the evaluator and `fleetrl export` route in float32, and so does a learner under
+`learner.autocast` bf16 (nets/moe.py MoELinear.logits computes the gates in float32). Gates
+computed in bfloat16 would differ where two experts' logits are closer than a bfloat16 step: the
+learner would train another expert than the one the actors run. This reads each run's newest
+checkpoint and lists, per network, layer and task, the experts float32 routing chooses and those
+the gate Linear chooses under torch.autocast bf16, and flags every difference: the check on a
+checkpoint trained with bfloat16 gates, and on one whose routing looks wrong.
 """
 
 from __future__ import annotations
@@ -20,7 +19,7 @@ import sys
 
 import numpy as np
 import torch
-from common import result_record, write_result  # benchmarks/common.py (this script's folder)
+from harness import result_record, write_result  # benchmarks/harness.py (this script's folder)
 
 from foundation.checkpoint import latest_checkpoint, load_checkpoint
 from foundation.policy import ModelSpec
@@ -31,7 +30,7 @@ from sim.tasks import TaskSet
 def _experts(layer: torch.nn.Module, embed: torch.Tensor, top_k: int, bf16: bool) -> list[list[int]]:
     """Each task's top_k experts, sorted, from the gate run in float32 or under bf16 autocast."""
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-        logits = layer.gate(embed)  # the raw gate, as a learner runs it with the gate under autocast
+        logits = layer.gate(embed)  # the raw gate, as bfloat16 gates compute it
     return [sorted(row) for row in logits.float().topk(top_k, dim=-1).indices.tolist()]
 
 

@@ -36,26 +36,21 @@ import tempfile
 import time
 from contextlib import closing
 from dataclasses import asdict, dataclass
+from typing import NamedTuple
 
-import numpy as np
-import psutil
-from common import result_record, write_result  # benchmarks/common.py (this script's folder)
+from env_step_rate import SingleResult, measure_env_steps, per_unit  # this script's folder
+from harness import CpuMeter, print_table, result_record, write_result  # benchmarks/harness.py (this script's folder)
 
 from buffer.ingest_client import IngestClient
 from fleet.launch.local_cluster import LocalRedisCluster
 from fleet.launch.local_fleet import LocalFleet
 from fleet.launch.watchdog import Watchdog
-from foundation.config import RandomizationConfig, RunConfig, with_overrides
+from foundation.config import RunConfig, with_overrides
 from foundation.process import heartbeat_file
-from sim.registry import get_task, make_env
 
 FIRST_ACK_TIMEOUT_SEC = 120.0
 POLL_SEC = 0.5
 NEVER_POLICY_STEPS = 10**12  # sampler.random_steps: the samplers act randomly for the whole run
-
-
-def _per(amount: float, per: float) -> float:
-    return amount / per if per > 0 else float("nan")
 
 
 @dataclass
@@ -88,102 +83,14 @@ class Figures:
             single_env_steps_per_sec=single.env_steps_per_sec,
             e2e_env_steps_per_sec=acked,
             e2e_transitions_per_sec=e2e["transitions_per_sec"],
-            ratio=_per(acked, single.env_steps_per_sec),
+            ratio=per_unit(acked, single.env_steps_per_sec),
             single_window_sec=single.window_sec,
             e2e_window_sec=e2e["window_sec"],
             single_env_steps_per_cpu_sec=single.env_steps_per_cpu_sec,
-            e2e_env_steps_per_sampler_cpu_sec=_per(acked, sampler_cores),
-            e2e_env_steps_per_fleet_cpu_sec=_per(acked, fleet_cores),
-            cpu_ratio=_per(_per(acked, sampler_cores), single.env_steps_per_cpu_sec),
+            e2e_env_steps_per_sampler_cpu_sec=per_unit(acked, sampler_cores),
+            e2e_env_steps_per_fleet_cpu_sec=per_unit(acked, fleet_cores),
+            cpu_ratio=per_unit(per_unit(acked, sampler_cores), single.env_steps_per_cpu_sec),
         )
-
-
-class CpuMeter:
-    """CPU seconds used by given processes, and by the whole machine, between start() and stop()."""
-
-    def __init__(self, procs: dict[str, int]) -> None:
-        self.procs = {name: psutil.Process(pid) for name, pid in procs.items()}
-        self._start: dict[str, float] = {}
-        self._machine_busy = 0.0
-        self._t0 = 0.0
-
-    @staticmethod
-    def _busy() -> float:
-        """CPU seconds the whole machine spent not idle (every core, every process)."""
-        t = psutil.cpu_times()
-        # Linux counts guest time inside user time too: leave it out of the sum.
-        not_busy = ("idle", "iowait", "guest", "guest_nice")
-        return sum(getattr(t, f) for f in t._fields if f not in not_busy)
-
-    def _cpu(self, proc: psutil.Process) -> float:
-        with contextlib.suppress(psutil.Error):
-            return sum(proc.cpu_times()[:2])  # user + system
-        return float("nan")
-
-    def start(self) -> None:
-        self._t0 = time.monotonic()
-        self._machine_busy = self._busy()
-        self._start = {name: self._cpu(p) for name, p in self.procs.items()}
-
-    def stop(self) -> dict[str, float]:
-        """Percent of one core per process, plus 'machine' (all processes) and 'others' (not ours)."""
-        wall = time.monotonic() - self._t0
-        used = {name: 100 * (self._cpu(p) - self._start[name]) / wall for name, p in self.procs.items()}
-        ours = sum(v for v in used.values() if not np.isnan(v))
-        machine = 100 * (self._busy() - self._machine_busy) / wall
-        used["machine"] = machine
-        used["others"] = max(0.0, machine - ours)
-        return used
-
-
-@dataclass
-class SingleResult:
-    env_steps: int
-    window_sec: float
-    cpu: dict[str, float]  # CpuMeter.stop() over the measured window
-
-    @property
-    def env_steps_per_sec(self) -> float:
-        return self.env_steps / self.window_sec
-
-    @property
-    def env_steps_per_cpu_sec(self) -> float:
-        return _per(self.env_steps_per_sec, self.cpu["benchmark"] / 100)
-
-    @staticmethod
-    def combine(a: SingleResult, b: SingleResult) -> SingleResult:
-        """Both windows as one: steps and seconds add up, CPU shares are time-weighted."""
-        window = a.window_sec + b.window_sec
-        cpu = {k: (a.cpu[k] * a.window_sec + b.cpu[k] * b.window_sec) / window for k in a.cpu}
-        return SingleResult(a.env_steps + b.env_steps, window, cpu)
-
-
-def measure_env_steps(task: str, seconds: float, warmup_sec: float, seed: int = 0) -> SingleResult:
-    """env.step calls per second of the randomized env with uniform random actions, reset on episode end."""
-    env = make_env(get_task(task), RandomizationConfig())
-    rng = np.random.default_rng(seed)
-    shape = env.action_space.shape
-    env.reset(seed=seed)
-    episodes = 1
-
-    def run_for(duration: float) -> tuple[int, float]:
-        nonlocal episodes
-        steps, start = 0, time.perf_counter()
-        while time.perf_counter() - start < duration:
-            _, _, terminated, truncated, _ = env.step(rng.uniform(-1.0, 1.0, shape).astype(np.float32))
-            steps += 1
-            if terminated or truncated:
-                env.reset(seed=seed + episodes)
-                episodes += 1
-        return steps, time.perf_counter() - start
-
-    run_for(warmup_sec)
-    meter = CpuMeter({"benchmark": os.getpid()})
-    meter.start()
-    steps, elapsed = run_for(seconds)
-    cpu = meter.stop()
-    env.close()
-    return SingleResult(steps, elapsed, cpu)
 
 
 def bench_config(task: str, samplers: int, run_dir: pathlib.Path, security: list[str] = ()) -> RunConfig:
@@ -300,7 +207,7 @@ def print_diagnostics(before: SingleResult, after: SingleResult, e2e: dict) -> N
 
 
 def print_figures(f: Figures) -> None:
-    her = f"{_per(f.e2e_transitions_per_sec, f.e2e_env_steps_per_sec):.2f} per env step, HER k={f.her_k} included"
+    her = f"{per_unit(f.e2e_transitions_per_sec, f.e2e_env_steps_per_sec):.2f} per env step, HER k={f.her_k} included"
     rows = [
         ("per CPU-second (context: less sensitive to other load than the rates below)", None, ""),
         ("  single-process env.step per CPU-s", f.single_env_steps_per_cpu_sec, ""),
@@ -311,7 +218,7 @@ def print_figures(f: Figures) -> None:
         ("end-to-end transitions acked/s", f.e2e_transitions_per_sec, her),
         (
             "ratio transitions acked/s / env.step/s",
-            _per(f.e2e_transitions_per_sec, f.single_env_steps_per_sec),
+            per_unit(f.e2e_transitions_per_sec, f.single_env_steps_per_sec),
             "relabeled copies count: up to her_k + 1 per sampler",
         ),
         ("ratio end-to-end / single-process", f.ratio, "env steps acked/s over env.step/s, like for like"),
@@ -374,6 +281,37 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+class Measured(NamedTuple):
+    single: SingleResult  # (a), both halves
+    config: RunConfig
+    e2e: dict  # (b) with the default security
+    security: dict[str, float] | None  # --compare-security: acked env steps/s per mode
+
+
+def measure(args: argparse.Namespace, run_dir: pathlib.Path) -> Measured:
+    """(a) in halves around (b): a drift in the machine's load shows as a gap between the halves
+    instead of skewing the ratio one way."""
+    half = args.seconds / 2
+    print(f"[a] single process: {args.task} env.step, {half:.0f}s before and after (b)", file=sys.stderr)
+    before = measure_env_steps(args.task, half, warmup_sec=min(2.0, half))
+    print(f"[e2e] starting fleet in {run_dir}", file=sys.stderr)
+    config, e2e = run_e2e(args, run_dir)
+    security = compare_security(args, run_dir) if args.compare_security else None
+    after = measure_env_steps(args.task, half, warmup_sec=min(1.0, half), seed=1)
+    print_diagnostics(before, after, e2e)
+    return Measured(SingleResult.combine(before, after), config, e2e, security)
+
+
+def print_security(default: float, security: dict[str, float]) -> None:
+    on, off = security["token_tls"], security["off"]
+    rows = {
+        "security off": {"env steps acked/s": off},
+        "token + Redis password (the default)": {"env steps acked/s": default, "over off": per_unit(default, off)},
+        "token + TLS": {"env steps acked/s": on, "over off": per_unit(on, off)},
+    }
+    print_table("security", rows)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     # SIGTERM unwinds like Ctrl-C: the `with` blocks stop every role and redis node.
@@ -381,15 +319,7 @@ def main(argv: list[str] | None = None) -> int:
     run_dir = pathlib.Path(args.run_dir or tempfile.mkdtemp(prefix="fleetrl-bench-"))
     ok = False
     try:
-        # (a) is split in halves around (b): a drift in the machine's load shows as a gap
-        # between the halves instead of skewing the ratio one way.
-        half = args.seconds / 2
-        print(f"[a] single process: {args.task} env.step, {half:.0f}s before and after (b)", file=sys.stderr)
-        before = measure_env_steps(args.task, half, warmup_sec=min(2.0, half))
-        print(f"[e2e] starting fleet in {run_dir}", file=sys.stderr)
-        config, e2e = run_e2e(args, run_dir)
-        security = compare_security(args, run_dir) if args.compare_security else None
-        after = measure_env_steps(args.task, half, warmup_sec=min(1.0, half), seed=1)
+        measured = measure(args, run_dir)
         ok = True
     except KeyboardInterrupt:
         print("interrupted; every process stopped", file=sys.stderr)
@@ -400,22 +330,16 @@ def main(argv: list[str] | None = None) -> int:
             print(f"logs kept in {run_dir / 'logs'}", file=sys.stderr)
         elif not args.run_dir:
             shutil.rmtree(run_dir, ignore_errors=True)
-    single = SingleResult.combine(before, after)
-    figures = Figures.of(args, config.sampler.her_k, single, e2e)
+    e2e, security = measured.e2e, measured.security
+    figures = Figures.of(args, measured.config.sampler.her_k, measured.single, e2e)
     if args.json:
-        payload = {**asdict(figures), "cpu_single": single.cpu, "cpu_e2e": e2e["cpu"], "phases": e2e["phases"]}
+        payload = {**asdict(figures), "cpu_single": measured.single.cpu, "cpu_e2e": e2e["cpu"], "phases": e2e["phases"]}
         if security is not None:
             payload["security_env_steps_per_sec"] = {**security, "default": e2e["env_steps_per_sec"]}
         write_result(result_record("sampler_throughput", payload), args.json)
-    print_diagnostics(before, after, e2e)
     print_figures(figures)
     if security is not None:
-        on, off = security["token_tls"], security["off"]
-        print(f"security off:            {off:10.1f} env steps acked/s")
-        print(f"token + Redis password:  {e2e['env_steps_per_sec']:10.1f} env steps acked/s (the default)")
-        print(f"token + TLS:             {on:10.1f} env steps acked/s")
-        print(f"ratio token+TLS / off:   {on / off:10.3f}")
-        print(f"ratio default / off:     {e2e['env_steps_per_sec'] / off:10.3f}")
+        print_security(e2e["env_steps_per_sec"], security)
     return 0
 
 

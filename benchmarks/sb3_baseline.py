@@ -3,7 +3,7 @@
     python3 benchmarks/sb3_baseline.py [--seed 0] [--max-steps 20000] [--max-wall-sec 1200]
     python3 benchmarks/sb3_baseline.py --task FetchPush-v4 --out runs/sb3-push-seed0
     python3 benchmarks/sb3_baseline.py --algo sbx --task FetchPush-v4 --out runs/sbx-push-seed0
-    fleetrl report runs/FetchPush-v4-20250101-120000 runs/sb3-push-seed0 --out push.html
+    fleetrl report runs/FLEET_RUN runs/sb3-push-seed0 --out push.html
 
 What a user would run instead of the fleet: one process that alternates one env step and one
 gradient update (train_freq=1, gradient_steps=1), batch 256, HER 'future' with
@@ -13,8 +13,8 @@ learning_starts 1000: uniform random actions for the first 1000 env steps), with
 layers of fleetrl's learner (256, 256) so both train the same network size.
 
 `--task` picks another Fetch task. FetchPush-v4 and FetchPickAndPlace-v4 use tau 0.05 instead
-of 0.005 (the rest as above): the settings of the SBX peer measurement in our issue. Other tasks
-use FetchReach's.
+of 0.005 (the rest as above): the settings of the SBX peer measurement the fleet is compared
+with. Other tasks use FetchReach's.
 
 `--algo sb3-tqc` runs sb3-contrib's TQC+HER with rl-baselines3-zoo's settings for the task
 (hyperparams/tqc.yml: FetchPickAndPlace batch 1024, FetchPush and FetchSlide 2048, three hidden
@@ -24,8 +24,8 @@ trains PickAndPlace for 1M env steps; this runs it on the same wall-clock as eve
 `--algo sbx` runs the same protocol with SBX (`sbx-rl`, Stable-Baselines in JAX; SB3's
 HerReplayBuffer, same hyperparameters and network size). XLA runs on one CPU thread
 (XLA_FLAGS="--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1" and
-OMP_NUM_THREADS=1, set before jax's first import): the SBX peer in our issue was measured
-that way (one thread, ~85 updates/s on this machine), and the torch arm has one thread too.
+OMP_NUM_THREADS=1, set before jax's first import): the SBX peer measurement was made
+that way (one thread, ~85 updates/s on a 2-core host), and the torch arm has one thread too.
 
 Training env: plain `gym.make(task)` (what users would use; `--randomized` trains
 under fleetrl's default domain randomization instead, as fleetrl's samplers do).
@@ -55,12 +55,15 @@ import os
 import pathlib
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 
 import gymnasium as gym
 import numpy as np
 import psutil
 import torch
+from baseline_hyperparams import TASK_HYPERPARAMS, ZOO_TQC, SacHyperparams  # this script's folder
+from baseline_outcome import EvalPoint, Outcome, train_updates_per_sec  # this script's folder
+from harness import result_record, write_result
 from stable_baselines3 import SAC, HerReplayBuffer
 from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.off_policy_algorithm import OffPolicyAlgorithm
@@ -79,91 +82,8 @@ ALGO_LABELS = {"sb3": "SB3 SAC+HER", "sbx": "SBX SAC+HER", "sb3-tqc": "SB3-contr
 ONE_XLA_THREAD_FLAGS = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
 
 
-@dataclass(frozen=True)
-class SacHyperparams:
-    """What differs between tasks; train_freq 1, gradient_steps 1, HER 'future'/4 are fixed."""
-
-    gamma: float = 0.95
-    learning_rate: float = 1e-3
-    tau: float = 0.005  # SB3's and SBX's default
-    buffer_size: int = 1_000_000
-    batch_size: int = 256
-    ent_coef: str = "auto"
-
-
-# FetchReach: the zoo's entry. Push and PickAndPlace: the SBX peer measurement's settings.
-TASK_HYPERPARAMS = {
-    "FetchReach-v4": SacHyperparams(),
-    "FetchPush-v4": SacHyperparams(tau=0.05),
-    "FetchPickAndPlace-v4": SacHyperparams(tau=0.05),
-}
-
-
-@dataclass(frozen=True)
-class ZooTqc:
-    """rl-baselines3-zoo's TQC+HER entry for a Fetch task (hyperparams/tqc.yml): HER 'future'/4,
-    ent_coef auto, learning rate 1e-3, gamma 0.95, tau 0.05, buffer 1e6; train_freq 1 and
-    gradient_steps 1 (SB3's defaults, which the entries keep); learning_starts is --learning-starts
-    (the zoo leaves TQC's default of 100) so every arm starts after the same random steps."""
-
-    batch_size: int
-    net_arch: tuple[int, ...]
-    n_critics: int = 2
-    gamma: float = 0.95
-    learning_rate: float = 1e-3
-    tau: float = 0.05
-    buffer_size: int = 1_000_000
-
-
-ZOO_TQC = {
-    "FetchReach-v4": ZooTqc(batch_size=256, net_arch=(64, 64), n_critics=1, tau=0.005),
-    "FetchPush-v4": ZooTqc(batch_size=2048, net_arch=(512, 512, 512)),
-    "FetchSlide-v4": ZooTqc(batch_size=2048, net_arch=(512, 512, 512)),
-    "FetchPickAndPlace-v4": ZooTqc(batch_size=1024, net_arch=(512, 512, 512)),
-}
-
-
 def wall_sec() -> float:
     return time.time() - PROCESS_START
-
-
-@dataclass
-class EvalPoint:
-    env_steps: int
-    wall_sec: float
-    success: float
-    episodes: int
-    gradient_steps: int = 0
-    kind: str = "full"  # as fleetrl's EvalReport.kind: "curve" (the first curve episodes) or "full"
-
-
-@dataclass
-class Outcome:
-    seed: int
-    target: float
-    algo: str = "sb3"
-    reached: bool = False
-    env_steps_to_target: int | None = None
-    wall_sec_to_target: float | None = None
-    eval_sec_total: float = 0.0
-    stop_reason: str = ""
-    env_steps: int = 0
-    wall_sec: float = 0.0
-    gradient_steps: int = 0
-    final_success: float | None = None  # the last policy over --final-episodes, never cut short
-    final_episodes: int = 0
-    train_start_wall_sec: float | None = None  # just before the first gradient step
-    eval_sec_before_train: float = 0.0
-    evals: list[EvalPoint] = field(default_factory=list)
-
-
-def train_updates_per_sec(outcome: Outcome) -> float:
-    """Gradient steps per second from the first update to the end, evaluation time excluded."""
-    if outcome.train_start_wall_sec is None:
-        return 0.0
-    eval_sec = outcome.eval_sec_total - outcome.eval_sec_before_train
-    train_sec = outcome.wall_sec - outcome.train_start_wall_sec - eval_sec
-    return outcome.gradient_steps / train_sec if train_sec > 0 else 0.0
 
 
 def evaluate(
@@ -386,7 +306,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--learning-starts", type=int, default=1000, help="random-action env steps before updates")
     p.add_argument("--net-arch", default="256,256", help="hidden layer widths of actor and critics")
     p.add_argument("--randomized", action="store_true", help="train under fleetrl's default domain randomization")
-    p.add_argument("--json", help="also write the outcome here as JSON")
+    p.add_argument("--json", help="also write the outcome here as a raw result (JSON)")
     p.add_argument("--out", metavar="RUN_DIR", help="also write summary.json and evals.jsonl here for `fleetrl report`")
     args = p.parse_args(argv)
     if args.max_steps < 1 or args.eval_every < 1 or args.eval_episodes < 1 or not 0.0 < args.target <= 1.0:
@@ -414,7 +334,7 @@ def main(argv: list[str] | None = None) -> int:
         eval_env.close()
     outcome.gradient_steps = model._n_updates
     if args.json:
-        pathlib.Path(args.json).write_text(json.dumps(asdict(outcome), indent=2))
+        write_result(result_record("sb3_baseline", asdict(outcome)), args.json)
     if args.out:
         write_run_dir(pathlib.Path(args.out), args, outcome)
     return print_outcome(args, outcome)

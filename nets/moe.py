@@ -142,11 +142,9 @@ class MoELinear(nn.Module):
         """The gate's logits, in float32 under bf16 autocast too (the Switch Transformer's
         "selective precision"): routing must be the one samplers, the evaluator and export
         compute in float32. Two logits 0.001 apart are one bfloat16 value, and a bf16 router
-        then picks another expert: the learner trains an expert the actors never run. Found
-        in stop 46: in 2 of 3 4-task runs at learner.autocast bf16, FetchReach's actor routed
-        to another expert in the learner than in float32 ({29, 19} against {29, 3}, and 3 was
-        MetaWorld-reach's), and those two seeds forgot FetchReach (0.78 and 0.02 at 45 min;
-        the seed whose routes agreed: 1.00). A gate is gate_dim x experts: small beside an expert."""
+        then picks another expert: the learner trains an expert the actors never run, and the
+        task routed there is forgotten (docs/architecture.md, "Routing that settles"). A gate
+        is gate_dim x experts: small beside an expert."""
         with torch.autocast(gate_in.device.type, enabled=False):
             return self.gate(gate_in.float())
 

@@ -152,7 +152,7 @@ def test_learner_throughput_model_arms_are_valid_configs(monkeypatch):
     the config `fleetrl train --tasks ...` would run (the multi-task recipe, task heads for a
     task-routed MoE), one torch thread."""
     monkeypatch.syspath_prepend(str(BENCHMARKS))
-    lt = importlib.import_module("learner_throughput")
+    lt = importlib.import_module("model_arms")  # learner_throughput.py --model's arms
 
     configs = {arm: lt.arm_config(arm) for arm in lt.MODEL_ARMS}
     assert all(c.learner.torch_threads == 1 and list(c.sim.tasks) == lt.MODEL_TASKS for c in configs.values())
@@ -163,15 +163,24 @@ def test_learner_throughput_model_arms_are_valid_configs(monkeypatch):
     assert configs["dense"].learner.gamma == 0.95  # FetchPush's preset, the first task with one
     assert lt.arm_config("moe-e32", ["learner.batch_size=128"]).learner.batch_size == 128
     assert configs["dense"].learner.batch_size == configs["moe-e32"].learner.batch_size == 256
-    # not the task-routed MoE recipe's batch 1024 in bfloat16: the issue's yardstick is batch 256 in float32
+    # not the task-routed MoE recipe's batch 1024 in bfloat16: the per-model yardstick is batch 256 in float32
     assert configs["moe-e32"].learner.autocast == configs["dense"].learner.autocast == "off"
     assert configs["moe-e32-bf16"].learner.autocast == "bf16"
     assert configs["dense-b512"].learner.batch_size == configs["moe-e32-b512"].learner.batch_size == 512
     assert configs["moe-e32-b512"].model.kind == "moe" and configs["moe-e32-b512"].model.experts == 32
-    # the issue's k = 2 on every MoE arm but the one that measures the multi-task recipe's shared expert
+    # the yardstick's k = 2 on every MoE arm but the one that measures the multi-task recipe's shared expert
     moe = {arm: (c.model.top_k, c.model.shared_experts) for arm, c in configs.items() if c.model.kind == "moe"}
     assert moe.pop("moe-e32-shared") == (3, 1) and set(moe.values()) == {(2, 0)}, moe
     assert configs["dense-b512"].model.kind == "dense"
+
+
+def test_learner_throughput_model_ratios_pair_the_measured_arms_and_count_rows(monkeypatch):
+    """A ratio needs both of its arms; at batch 512 it compares rows learned, twice the updates' rows."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    arms = importlib.import_module("model_arms")
+    ratios = arms.model_ratios({"dense": 50.0, "moe-e32": 40.0, "dense-b512": 30.0})
+    assert ratios == {"moe-e32 / dense (equal active width)": 0.8, "dense-b512 / dense (rows)": 1.2}
+    assert arms.model_ratios({"moe-e32": 40.0, "dense": 0.0}) == {}  # no rate to divide by
 
 
 def test_learner_throughput_measures_the_fleet_against_the_one_thread_float32_batch_256_loop(monkeypatch):
@@ -295,3 +304,12 @@ def test_exploration_probe_counts_moved_episodes_with_the_samplers_policy(monkey
     # FetchReach's achieved goal is the gripper: a walk of uniform steps always leaves its first 5 cm.
     reach = probe.probe("FetchReach-v4", random_share=1.0, repeat=1, episodes=3, seed=0)
     assert reach["moved"] == 3 and reach["moved_share"] == 1.0 and reach["episodes"] == 3
+
+
+def test_a_baseline_counts_its_training_rate_without_the_evaluations_after_its_first_update(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    outcome_mod = importlib.import_module("baseline_outcome")
+    outcome = outcome_mod.Outcome(seed=0, target=0.9, wall_sec=100.0, gradient_steps=700)
+    assert outcome_mod.train_updates_per_sec(outcome) == 0.0  # no update made: no training time
+    outcome.train_start_wall_sec, outcome.eval_sec_total, outcome.eval_sec_before_train = 10.0, 30.0, 10.0
+    assert outcome_mod.train_updates_per_sec(outcome) == 10.0  # 700 updates over 100 - 10 - (30 - 10) s
