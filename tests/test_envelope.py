@@ -135,3 +135,18 @@ def test_a_point_scores_what_a_direct_drive_of_the_same_episodes_counts(tmp_path
         assert count == direct
     assert won[0] >= 4  # the controller reaches: the count is not a trivial zero
     assert score_point(jobs[0]) == won[0]  # in this process too
+
+
+def test_deploy_check_sweep_writes_the_envelope_and_refuses_an_unknown_axis(tmp_path, capsys):
+    from fleet.cli.main import main
+    from tests.test_controller import _run_dir
+
+    run_dir = _run_dir(tmp_path, 'model.kind="dense"', "learner.hidden_sizes=[16]")
+    argv = ["deploy-check", str(run_dir), "--sweep", "--axes", "cone", "--episodes", "1", "--workers", "1"]
+    assert main([*argv, "--json", str(tmp_path / "envelope.json")]) == 0
+    out = capsys.readouterr().out
+    assert "envelope FetchReach-v4" in out and "cone" in out
+    assert json.loads((tmp_path / "envelope.json").read_text())[0]["axes"][0]["values"] == ["pyramidal", "elliptic"]
+    assert main(["deploy-check", str(run_dir), "--sweep", "--axes", "mass"]) == 2
+    err = capsys.readouterr().err
+    assert "fleetrl deploy-check: error: --axes: unknown ['mass']" in err and "mass_scale" in err

@@ -220,3 +220,12 @@ def _add_deploy_check(sub: Any) -> None:
         help="drive the nominal task; by default domain randomization is on with the run's ranges, also for a run "
         "that trained without it (sim.randomization.enabled false)",
     )
+    check.add_argument(
+        "--sweep",
+        action="store_true",
+        help="the robustness envelope instead: every axis from nominal past the training range, one at a time "
+        "(RUN_DIR/envelope/; --delay-ms and --nominal do not apply, delay is an axis)",
+    )
+    check.add_argument("--axes", metavar="AXIS,AXIS,...", help="--sweep only these axes (default: every axis)")
+    check.add_argument("--int8", action="store_true", help="--sweep the int8 graph beside the float one")
+    check.add_argument("--workers", type=int, help="--sweep worker processes (default: one per core)")

@@ -163,6 +163,8 @@ def deploy_check(args: argparse.Namespace) -> int:
     from deploy_npu.controller import controller_checks
 
     last_checkpoint_dir(existing_run_dir(args.run_dir))
+    if args.sweep:
+        return _sweep(args)
     reports, skipped = controller_checks(
         args.run_dir, hz=args.hz, delay_ms=args.delay_ms, episodes=args.episodes, seed=args.seed,
         onnx_path=args.onnx, retime=args.retime, nominal=args.nominal,
@@ -175,6 +177,25 @@ def deploy_check(args: argparse.Namespace) -> int:
         out = settings | {"tasks": rows, "skipped": skipped}
         pathlib.Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
     return 0 if reports and all(report.passed for report in reports) else 1
+
+
+def _sweep(args: argparse.Namespace) -> int:
+    """`deploy-check --sweep`: the robustness envelope of every task's controller (deploy_npu/envelope.py)."""
+    from deploy_npu.envelope import AXES
+    from deploy_npu.envelope_run import sweep
+
+    axes = [a.strip() for a in args.axes.split(",")] if args.axes else list(AXES)
+    if args.workers is not None and args.workers < 1:
+        raise ConfigError(f"--workers ({args.workers}) must be >= 1")
+    envelopes = sweep(
+        args.run_dir, hz=args.hz, episodes=args.episodes, seed=args.seed, int8=args.int8, workers=args.workers,
+        axes=axes,
+    )  # fmt: skip
+    print("\n\n".join(envelope.table() for envelope in envelopes))
+    print(f"envelope: {pathlib.Path(args.run_dir) / 'envelope'} (<task>.json, <task>.png)")
+    if args.json:
+        pathlib.Path(args.json).write_text(json.dumps([dataclasses.asdict(e) for e in envelopes], indent=1) + "\n")
+    return 0
 
 
 def export(args: argparse.Namespace) -> int:

@@ -42,7 +42,10 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "fleet render": ("fleetrl fleet render fleet.yaml --out k8s", "kubectl apply -f k8s"),
     "evaluate": ("fleetrl evaluate runs/FetchPush-v4-X --episodes 100 --first-seed 100000",),
     "report": ("fleetrl report runs/a runs/b --out compare.html",),
-    "deploy-check": ("fleetrl deploy-check runs/FetchPush-v4-X --hz 120 --delay-ms 10",),
+    "deploy-check": (
+        "fleetrl deploy-check runs/FetchPush-v4-X --hz 120 --delay-ms 10",
+        "fleetrl deploy-check runs/FetchPush-v4-X --sweep --int8 --episodes 20",
+    ),
     "export": ("fleetrl export runs/FetchPush-v4-X", "fleetrl export runs/FetchPush-v4-X --out policy.onnx --hz 120"),
 }
 
