@@ -214,8 +214,8 @@ def test_a_multi_task_moe_run_gets_per_task_curves_and_its_expert_routing(tmp_pa
     }
     page = write_report([loaded], tmp_path / "report.html", "multi-task")
     names = [p.name for p in _images(page)]
-    assert names[-2:] == ["task_success.png", "expert_routing.png"]
-    assert "version 9" in page.read_text()
+    assert names[-3:] == ["task_success.png", "expert_routing.png", "expert_overlap.png"]
+    assert "version 9" in page.read_text() and "Expert overlap between tasks" in page.read_text()
     for image in _images(page):
         assert image.read_bytes()[:8] == PNG_MAGIC, image
 
@@ -286,3 +286,27 @@ def test_each_task_has_its_own_colour_and_each_run_its_own_line_style(tmp_path: 
     assert len({colour[f"a: {t}"] for t in tasks}) == 3  # three tasks, three colours
     assert all(colour[f"a: {t}"] == colour[f"b: {t}"] for t in tasks)  # a task keeps its colour over runs
     assert {lines[f"a: {t}"].get_linestyle() for t in tasks} != {lines[f"b: {t}"].get_linestyle() for t in tasks}
+
+
+def test_the_overlap_matrix_is_each_pair_s_overlap_averaged_over_the_actor_s_layers() -> None:
+    from fleet.report.figures import overlap_matrix
+
+    def layer(overlap: float) -> dict:
+        return {"tasks": {"a": {}, "b": {}, "c": {}}, "overlap": {"a|b": overlap, "a|c": 0.0, "b|c": 1.0}}
+
+    routing = {"actor": {"l0": layer(0.2), "l1": layer(0.6)}, "critic.q1": {"l0": layer(1.0)}}
+    tasks, matrix = overlap_matrix(routing)
+    assert tasks == ["a", "b", "c"]
+    assert matrix[0][1] == matrix[1][0] == pytest.approx(0.4)  # the actor's layers only
+    assert matrix[0][2] == 0.0 and matrix[1][2] == 1.0 and [matrix[i][i] for i in range(3)] == [1.0, 1.0, 1.0]
+    assert overlap_matrix({"critic.q1": {}}) is None
+
+
+def test_a_run_s_robustness_envelope_is_shown_on_the_page(tmp_path: pathlib.Path) -> None:
+    run = make_fleet_run(tmp_path)
+    first = _images(write_report([load_run(run)], tmp_path / "plain.html", "plain"))[0]
+    (run / "envelope").mkdir()
+    (run / "envelope" / "FetchPush-v4.png").write_bytes(first.read_bytes())  # any PNG stands for the sweep's
+    page = write_report([load_run(run)], tmp_path / "report.html", "with envelope")
+    assert any(p.name.endswith("FetchPush-v4.png") and p.name.startswith("envelope_") for p in _images(page))
+    assert "Robustness envelope of FetchPush-v4" in page.read_text()

@@ -88,3 +88,40 @@ def routing_figure(routing: dict[str, Any]) -> Figure | None:
     figure.supxlabel("expert")
     figure.tight_layout()
     return figure
+
+
+def overlap_matrix(routing: dict[str, Any], net: str = "actor") -> tuple[list[str], list[list[float]]] | None:
+    """`net`'s task x task expert overlap, averaged over its layers (summary.json `expert_routing`):
+    1 where two tasks route alike, 0 where they share no expert (foundation/routing_stats.py)."""
+    layers = [row for row in (routing.get(net) or {}).values() if isinstance(row, dict)]
+    if not layers:
+        return None
+    tasks = list(layers[0]["tasks"])
+    matrix = [[1.0 if a == b else 0.0 for b in tasks] for a in tasks]
+    for i, a in enumerate(tasks):
+        for j, b in enumerate(tasks[i + 1 :], i + 1):
+            shares = [row["overlap"].get(f"{a}|{b}", row["overlap"].get(f"{b}|{a}", 0.0)) for row in layers]
+            matrix[i][j] = matrix[j][i] = sum(shares) / len(shares)
+    return tasks, matrix
+
+
+def overlap_figure(routing: dict[str, Any]) -> Figure | None:
+    """overlap_matrix of the actor as a heatmap, each cell's value written in it."""
+    from matplotlib.figure import Figure
+
+    found = overlap_matrix(routing)
+    if found is None:
+        return None
+    tasks, matrix = found
+    figure = Figure(figsize=(2.5 + 0.55 * len(tasks), 2.0 + 0.45 * len(tasks)))
+    ax = figure.add_subplot()
+    image = ax.imshow(matrix, cmap="Blues", vmin=0.0, vmax=1.0)
+    for i, row in enumerate(matrix):
+        for j, value in enumerate(row):
+            ax.text(j, i, f"{value:.2f}", ha="center", va="center", fontsize="x-small",
+                    color="white" if value > 0.6 else "black")  # fmt: skip
+    ax.set_xticks(range(len(tasks)), tasks, rotation=60, ha="right", fontsize="x-small")
+    ax.set_yticks(range(len(tasks)), tasks, fontsize="x-small")
+    figure.colorbar(image, ax=ax, fraction=0.04)
+    figure.tight_layout()
+    return figure

@@ -18,13 +18,14 @@ import argparse
 import datetime
 import html
 import pathlib
+import shutil
 import sys
 import urllib.parse
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from fleet.report.figures import routing_figure, task_curve_figure
+from fleet.report.figures import overlap_figure, routing_figure, task_curve_figure
 from fleet.report.rundir import ReportError, Run, load_run, num
 
 __all__ = ["ReportError", "Run", "add_arguments", "load_run", "main", "write_report"]
@@ -40,6 +41,7 @@ PLOT_NAMES = (
     "cpu_share.png",
     "task_success.png",
     "expert_routing.png",
+    "expert_overlap.png",
 )
 
 
@@ -75,6 +77,12 @@ def write_report(runs: list[Run], out: pathlib.Path, title: str) -> pathlib.Path
     for filename, caption, figure in _figures(runs):
         figure.savefig(files_dir / filename, dpi=100)
         images.append((f"{urllib.parse.quote(files_dir.name)}/{filename}", caption))
+    for i, run in enumerate(runs):  # deploy-check --sweep's pictures, copied beside the plots (by run index:
+        for png in run.envelopes:  # a run's label may hold any character)
+            name = f"envelope_{i}_{png.name}"
+            shutil.copyfile(png, files_dir / name)
+            images.append((f"{urllib.parse.quote(files_dir.name)}/{urllib.parse.quote(name)}",
+                           f"Robustness envelope of {png.stem} ({run.name}; deploy-check --sweep)"))  # fmt: skip
     for stale in set(PLOT_NAMES) - {src.rsplit("/", 1)[1] for src, _ in images}:
         (files_dir / stale).unlink(missing_ok=True)  # a previous report's plot this one no longer has
     out.write_text(_page(runs, title, images), encoding="utf-8")
@@ -192,6 +200,10 @@ def _figures(runs: list[Run]) -> list[tuple[str, str, Figure]]:
         version = routed.summary["expert_routing"].get("version")
         caption = f"Experts each task is routed to, per layer ({routed.name}, version {version}; gate weight)"
         figures.append((PLOT_NAMES[6], caption, routing))
+        overlap = overlap_figure(routed.summary["expert_routing"])
+        if overlap is not None:
+            caption = f"Expert overlap between tasks, actor, mean over layers ({routed.name}; 1: alike, 0: none shared)"
+            figures.append((PLOT_NAMES[7], caption, overlap))
     return figures
 
 

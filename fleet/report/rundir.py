@@ -35,6 +35,7 @@ class Run:
     config: dict[str, Any] = field(default_factory=dict)  # config.json
     code: dict[str, Any] = field(default_factory=dict)  # code.json (else summary.json's "code"): version, commit
     skipped_lines: int = 0  # malformed lines of evals.jsonl and progress.jsonl, left out
+    envelopes: list[pathlib.Path] = field(default_factory=list)  # envelope/<task>.png (deploy-check --sweep)
 
 
 def load_run(path: str | pathlib.Path) -> Run:
@@ -68,6 +69,7 @@ def load_run(path: str | pathlib.Path) -> Run:
         config=config,
         code=code,
         skipped_lines=bad_evals + bad_progress,
+        envelopes=sorted((run_dir / "envelope").glob("*.png")),
     )
 
 
