@@ -51,7 +51,7 @@ def actor_loss(model: SACModel, batch: Batch, objective: Objective) -> ActorLoss
 
 @dataclass(frozen=True)
 class CrossQ:
-    """learner.algo 'crossq' (learner.Algorithm)."""
+    """learner.algo 'crossq' (learner.algorithm.Algorithm)."""
 
     def critic_loss(self, model: SACModel, batch: Batch, objective: Objective) -> torch.Tensor:
         return critic_loss(model, batch, objective)

@@ -66,7 +66,7 @@ def actor_loss(model: SACModel, batch: Batch, objective: Objective) -> ActorLoss
 
 @dataclass(frozen=True)
 class SAC:
-    """learner.algo 'sac' (learner.Algorithm)."""
+    """learner.algo 'sac' (learner.algorithm.Algorithm)."""
 
     def critic_loss(self, model: SACModel, batch: Batch, objective: Objective) -> torch.Tensor:
         return critic_loss(model, batch, objective)

@@ -65,7 +65,7 @@ def actor_loss(model: SACModel, batch: Batch, objective: Objective) -> ActorLoss
 
 @dataclass(frozen=True)
 class TQC:
-    """learner.algo 'tqc' (learner.Algorithm)."""
+    """learner.algo 'tqc' (learner.algorithm.Algorithm)."""
 
     drop: int = 2  # learner.tqc.drop: the largest target quantiles dropped per critic
 
