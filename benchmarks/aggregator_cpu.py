@@ -55,7 +55,8 @@ from aggregator.client import AggregatorClient, GradientPush
 from fleet.launch.local_fleet import free_port
 from foundation.config import RunConfig, with_overrides
 from foundation.policy import ACTOR_GROUPS, GRADIENT_GROUPS, LEARNER_GROUPS, model_spec
-from learner.sac import Batch, SACHyperparams, compute_gradients
+from learner.algorithm import Batch
+from learner.gradients import Hyperparams, compute_gradients
 from nets.models import SACModel, norm_stats
 from sim.tasks import TaskSet
 
@@ -163,7 +164,7 @@ def _gradient(config: RunConfig, rows: int = 256) -> tuple[dict[str, np.ndarray]
     obs, goal = obs_goal[:, : -spec.goal_dim], obs_goal[:, -spec.goal_dim :]
     action = rng.uniform(-1, 1, (rows, spec.act_dim))
     batch = Batch.from_numpy(obs, goal, action, -np.ones(rows), obs, np.zeros(rows), task=task)
-    result = compute_gradients(model, batch, SACHyperparams.for_run(config, spec.act_dim))
+    result = compute_gradients(model, batch, Hyperparams.for_run(config, spec.act_dim))
     return result.grads, result.norm_stats, model.group_sizes()
 
 

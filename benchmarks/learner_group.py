@@ -60,7 +60,8 @@ def _setup(config: RunConfig):
     import torch
 
     from foundation.policy import model_spec
-    from learner.sac import Batch, SACHyperparams
+    from learner.algorithm import Batch
+    from learner.gradients import Hyperparams
     from nets.models import SACModel
 
     torch.set_num_threads(1)
@@ -81,7 +82,7 @@ def _setup(config: RunConfig):
         cols(task.obs_dim),
         np.zeros(n, np.float32),
     )
-    hp = SACHyperparams.for_run(config, task.act_dim)
+    hp = Hyperparams.for_run(config, task.act_dim)
     return spec, model, batch, hp
 
 
@@ -123,7 +124,7 @@ def _step_weights(watcher, snap, model, window_end: float):  # noqa: ANN001, ANN
 
 def aggregator_learner(index, address, config, seconds, compute, pause, barrier, out) -> None:  # noqa: ANN001
     from aggregator.client import AggregatorClient, GradientPush
-    from learner.sac import compute_gradients
+    from learner.gradients import compute_gradients
 
     spec, model, batch, hp = _setup(config)
     pauser = _Pauser(index, *pause)
@@ -170,7 +171,7 @@ def allreduce_learner(index, world, port, config, seconds, compute, pause, barri
     import torch
     import torch.distributed as dist
 
-    from learner.sac import compute_gradients
+    from learner.gradients import compute_gradients
 
     spec, model, batch, hp = _setup(config)
     pauser = _Pauser(index, *pause)

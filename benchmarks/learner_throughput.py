@@ -12,7 +12,7 @@ task-routed MoE arm has the task heads and per-task temperatures its runs train 
 
 One invocation measures, on the same machine:
 
-(a) bare: `learner.sac.compute_gradients` plus an in-process Adam step on in-memory random
+(a) bare: `learner.gradients.compute_gradients` plus an in-process Adam step on in-memory random
     batches of the task's shapes (same ModelSpec, batch size and torch threads as the
     learner): updates per CPU-second of this process. Half before (b), half after.
 (b) the real learner: a LocalRedisCluster, buffer, aggregator and one sampler started by
@@ -64,7 +64,8 @@ from fleet.launch.local_fleet import LocalFleet
 from fleet.launch.watchdog import Watchdog
 from foundation.config import RunConfig, with_overrides
 from foundation.policy import model_spec
-from learner.sac import Batch, SACHyperparams, compute_gradients
+from learner.algorithm import Batch
+from learner.gradients import Hyperparams, compute_gradients
 from nets.flat import GradientBuffers
 from nets.models import GRADIENT_GROUPS, SACModel
 from sim.tasks import TaskSet
@@ -90,7 +91,7 @@ def bare_updates_per_cpu_sec(config: RunConfig, seconds: float, adam: bool = Tru
     tasks = TaskSet.for_run(config)
     spec = model_spec(config, tasks if tasks.multi else tasks.tasks[0])
     model = SACModel(spec).train_gates(config.model.gate_grad).fuse_critics(config.learner.fused_critics)
-    hp = SACHyperparams.for_run(config, tasks.act_dim)
+    hp = Hyperparams.for_run(config, tasks.act_dim)
     optim = {g: torch.optim.Adam(model.group_parameters(g), lr=1e-3) for g in GRADIENT_GROUPS}
     rng = np.random.default_rng(0)
     n = config.learner.batch_size

@@ -60,7 +60,6 @@ class Policy:
         self,
         seed: int = 0,
         random_action_prob: float = 0.0,
-        noise_std: float | None = None,
         random_keep_dims: int = 0,
         random_action_repeat: int = 1,
     ) -> None:
@@ -75,18 +74,14 @@ class Policy:
         self._stretch_start = random_action_prob / (n - random_action_prob * (n - 1)) if random_action_prob else 0.0
         self._held: np.ndarray | None = None  # the random stretch's action, and its steps left
         self._held_left = 0
-        self.noise_std = noise_std  # None: SAC's own sampling; else tanh(mu) + N(0, noise_std) (DDPG)
         self._rng = np.random.default_rng(seed)
 
     @classmethod
     def exploring(cls, config: RunConfig, seed: int) -> Policy:
-        """The acting policy of a sampler: the algorithm's exploration plus epsilon-random steps."""
-        ddpg = config.learner.algo == "ddpg"
-        noise = config.sampler.action_noise_std if ddpg else None
+        """The acting policy of a sampler: the actor's own sampling plus epsilon-random steps."""
         return cls(
             seed=seed,
             random_action_prob=config.sampler.random_action_prob,
-            noise_std=noise,
             random_keep_dims=config.sampler.random_keep_dims,
             random_action_repeat=config.sampler.random_action_repeat,
         )
@@ -139,11 +134,8 @@ class Policy:
         return self._own_action(x, task)
 
     def _own_action(self, x: np.ndarray, task: int) -> np.ndarray:
-        """The algorithm's stochastic action for the input row `x` [1, input]."""
+        """The actor's stochastic action for the input row `x` [1, input]."""
         assert self.actor is not None
-        if self.noise_std is not None:
-            noise = self._rng.normal(0.0, self.noise_std, self.actor.spec.act_dim)
-            return np.clip(self.actor.deterministic(x, task)[0] + noise, -1.0, 1.0).astype(np.float32)
         return self.actor.sample(x, self._rng, task)[0]
 
 

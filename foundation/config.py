@@ -18,6 +18,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any
 
+from foundation.config_algos import ALGOS, upgrade_algorithm_fields
 from foundation.config_base import Check, ConfigError, config_field, suggest
 from foundation.config_experience import (
     TASK_NAMES,
@@ -189,11 +190,12 @@ class RunConfig:
                 "in [0, 1 / the run's tasks]: every task's least share must fit in one batch",
             )
         )
+        renorm = self.learner.algo in ALGOS and self.learner.algorithm().critics().renorm
         checks.append(
             (
-                not (self.learner.algo == "crossq" and self.model.kind != "dense"),
+                not (renorm and self.model.kind != "dense"),
                 "model.kind",
-                "'dense' with learner.algo 'crossq' (its batch-renormalized critics are dense)",
+                f"'dense' with learner.algo {self.learner.algo!r} (its batch-renormalized critics are dense)",
             )
         )
         for ok, name, limit in checks:
@@ -219,7 +221,7 @@ class RunConfig:
 
     @classmethod
     def from_json(cls, text: str) -> RunConfig:
-        return _from_dict(cls, json.loads(text))
+        return _from_dict(cls, upgrade_algorithm_fields(json.loads(text)))
 
     @classmethod
     def load(cls, path: str | pathlib.Path) -> RunConfig:

@@ -128,9 +128,6 @@ class SamplerConfig:
         1,
         "env steps a random step's action is held for (temporally extended epsilon); 1 = one",
     )
-    action_noise_std: float = config_field(
-        0.2, "learner.algo 'ddpg': std of the Gaussian noise added to the actor's action (the HER paper's 0.2)"
-    )
     push_timeout_sec: float = config_field(10.0, "deadline of one Push call; it is retried until acked")
     weights_interval_sec: float = config_field(0.2, "fetch new actor weights at most this often")
     max_env_steps_per_update: float = config_field(
@@ -153,7 +150,6 @@ class SamplerConfig:
                 ">= 0: the aggregator refuses a negative interval and samplers would never get weights",
             ),
             (self.her_k >= 0, "her_k", ">= 0"),
-            (self.action_noise_std >= 0, "action_noise_std", ">= 0"),
             (self.her_k_unmoved >= -1, "her_k_unmoved", ">= -1 (-1: her_k)"),
             (0.0 <= self.random_action_prob <= 1.0, "random_action_prob", "in [0, 1]"),
             (self.random_keep_dims >= 0, "random_keep_dims", ">= 0"),

@@ -4,9 +4,10 @@ their gradients. `foundation.config.RunConfig` composes these sections.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from foundation.config_base import Check, config_field, one_of
+from foundation.config_algos import ALGOS, AlgorithmConfig, CrossQConfig, SACConfig, TQCConfig
+from foundation.config_base import Check, ConfigError, config_field, one_of
 from foundation.policy import MODEL_KINDS, ROUTERS
 from foundation.wire import WIRE_DTYPES
 
@@ -16,7 +17,6 @@ TASK_SAMPLING = ("even", "success", "focus")  # learner.task_sampling: foundatio
 SCORED_SAMPLING = ("success", "focus")  # the modes that follow the evaluator's curve scores
 SWA_MODES = ("off", "plain", "layered")  # aggregator.swa: aggregator/swa.py
 DEVICES = ("auto", "cpu", "cuda")  # learner.device
-ALGOS = ("sac", "ddpg", "tqc", "crossq")
 
 
 @dataclass(frozen=True)
@@ -27,30 +27,17 @@ class LearnerConfig:
     gamma: float = config_field(0.95, "discount; 0.95 with 50-step Fetch episodes as in the HER paper")
     min_replay_transitions: int = config_field(1000, "learner waits until the buffer holds this many")
     max_grad_staleness: int = config_field(1, "learner waits for fresher weights past this many versions behind")
-    algo: str = config_field(
-        "sac",
-        "'sac', 'ddpg', 'tqc' (distributional critics) or 'crossq' (no target networks; dense models)",
-    )
-    action_l2: float = config_field(1.0, "'ddpg': weight of the actor's penalty on the squared action")
-    tqc_quantiles: int = config_field(
-        25, "'tqc': quantiles each of the two critics predicts (Kuznetsov et al. 2020; sb3-contrib's 25)"
-    )
-    tqc_drop: int = config_field(
-        2, "'tqc': the largest target quantiles dropped per critic, against overestimation (sb3-contrib's 2)"
-    )
-    crossq_momentum: float = config_field(
-        0.01,
-        "'crossq': weight of each batch in the critics' running batch-renorm statistics",
-    )
-    crossq_warmup: int = config_field(
-        100_000,
-        "'crossq': updates of plain batch normalization before renormalization starts",
-    )
+    algo: str = config_field("sac", "the algorithm: one of sac, tqc, crossq; its settings are learner.<algo>")
+    sac: SACConfig = field(default_factory=SACConfig)
+    tqc: TQCConfig = field(default_factory=TQCConfig)
+    crossq: CrossQConfig = field(default_factory=CrossQConfig)
     n_step: int = config_field(
         1,
         "n-step returns: rows carry n discounted rewards and the critics bootstrap with gamma^n",
     )
-    target_entropy: float | None = config_field(None, "SAC target entropy; None = -action_dim")
+    target_entropy: float | None = config_field(
+        None, "the temperature's target entropy (sac, tqc, crossq); None = -action_dim"
+    )
     torch_threads: int = config_field(1, "torch intra-op threads in the learner")
     own_cpu: bool = config_field(
         False,
@@ -125,13 +112,25 @@ class LearnerConfig:
             (self.max_policy_lag >= 0, "max_policy_lag", ">= 0"),
             (0.0 < self.gamma < 1.0, "gamma", "in (0, 1)"),
             (1 <= self.n_step <= 10, "n_step", "in 1..10 (Fetch episodes are 50 steps)"),
-            (self.algo in ALGOS, "algo", f"one of {ALGOS}"),
-            (self.tqc_quantiles >= 1, "tqc_quantiles", ">= 1"),
-            (0 <= self.tqc_drop < self.tqc_quantiles, "tqc_drop", "in 0..learner.tqc_quantiles - 1"),
-            (0.0 < self.crossq_momentum <= 1.0, "crossq_momentum", "in (0, 1]"),
-            (self.crossq_warmup >= 0, "crossq_warmup", ">= 0"),
-            (not (self.algo == "crossq" and self.compile), "compile", "false with algo 'crossq' (not compiled)"),
+            (self.algo in ALGOS, "algo", "one of " + ", ".join(ALGOS)),
+            *self._algorithm_checks(),
         ]
+
+    def algorithm(self) -> AlgorithmConfig:
+        """The section of the algorithm learner.algo names (ConfigError for a name not in ALGOS)."""
+        if self.algo not in ALGOS:
+            raise ConfigError(f"learner.algo ({self.algo!r}) must be one of {', '.join(ALGOS)}", field="learner.algo")
+        section: AlgorithmConfig = getattr(self, self.algo)
+        return section
+
+    def _algorithm_checks(self) -> list[Check]:
+        """Every algorithm section's checks (named learner.<algo>.<field>), and what the named
+        algorithm's critics rule out."""
+        checks = [(ok, f"{name}.{f}", limit) for name in ALGOS for ok, f, limit in getattr(self, name).checks()]
+        if self.algo in ALGOS and self.algorithm().critics().renorm:
+            # the batch-renorm layers update their running statistics in place, which the compiled losses do not
+            checks.append((not self.compile, "compile", f"false with algo {self.algo!r} (batch-renorm critics)"))
+        return checks
 
 
 @dataclass(frozen=True)

@@ -66,7 +66,7 @@ class ModelSpec:
     task_onehot: bool = True
     # A MoE with the task router: one output layer per task (model.task_heads); False in older specs.
     task_heads: bool = False
-    # Outputs per critic: 1 (a Q value), or learner.tqc_quantiles with algo 'tqc' (1 in older specs).
+    # Outputs per critic: 1 (a Q value), or learner.tqc.quantiles with algo 'tqc' (1 in older specs).
     critic_quantiles: int = 1
     # algo 'crossq': batch renormalization in both critics, on their input and after every hidden
     # layer (False in older specs). The actor never has it: samplers, evaluator and export are SAC's.
@@ -175,8 +175,9 @@ class TaskDims(Protocol):
 def model_spec(config: RunConfig, task: TaskDims) -> ModelSpec:
     """The networks a run trains for `task` (or a multi-task run's TaskSet, its padded width
     and one task embedding row per task): shapes, learner.hidden_sizes and model.* (a MoE's
-    hidden layers model.expert_width wide, one per learner.hidden_sizes entry)."""
-    m = config.model
+    hidden layers model.expert_width wide, one per learner.hidden_sizes entry), with the critics
+    learner.algo's section asks for."""
+    m, critics = config.model, config.learner.algorithm().critics()
     hidden = tuple(config.learner.hidden_sizes)
     if m.kind == "moe" and m.expert_width:
         hidden = (m.expert_width,) * len(hidden)
@@ -195,8 +196,8 @@ def model_spec(config: RunConfig, task: TaskDims) -> ModelSpec:
         task_alpha=m.task_alpha,
         task_onehot=m.task_onehot,
         task_heads=m.task_heads,
-        critic_quantiles=config.learner.tqc_quantiles if config.learner.algo == "tqc" else 1,
-        critic_renorm=config.learner.algo == "crossq",
+        critic_quantiles=critics.outputs,
+        critic_renorm=critics.renorm,
         shared_experts=m.shared_experts if m.kind == "moe" else 0,
     )
 

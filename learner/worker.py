@@ -1,4 +1,4 @@
-"""The learner role process: sample from Redis, compute SAC gradients, push to the aggregator.
+"""The learner role process: sample from Redis, compute gradients, push to the aggregator.
 
     batches (Redis, direct) --> compute_gradients(weights v) --> PushGradients --> aggregator
                                            ^                                          |
@@ -30,7 +30,8 @@ from foundation.process import Heartbeat
 from foundation.proto import fleetrl_pb2 as pb
 from foundation.task_schedule import TaskSchedule
 from foundation.transport import Security, connect
-from learner.sac import Batch, SACHyperparams, compute_gradients
+from learner.algorithm import Batch
+from learner.gradients import Hyperparams, compute_gradients
 from nets.flat import GradientBuffers
 from nets.models import GROUPS, SACModel
 from sim.tasks import TaskSet
@@ -217,7 +218,7 @@ class _GradientLoop:
         replay: ReplaySampler,
         heartbeat: Heartbeat,
     ) -> None:
-        self.hp = SACHyperparams.for_run(config, act_dim)
+        self.hp = Hyperparams.for_run(config, act_dim)
         if config.learner.autocast != "off":  # "auto" resolved on this learner's own CPU
             log.info(
                 "learner %d: autocast %s (learner.autocast %s)", learner_id, self.hp.autocast, config.learner.autocast
@@ -235,7 +236,7 @@ class _GradientLoop:
     def run(self, snapshot: WeightsSnapshot, stop: threading.Event) -> int:
         learner = self.config.learner
         model = SACModel(snapshot.spec).train_gates(self.config.model.gate_grad)
-        model = model.batch_renorm(learner.crossq_momentum, learner.crossq_warmup)
+        model = model.batch_renorm(learner.crossq.momentum, learner.crossq.warmup)
         model = model.fuse_critics(self.config.learner.fused_critics).to(self.batches.device)
         tau = self.config.aggregator.tau
         _load(model, snapshot, tau, 0)

@@ -1,4 +1,4 @@
-"""The MoE routers' load balancing and load metrics, added to SAC's gradients (learner/sac.py).
+"""The MoE routers' load balancing and load metrics, added to the losses' gradients (learner/gradients.py).
 
     layers = moe_layers(model.critic)                          # the MoE layers, found once
     grads = with_balance(q_loss, params, layers, hp, "critic", metrics)
@@ -19,7 +19,7 @@ from nets.moe import MoELinear
 
 
 class BalanceSettings(Protocol):
-    """What with_balance reads of the hyperparameters (SACHyperparams has both)."""
+    """What with_balance reads of the hyperparameters (learner.gradients.Hyperparams has both)."""
 
     @property
     def router_decay(self) -> float: ...

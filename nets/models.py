@@ -233,11 +233,6 @@ class TwinCritic(nn.Module):
         )
         return (q1.squeeze(-1), q2.squeeze(-1)) if self.quantiles == 1 else (q1, q2)
 
-    def q1_value(self, obs_goal: torch.Tensor, action: torch.Tensor, task: torch.Tensor | None = None) -> torch.Tensor:
-        """Q1 alone (DDPG's one critic), at half the cost of forward()."""
-        state = self.norm(obs_goal)
-        return self.q1(torch.cat([state, action], dim=-1), state, task).squeeze(-1)
-
 
 class SACModel(nn.Module):
     """Every network SAC needs, with flat-vector access per group."""
@@ -261,7 +256,7 @@ class SACModel(nn.Module):
         return self
 
     def batch_renorm(self, momentum: float, warmup: int) -> SACModel:
-        """learner.crossq_momentum and learner.crossq_warmup on the critics' batch renorm layers
+        """learner.crossq.momentum and learner.crossq.warmup on the critics' batch renorm layers
         (algo 'crossq'; nothing for a model without them)."""
         set_renorm(self, momentum, warmup)
         return self

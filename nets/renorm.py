@@ -4,7 +4,7 @@ Bhatt et al. 2024, "CrossQ: Batch Normalization in Deep Reinforcement Learning f
 Efficiency and Simplicity"; the layout is sb3-contrib's (and sbx's) CrossQ critic. Both critics
 batch-renormalize their input and every hidden layer, and see the current and next state-actions
 as one batch, so the statistics they normalize with are those of both halves; there are no
-target networks (learner/sac.py, crossq_critic_loss):
+target networks (learner/algos/crossq.py):
 
     Q_i([s; s'], [a; a'])  ->  (Q_i(s,a), Q_i(s',a')),   a' ~ pi(.|s',g)
     critic:  J_Q  = E[(Q_i(s,g,a) - y)^2],   y = r + gamma (1 - d) sg(min_j Q_j(s',g,a') - alpha log pi(a'|s',g))
@@ -97,7 +97,7 @@ def renorm_layers(module: nn.Module) -> list[BatchRenorm]:
 
 
 def set_renorm(module: nn.Module, momentum: float, warmup: int) -> None:
-    """learner.crossq_momentum and learner.crossq_warmup on every BatchRenorm of `module`."""
+    """learner.crossq.momentum and learner.crossq.warmup on every BatchRenorm of `module`."""
     for layer in renorm_layers(module):
         layer.momentum, layer.warmup = momentum, warmup
 

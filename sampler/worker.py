@@ -1,6 +1,6 @@
 """The sampler role process: act in a randomized sim, relabel with HER, push to the buffer.
 
-    while running:
+    while running:                                # Collector.run: one step() per episode
         policy.refresh(watcher.latest())          # newest actor weights, never blocks
         episode = rollout(env, policy)            # stochastic actions (random for the first steps)
         batch = relabel_future(episode, k)        # HER 'future'
@@ -98,6 +98,16 @@ class Pusher:
                 continue
         self.dropped += 1
 
+    @property
+    def incarnation(self) -> int:
+        """The ingest client's incarnation: new for every process start."""
+        return self.ingest.incarnation
+
+    @property
+    def rate_limited_sec(self) -> float:
+        """Seconds the ingest service has held this sampler's pushes back (flow control)."""
+        return self.ingest.rate_limited_sec
+
     def stop_soon(self) -> None:
         """Stop retrying: what is not acked by now is dropped (counted), never waited for."""
         self._stopping.set()
@@ -193,7 +203,8 @@ def run_sampler(
                 # most: an episode collected while it waits is at most two episodes old when stored.
                 pusher = Pusher(ingest, tasks.tasks[mine[0]], max_pending=2, ledger=ledger, halt=stop)
                 try:
-                    steps = _collect(config, sampler_id, envs, mine, agg, watcher, ingest, pusher, heartbeat, stop)
+                    collector = Collector(config, sampler_id, envs, mine, agg, watcher, pusher, heartbeat)
+                    steps = collector.run(stop)
                 finally:
                     pusher.close(timeout=3.0)  # bounded, whatever the buffer does
                 heartbeat.close(acked_env_steps=pusher.acked_env_steps)
@@ -213,61 +224,86 @@ def run_sampler(
     return pusher.acked_env_steps
 
 
+class Collector:
+    """act -> relabel -> enqueue, one episode per step(), until stopped: the sampler's loop, built
+    complete here (its random streams, exploring policy, task picker and schedule).
+
+        collector = Collector(config, sampler_id, envs, mine, agg, watcher, pusher, heartbeat)
+        env_steps = collector.run(stop)       # step() after step() until `stop` is set
+
+    `envs[i]` acts for the run's task place `mine[i]`; env steps follow the learner's task shares
+    (TaskSchedule, through `agg`) when this sampler has more than one task.
+    """
+
+    def __init__(
+        self,
+        config: RunConfig,
+        sampler_id: int,
+        envs: list,
+        mine: list[int],
+        agg: AggregatorClient,
+        watcher: WeightsWatcher,
+        pusher: Pusher,
+        heartbeat: Heartbeat,
+    ) -> None:
+        self.config, self.cfg, self.tasks = config, config.sampler, TaskSet.for_run(config)
+        self.envs, self.mine = envs, mine
+        self.watcher, self.pusher, self.heartbeat = watcher, pusher, heartbeat
+        self.env_steps = self.episodes = self.successes = 0
+        # Streams of this sampler *process*: a restarted sampler (a new incarnation) must not
+        # replay its previous life's episodes, and samplers never share episode seeds.
+        streams = np.random.SeedSequence([self.cfg.seed, sampler_id, pusher.incarnation]).spawn(3)
+        self.rng, self.seeds = np.random.default_rng(streams[0]), np.random.default_rng(streams[1])
+        self.policy = Policy.exploring(config, seed=int(streams[2].generate_state(1)[0]))
+        self.picker = TaskPicker(len(mine))
+        self.schedule: TaskSchedule | None = None
+        if len(mine) > 1:  # env steps follow the learner's shares
+            shares = functools.partial(_my_shares, self.picker, mine)
+            self.schedule = TaskSchedule.for_run(config, self.tasks.names, agg, shares)
+
+    def run(self, stop: threading.Event) -> int:
+        """Episodes until `stop` is set; returns the env steps taken."""
+        while not stop.is_set():
+            self.step()
+        return self.env_steps
+
+    def step(self) -> int:
+        """One episode: newest weights, a rollout of the task furthest behind its share, HER
+        relabeling, then the pusher's queue (which waits while flow control holds pushes back).
+        Returns its env steps."""
+        self.policy.refresh(self.watcher.latest())
+        if self.schedule is not None:
+            self.schedule.refresh()
+        policy = self.policy
+        acting = policy if (self.env_steps >= self.cfg.random_steps and policy.actor is not None) else None
+        turn = self.picker.pick()
+        env, place = self.envs[turn], self.mine[turn]
+        with self.heartbeat.phase("rollout"):
+            seed = int(self.seeds.integers(TRAIN_SEEDS_FROM, 2**31))  # clear of the evaluator's held-out seeds
+            episode, success = rollout(env, acting, seed=seed, rng=self.rng, task=place)
+        with self.heartbeat.phase("relabel"):
+            reward = functools.partial(goal_reward, env)
+            cfg, n_step, gamma = self.cfg, self.config.learner.n_step, self.config.learner.gamma
+            transitions = relabel_future(episode, cfg.her_k, reward, self.rng, cfg.her_k_unmoved, n_step, gamma)
+        with self.heartbeat.phase("enqueue"):  # long only while flow control holds pushes back
+            task_id = self.tasks.tasks[place].task_id
+            self.pusher.put(
+                transitions, max(policy.version, 0), env_steps=len(episode), successes=int(success), task_id=task_id
+            )
+        self.picker.record(turn, len(episode))
+        self.env_steps += len(episode)
+        self.episodes += 1
+        self.successes += success
+        self.heartbeat.beat(
+            env_steps=self.env_steps,
+            episodes=self.episodes,
+            train_success=self.successes / self.episodes,
+            acked_env_steps=self.pusher.acked_env_steps,
+            version=policy.version,
+            rate_limited_sec=self.pusher.rate_limited_sec,
+        )
+        return len(episode)
+
+
 def _my_shares(picker: TaskPicker, mine: list[int], shares: np.ndarray) -> None:
     picker.set_shares(shares[mine])
-
-
-def _collect(
-    config: RunConfig,
-    sampler_id: int,
-    envs: list,
-    mine: list[int],
-    agg: AggregatorClient,
-    watcher: WeightsWatcher,
-    ingest: IngestClient,
-    pusher: Pusher,
-    heartbeat: Heartbeat,
-    stop: threading.Event,
-) -> int:
-    """act -> relabel -> enqueue, episode after episode, until `stop`; returns env steps taken."""
-    cfg, tasks = config.sampler, TaskSet.for_run(config)
-    steps, episodes, successes = 0, 0, 0
-    # Streams of this sampler *process*: a restarted sampler (a new incarnation) must not
-    # replay its previous life's episodes, and samplers never share episode seeds.
-    streams = np.random.SeedSequence([cfg.seed, sampler_id, ingest.incarnation]).spawn(3)
-    rng, seeds = np.random.default_rng(streams[0]), np.random.default_rng(streams[1])
-    policy = Policy.exploring(config, seed=int(streams[2].generate_state(1)[0]))
-    picker, schedule = TaskPicker(len(mine)), None
-    if len(mine) > 1:  # env steps follow the learner's shares
-        schedule = TaskSchedule.for_run(config, tasks.names, agg, functools.partial(_my_shares, picker, mine))
-    while not stop.is_set():
-        policy.refresh(watcher.latest())
-        if schedule is not None:
-            schedule.refresh()
-        acting = policy if (steps >= cfg.random_steps and policy.actor is not None) else None
-        turn = picker.pick()
-        env, place = envs[turn], mine[turn]
-        with heartbeat.phase("rollout"):
-            seed = int(seeds.integers(TRAIN_SEEDS_FROM, 2**31))  # clear of the evaluator's held-out seeds
-            episode, success = rollout(env, acting, seed=seed, rng=rng, task=place)
-        with heartbeat.phase("relabel"):
-            reward = functools.partial(goal_reward, env)
-            n_step, gamma = config.learner.n_step, config.learner.gamma
-            transitions = relabel_future(episode, cfg.her_k, reward, rng, cfg.her_k_unmoved, n_step, gamma)
-        with heartbeat.phase("enqueue"):  # long only while flow control holds pushes back
-            version = max(policy.version, 0)
-            task_id = tasks.tasks[place].task_id
-            pusher.put(transitions, version, env_steps=len(episode), successes=int(success), task_id=task_id)
-        picker.record(turn, len(episode))
-        steps += len(episode)
-        episodes += 1
-        successes += success
-        heartbeat.beat(
-            env_steps=steps,
-            episodes=episodes,
-            train_success=successes / episodes,
-            acked_env_steps=pusher.acked_env_steps,
-            version=policy.version,
-            rate_limited_sec=ingest.rate_limited_sec,
-        )
-    return steps

@@ -20,7 +20,8 @@ from foundation.checkpoint import (
     save_checkpoint,
 )
 from foundation.config import AggregatorConfig
-from learner.sac import Batch, SACHyperparams, compute_gradients
+from learner.algorithm import Batch, Objective
+from learner.gradients import Hyperparams, compute_gradients
 from nets.models import GRADIENT_GROUPS, GROUPS, ModelSpec, SACModel, norm_from_stats, norm_stats
 from tests.test_aggregator_validation import BAD_GRADIENTS, BAD_NORM_STATS, SPEC
 
@@ -348,7 +349,7 @@ def _sac_gradient(core: AggregatorCore, spec: ModelSpec, rows: dict[str, np.ndar
     for group, flat in core.weights().items():
         model.set_flat(group, flat)
     batch = Batch.from_numpy(**rows)
-    return compute_gradients(model, batch, SACHyperparams(gamma=0.95, target_entropy=-float(spec.act_dim)))
+    return compute_gradients(model, batch, Hyperparams(Objective(gamma=0.95, target_entropy=-float(spec.act_dim))))
 
 
 def _rows(spec: ModelSpec, n: int, seed: int = 0) -> dict[str, np.ndarray]:

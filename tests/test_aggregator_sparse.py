@@ -13,7 +13,8 @@ from aggregator.core import AggregatorCore
 from aggregator.sparse import ExpertSegments
 from foundation.config import AggregatorConfig, ConfigError, RunConfig, with_overrides
 from foundation.policy import GRADIENT_GROUPS, GROUPS, ModelSpec
-from learner.sac import Batch, SACHyperparams, compute_gradients
+from learner.algorithm import Batch, Objective
+from learner.gradients import Hyperparams, compute_gradients
 from nets.models import SACModel
 
 TASKS = 3
@@ -22,7 +23,7 @@ LAZY = AggregatorConfig(lr=1e-2, tau=0.25, seed=0)
 DENSE = dataclasses.replace(LAZY, expert_adam="dense")
 # Routing held fixed, as model.gate_grad false with a settled balance: the task losses leave the
 # gates alone and no balancing loss moves them, so each task keeps its experts every version.
-HP = SACHyperparams(gamma=0.95, target_entropy=-2.0, balance_coef=0.0)
+HP = Hyperparams(Objective(gamma=0.95, target_entropy=-2.0), balance_coef=0.0)
 
 
 def _batch(seed: int, tasks: list[int], rows: int = 24) -> Batch:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import typing
 
 import pytest
@@ -61,10 +62,13 @@ BAD_CONFIGS: list[tuple[list[str], str]] = [
         "model.gate_grad (False) must be true unless model.kind is 'moe' with model.router 'task'",
     ),
     (["learner.device=tpu"], "learner.device ('tpu') must be one of 'auto', 'cpu', 'cuda'"),
-    (["learner.algo=td3"], "learner.algo ('td3') must be one of ('sac', 'ddpg', 'tqc', 'crossq')"),
-    (["learner.tqc_quantiles=0"], "learner.tqc_quantiles (0) must be >= 1"),
-    (["learner.tqc_drop=25"], "learner.tqc_drop (25) must be in 0..learner.tqc_quantiles - 1"),
-    (["learner.tqc_drop=-1"], "learner.tqc_drop (-1) must be in 0..learner.tqc_quantiles - 1"),
+    (["learner.algo=tqx"], "learner.algo ('tqx') must be one of sac, tqc, crossq"),
+    (["learner.algo=ddpg"], "learner.algo ('ddpg') must be one of sac, tqc, crossq"),
+    (["learner.tqc.quantiles=0"], "learner.tqc.quantiles (0) must be >= 1"),
+    (["learner.tqc.drop=25"], "learner.tqc.drop (25) must be in 0..learner.tqc.quantiles - 1"),
+    (["learner.tqc.drop=-1"], "learner.tqc.drop (-1) must be in 0..learner.tqc.quantiles - 1"),
+    (["learner.crossq.momentum=0"], "learner.crossq.momentum (0.0) must be in (0, 1]"),
+    (["learner.crossq.warmup=-1"], "learner.crossq.warmup (-1) must be >= 0"),
     (["learner.n_step=0"], "learner.n_step (0) must be in 1..10 (Fetch episodes are 50 steps)"),
     (["learner.n_step=11"], "learner.n_step (11) must be in 1..10 (Fetch episodes are 50 steps)"),
     (["eval.curve_episodes=0"], "eval.curve_episodes (0) must be in [1, eval.episodes]"),
@@ -126,6 +130,38 @@ def test_from_json_rejects_unknown_field():
         RunConfig.from_json('{"learner": {"nope": 1}}')
 
 
+def test_a_run_directory_with_flat_algorithm_fields_loads_into_the_sections():
+    """A config.json that kept the algorithm's fields flat in the learner (and DDPG's, which no
+    algorithm here reads) loads with their values in learner.tqc and learner.crossq."""
+    flat = json.loads(RunConfig().to_json())
+    for section in ("sac", "tqc", "crossq"):
+        del flat["learner"][section]
+    flat["learner"].update(algo="tqc", tqc_quantiles=7, tqc_drop=1, crossq_momentum=0.5, crossq_warmup=3, action_l2=1.0)
+    flat["sampler"]["action_noise_std"] = 0.2
+    config = RunConfig.from_json(json.dumps(flat)).validate()
+    assert (config.learner.tqc.quantiles, config.learner.tqc.drop) == (7, 1)
+    assert (config.learner.crossq.momentum, config.learner.crossq.warmup) == (0.5, 3)
+    assert config.learner.algorithm() == config.learner.tqc
+
+
+def test_an_algorithm_field_by_its_flat_name_is_refused_as_unknown():
+    with pytest.raises(ConfigError, match="unknown config field 'learner.tqc_quantiles'"):
+        with_overrides(RunConfig(), ["learner.tqc_quantiles=7"])
+
+
+def test_every_algorithm_has_a_section_and_each_field_a_help_line_of_one_terminal_line():
+    from foundation.config_algos import ALGOS
+
+    learner = RunConfig().learner
+    for name in ALGOS:
+        section = dataclasses.replace(learner, algo=name).algorithm()
+        assert section is getattr(learner, name) and section.critics().outputs >= 1
+        for f in dataclasses.fields(section):
+            assert 0 < len(f.metadata["help"]) <= 100, (name, f.name)
+    with pytest.raises(ConfigError, match=r"learner.algo \('tqx'\) must be one of sac, tqc, crossq"):
+        dataclasses.replace(learner, algo="tqx").algorithm()
+
+
 def test_overrides_parse_json_values_tuples_none_and_plain_strings():
     config = with_overrides(
         RunConfig(),
@@ -173,8 +209,7 @@ BAD_OVERRIDES: list[tuple[str, str]] = [
     ("learner.target_entropy=low", "LearnerConfig.target_entropy must be a number, got 'low'"),
     (
         "learner.batchsize=3",
-        "unknown config field 'learner.batchsize'; did you mean 'batch_size'? "
-        "valid: action_l2, algo, autocast, batch_size,",
+        "unknown config field 'learner.batchsize'; did you mean 'batch_size'? valid: algo, autocast, batch_size,",
     ),
     ("lerner.batch_size=3", "unknown config section 'lerner.batch_size'; did you mean 'learner'?"),
 ]

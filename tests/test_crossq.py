@@ -12,14 +12,17 @@ import torch
 
 from foundation.config import ConfigError, RunConfig, with_overrides
 from foundation.policy import ModelSpec, model_spec
-from learner.sac import SACHyperparams, compute_gradients, crossq_critic_loss
+from learner.algorithm import Objective
+from learner.algos.crossq import CrossQ
+from learner.algos.crossq import critic_loss as crossq_critic_loss
+from learner.gradients import Hyperparams, compute_gradients
 from nets.models import GRADIENT_GROUPS, SACModel
 from nets.renorm import BatchRenorm, renorm_layers, running_statistics
 from sim.registry import get_task
 from tests.test_sac import _batch
 
 SPEC = ModelSpec(obs_dim=4, goal_dim=2, act_dim=2, hidden_sizes=(32, 32), critic_renorm=True)  # test_sac.SPEC + renorm
-HP = SACHyperparams(gamma=0.9, target_entropy=-2.0, algo="crossq")
+HP = Hyperparams(Objective(gamma=0.9, target_entropy=-2.0), CrossQ())
 
 
 def test_batch_renorm_in_warmup_is_batch_norm_and_moves_its_running_statistics():
@@ -118,10 +121,10 @@ def test_crossq_targets_come_from_the_joint_pass_over_both_halves(monkeypatch):
     torch.manual_seed(0)
     model = SACModel(SPEC, init_log_alpha=-1.0)
     batch = _batch(8)
-    hp = dataclasses.replace(HP, clip_return=False)
+    objective = dataclasses.replace(HP.objective, clip_return=False)
     next_action, log_prob = torch.zeros(8, 2), torch.full((8,), 2.0)
     monkeypatch.setattr(model.actor, "sample", lambda *a, **k: (next_action, log_prob))
-    loss = crossq_critic_loss(model, batch, hp)
+    loss = crossq_critic_loss(model, batch, objective)
     # by hand: one pass over 16 rows in training mode (from the same starting statistics)
     fresh = SACModel(SPEC, init_log_alpha=-1.0)
     fresh.load_state_dict(model.state_dict())

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from foundation.policy import ModelSpec, NumpyActor, top_k_gates
-from learner.sac import Batch, SACHyperparams, compute_gradients
+from learner.algorithm import Batch, Objective
+from learner.gradients import Hyperparams, compute_gradients
 from nets.models import SACModel, norm_stats
 from nets.moe import MoELinear
 
@@ -75,7 +76,7 @@ def test_sac_gradients_flow_through_experts_gates_and_task_embeddings():
         return rng.normal(size=(n, width)).astype(np.float32)
 
     batch = Batch.from_numpy(cols(5), cols(3), np.tanh(cols(2)), -np.ones(n, np.float32), cols(5), np.zeros(n))
-    result = compute_gradients(model, batch, SACHyperparams(gamma=0.95, target_entropy=-2.0))
+    result = compute_gradients(model, batch, Hyperparams(Objective(gamma=0.95, target_entropy=-2.0)))
     assert result.grads["actor"].shape == (MOE.actor_size(),)
     assert all(np.isfinite(g).all() for g in result.grads.values())
     layer = model.actor.body.moe_layers()[0]
@@ -217,7 +218,7 @@ def test_without_gate_grad_the_task_losses_leave_the_routers_alone_and_nothing_e
     def actor_grads(gate_grad: bool, balance_coef: float):
         torch.manual_seed(7)  # the same action noise every time
         model = _model(spec).train_gates(gate_grad)
-        hp = SACHyperparams(0.95, -2.0, balance_coef=balance_coef, router_decay=0.0)
+        hp = Hyperparams(Objective(0.95, -2.0), balance_coef=balance_coef, router_decay=0.0)
         return compute_gradients(model, _batch(), hp)
 
     learned, fixed = actor_grads(True, 0.0), actor_grads(False, 0.0)
@@ -228,7 +229,7 @@ def test_without_gate_grad_the_task_losses_leave_the_routers_alone_and_nothing_e
 
 
 def test_router_decay_scales_the_balancing_gradient_which_reaches_only_the_routers():
-    from learner.sac import compute_gradients
+    from learner.gradients import compute_gradients
 
     model, batch = _model(), _batch()
 
@@ -236,9 +237,9 @@ def test_router_decay_scales_the_balancing_gradient_which_reaches_only_the_route
         torch.manual_seed(7)
         return compute_gradients(*args)
 
-    plain = grads_of(model, batch, SACHyperparams(0.95, -2.0, balance_coef=0.0))
-    decayed = grads_of(model, batch, SACHyperparams(0.95, -2.0, balance_coef=1.0, router_decay=1e6))
-    full = grads_of(model, batch, SACHyperparams(0.95, -2.0, balance_coef=1.0, router_decay=0.0))
+    plain = grads_of(model, batch, Hyperparams(Objective(0.95, -2.0), balance_coef=0.0))
+    decayed = grads_of(model, batch, Hyperparams(Objective(0.95, -2.0), balance_coef=1.0, router_decay=1e6))
+    full = grads_of(model, batch, Hyperparams(Objective(0.95, -2.0), balance_coef=1.0, router_decay=0.0))
     assert decayed.metrics["moe/actor_beta"] == 0.0 and full.metrics["moe/actor_beta"] == 1.0
     np.testing.assert_allclose(decayed.grads["actor"], plain.grads["actor"], rtol=1e-5, atol=1e-7)
     # With beta = 1 the balancing gradient is there, on gate weights and the task embedding only.

@@ -17,15 +17,20 @@ import pytest
 import torch
 
 from foundation.policy import ModelSpec, NumpyActor
-from learner.sac import Batch, SACHyperparams, compute_gradients
+from learner.algorithm import Batch, Objective
+from learner.algos.sac import SAC
+from learner.algos.tqc import TQC
+from learner.gradients import Hyperparams, compute_gradients
 from nets.models import SACModel
 
 OBS, GOAL, ACT, TASKS, PLACE = 25, 3, 4, 2, 1  # FetchPush's widths; it is the run's second task
 
 
-def _specs() -> tuple[ModelSpec, ModelSpec]:
-    single = ModelSpec(OBS, GOAL, ACT, (64, 64))
-    multi = ModelSpec(OBS + TASKS, GOAL, ACT, (64, 64), tasks=TASKS, task_norm=True, task_alpha=True)
+def _specs(quantiles: int = 1) -> tuple[ModelSpec, ModelSpec]:
+    single = ModelSpec(OBS, GOAL, ACT, (64, 64), critic_quantiles=quantiles)
+    multi = ModelSpec(
+        OBS + TASKS, GOAL, ACT, (64, 64), tasks=TASKS, task_norm=True, task_alpha=True, critic_quantiles=quantiles
+    )
     return single, multi
 
 
@@ -41,8 +46,8 @@ def _narrow(g: torch.Tensor) -> torch.Tensor:
     return torch.cat([g[:, :OBS], g[:, OBS + TASKS :]], dim=1)
 
 
-def _pair(rng: np.random.Generator) -> tuple[SACModel, SACModel]:
-    single_spec, multi_spec = _specs()
+def _pair(rng: np.random.Generator, quantiles: int = 1) -> tuple[SACModel, SACModel]:
+    single_spec, multi_spec = _specs(quantiles)
     torch.manual_seed(0)
     single, multi = SACModel(single_spec, init_log_alpha=-1.5), SACModel(multi_spec)
     with torch.no_grad():
@@ -82,17 +87,17 @@ def _rows(rng: np.random.Generator, n: int = 128) -> dict[str, np.ndarray]:
     }
 
 
-@pytest.mark.parametrize("algo", ["sac", "ddpg"])
+@pytest.mark.parametrize("algo", ["sac", "tqc"])
 def test_one_tasks_rows_give_the_single_task_gradients(algo: str) -> None:
     rng = np.random.default_rng(3)
-    single, multi = _pair(rng)
+    single, multi = _pair(rng, quantiles=5 if algo == "tqc" else 1)
     r = _rows(rng)
     one = Batch.from_numpy(r["obs"], r["goal"], r["action"], r["reward"], r["next_obs"], r["done"])
     task = np.full(len(r["reward"]), PLACE)
     wide = Batch.from_numpy(
         _padded(r["obs"]), r["goal"], r["action"], r["reward"], _padded(r["next_obs"]), r["done"], task=task
     )
-    hp = SACHyperparams(gamma=0.95, target_entropy=-4.0, algo=algo)
+    hp = Hyperparams(Objective(gamma=0.95, target_entropy=-4.0), TQC(drop=1) if algo == "tqc" else SAC())
     torch.manual_seed(1)
     got_single = compute_gradients(single, one, hp)
     torch.manual_seed(1)
@@ -107,10 +112,10 @@ def test_one_tasks_rows_give_the_single_task_gradients(algo: str) -> None:
             gm = torch.from_numpy(flat_m[at_m : at_m + pm.numel()]).view_as(pm)
             at_s, at_m = at_s + ps.numel(), at_m + pm.numel()
             torch.testing.assert_close(_narrow(gm) if gm.shape != gs.shape else gm, gs, atol=1e-6, rtol=1e-5)
-    if algo == "sac":  # the task's own temperature moves as the shared one would; the other's not at all
-        alpha_s, alpha_m = got_single.grads["log_alpha"], got_multi.grads["log_alpha"]
-        assert alpha_m[PLACE] == pytest.approx(alpha_s[0], rel=1e-5)
-        assert alpha_m[1 - PLACE] == 0.0
+    # the task's own temperature moves as the shared one would; the other's not at all
+    alpha_s, alpha_m = got_single.grads["log_alpha"], got_multi.grads["log_alpha"]
+    assert alpha_m[PLACE] == pytest.approx(alpha_s[0], rel=1e-5)
+    assert alpha_m[1 - PLACE] == 0.0
 
 
 def test_the_padded_actor_acts_as_the_single_task_one() -> None:
@@ -147,7 +152,7 @@ def test_with_task_onehot_off_the_networks_do_not_read_it() -> None:
     wide = Batch.from_numpy(
         _padded(r["obs"]), r["goal"], r["action"], r["reward"], _padded(r["next_obs"]), r["done"], task=task
     )
-    hp = SACHyperparams(gamma=0.95, target_entropy=-4.0)
+    hp = Hyperparams(Objective(gamma=0.95, target_entropy=-4.0))
     torch.manual_seed(1)
     got_single = compute_gradients(single, one, hp)
     torch.manual_seed(1)
@@ -183,7 +188,7 @@ def test_task_heads_give_each_task_its_own_output_layer() -> None:
     batch = Batch.from_numpy(
         _padded(r["obs"]), r["goal"], r["action"], r["reward"], _padded(r["next_obs"]), r["done"], task=task
     )
-    got = compute_gradients(model, batch, SACHyperparams(gamma=0.95, target_entropy=-4.0))
+    got = compute_gradients(model, batch, Hyperparams(Objective(gamma=0.95, target_entropy=-4.0)))
     for group, heads in (("actor", [model.actor.body.out]), ("critic", [model.critic.q1.out, model.critic.q2.out])):
         params = list(getattr(model, group).parameters())
         flat, at = got.grads[group], 0

@@ -124,7 +124,7 @@ def test_a_tqc_run_widens_only_its_critics_and_an_older_spec_reads_as_one_output
 
     task = get_task("FetchReach-v4")
     sac = model_spec(RunConfig(), task)
-    tqc = model_spec(with_overrides(RunConfig(), ['learner.algo="tqc"', "learner.tqc_quantiles=7"]), task)
+    tqc = model_spec(with_overrides(RunConfig(), ['learner.algo="tqc"', "learner.tqc.quantiles=7"]), task)
     assert (sac.critic_quantiles, tqc.critic_quantiles) == (1, 7)
     assert tqc.actor_size() == sac.actor_size()  # samplers, evaluator and export see the same actor
     older = json.loads(sac.to_json())

@@ -1,4 +1,5 @@
-"""SAC losses and gradients (learner/sac.py): pure functions, fast on CPU."""
+"""The algorithms' losses (learner/algos/) and the gradients of an update (learner/gradients.py):
+pure functions, fast on CPU."""
 
 from __future__ import annotations
 
@@ -9,11 +10,16 @@ import pytest
 import torch
 
 from foundation.config import RunConfig, with_overrides
-from learner.sac import Batch, SACHyperparams, compute_gradients, critic_loss, quantile_huber_loss, tqc_critic_loss
+from learner.algorithm import Batch, Objective
+from learner.algos.crossq import CrossQ
+from learner.algos.sac import critic_loss
+from learner.algos.tqc import TQC, quantile_huber_loss
+from learner.algos.tqc import critic_loss as tqc_critic_loss
+from learner.gradients import Hyperparams, compute_gradients
 from nets.models import GRADIENT_GROUPS, GROUPS, ModelSpec, SACModel, norm_stats
 
 SPEC = ModelSpec(obs_dim=4, goal_dim=2, act_dim=2, hidden_sizes=(32, 32))
-HP = SACHyperparams(gamma=0.9, target_entropy=-2.0)
+HP = Hyperparams(Objective(gamma=0.9, target_entropy=-2.0))
 
 
 def _batch(n: int = 64, seed: int = 0, spec: ModelSpec = SPEC) -> Batch:
@@ -74,7 +80,7 @@ def test_critic_gradient_is_the_gradient_of_the_critic_loss_alone():
     result = compute_gradients(model, batch, HP)
     torch.manual_seed(7)
     params = model.group_parameters("critic")
-    expected = torch.autograd.grad(critic_loss(model, batch, HP), params)
+    expected = torch.autograd.grad(critic_loss(model, batch, HP.objective), params)
     expected_flat = torch.cat([g.reshape(-1) for g in expected]).numpy()
     np.testing.assert_allclose(result.grads["critic"], expected_flat, rtol=1e-5, atol=1e-7)
 
@@ -96,7 +102,7 @@ def test_actor_gradient_ignores_critic_target_and_critic_gradient_ignores_actor_
     assert not np.allclose(moved.grads["critic"], base.grads["critic"])
 
 
-def _target(model: SACModel, batch: Batch, hp: SACHyperparams) -> torch.Tensor:
+def _target(model: SACModel, batch: Batch, objective: Objective) -> torch.Tensor:
     """The TD target critic_loss regresses to: recovered from the loss of zero-output critics."""
     zero = model.get_flat("critic") * 0
     model.set_flat("critic", zero)  # Q1 = Q2 = 0, so loss = 2 * mean(target^2) per row
@@ -106,7 +112,7 @@ def _target(model: SACModel, batch: Batch, hp: SACHyperparams) -> torch.Tensor:
             *(t[i : i + 1] for t in (batch.obs_goal, batch.action, batch.reward, batch.next_obs_goal, batch.done))
         )
         with torch.no_grad():
-            loss = critic_loss(model, row, hp)
+            loss = critic_loss(model, row, objective)
         targets.append(torch.sqrt(loss / 2))  # |target|
     return torch.stack(targets)
 
@@ -120,10 +126,10 @@ def test_clip_return_keeps_targets_in_the_return_range(shift):
     for q in (model.critic_target.q1, model.critic_target.q2):
         with torch.no_grad():
             q.net[-1].bias.fill_(shift)
-    clipped = _target(model, batch, SACHyperparams(gamma=gamma, target_entropy=-2.0, clip_return=True))
+    clipped = _target(model, batch, Objective(gamma=gamma, target_entropy=-2.0, clip_return=True))
     # Targets lie in [-10, 0], so |target| <= 1/(1-gamma); with shift -50 they sit on the bound.
     assert torch.all(clipped <= 1.0 / (1.0 - gamma) + 1e-5)
-    unclipped = _target(model, batch, SACHyperparams(gamma=gamma, target_entropy=-2.0, clip_return=False))
+    unclipped = _target(model, batch, Objective(gamma=gamma, target_entropy=-2.0, clip_return=False))
     assert torch.all(unclipped > 1.0 / (1.0 - gamma) + 1.0)
     if shift < 0:
         np.testing.assert_allclose(clipped.numpy(), 1.0 / (1.0 - gamma), rtol=1e-5)
@@ -152,7 +158,7 @@ def one_thread():
 
 def test_a_few_hundred_sac_steps_reduce_the_critic_loss(one_thread):
     spec = ModelSpec(obs_dim=1, goal_dim=1, act_dim=1, hidden_sizes=(32, 32))
-    hp = SACHyperparams(gamma=0.5, target_entropy=-1.0)
+    hp = Hyperparams(Objective(gamma=0.5, target_entropy=-1.0))
     torch.manual_seed(0)
     rng = np.random.default_rng(0)
     model = SACModel(spec, init_log_alpha=-3.0)
@@ -162,7 +168,7 @@ def test_a_few_hundred_sac_steps_reduce_the_critic_loss(one_thread):
     def critic_loss_on_all() -> float:
         torch.manual_seed(123)
         with torch.no_grad():
-            return critic_loss(model, Batch.from_numpy(*data), hp).item()
+            return critic_loss(model, Batch.from_numpy(*data), hp.objective).item()
 
     initial = critic_loss_on_all()
     for _ in range(200):
@@ -184,27 +190,7 @@ def test_a_few_hundred_sac_steps_reduce_the_critic_loss(one_thread):
     assert final < 0.25 * initial, (initial, final)
 
 
-DDPG = SACHyperparams(gamma=0.9, target_entropy=-2.0, algo="ddpg")
-
-
-def test_ddpg_gradients_touch_the_mean_head_and_q1_only():
-    """One weight layout for both algorithms: DDPG leaves log_std, Q2 and the temperature at 0."""
-    model = _model()
-    result = compute_gradients(model, _batch(), DDPG)
-    sizes = model.group_sizes()
-    assert {g: v.shape for g, v in result.grads.items()} == {g: (sizes[g],) for g in GRADIENT_GROUPS}
-    q1 = sum(p.numel() for p in model.critic.q1.parameters())
-    critic = result.grads["critic"]
-    assert np.abs(critic[:q1]).max() > 0 and not critic[q1:].any()
-    assert not result.grads["log_alpha"].any()
-    out = model.actor.body.net[-1]  # rows [0, act_dim) are the mean, [act_dim, 2 act_dim) log_std
-    w_end = sum(p.numel() for p in model.actor.parameters()) - out.bias.numel()
-    w = result.grads["actor"][w_end - out.weight.numel() : w_end].reshape(out.weight.shape)
-    b = result.grads["actor"][w_end:]
-    assert np.abs(w[: SPEC.act_dim]).max() > 0 and not w[SPEC.act_dim :].any() and not b[SPEC.act_dim :].any()
-
-
-def _share_moving_toward_the_goal(model: SACModel, hp: SACHyperparams, groups: tuple[str, ...]) -> float:
+def _share_moving_toward_the_goal(model: SACModel, hp: Hyperparams, groups: tuple[str, ...]) -> float:
     """Train `model` 400 steps on the 1-D reach dataset (Adam on `groups`, Polyak targets), then
     the share of far goals its deterministic action moves toward."""
     rng = np.random.default_rng(0)
@@ -228,14 +214,6 @@ def _share_moving_toward_the_goal(model: SACModel, hp: SACHyperparams, groups: t
         action = model.actor.deterministic(Batch.from_numpy(obs, goal, obs, obs[:, 0], obs, obs[:, 0]).obs_goal)
     toward = np.sign(action.numpy()[:, 0]) == np.sign((goal - obs)[:, 0])
     return float(toward[far].mean())
-
-
-def test_a_few_hundred_ddpg_steps_learn_to_move_toward_the_goal(one_thread):
-    spec = ModelSpec(obs_dim=1, goal_dim=1, act_dim=1, hidden_sizes=(32, 32))
-    hp = SACHyperparams(gamma=0.5, target_entropy=-1.0, algo="ddpg", action_l2=0.1)
-    torch.manual_seed(0)
-    toward = _share_moving_toward_the_goal(SACModel(spec), hp, ("actor", "critic"))
-    assert toward > 0.9, toward
 
 
 @pytest.mark.parametrize("kind", ["dense", "moe-task", "moe-state"])
@@ -267,7 +245,7 @@ ARM_BF16 = "processor\t: 0\nFeatures\t: fp asimd sve bf16 i8mm\n"
 
 def test_autocast_auto_is_bf16_only_on_a_cpu_learner_with_bf16_instructions():
     from foundation.cpu import has_bf16
-    from learner.sac import resolve_autocast
+    from learner.gradients import resolve_autocast
 
     assert has_bf16(AMD_BF16) and has_bf16(ARM_BF16) and not has_bf16(XEON_NO_BF16) and not has_bf16("")
     assert not has_bf16("model name\t: avx512_bf16 marketing\n")  # flags lines only
@@ -278,7 +256,7 @@ def test_autocast_auto_is_bf16_only_on_a_cpu_learner_with_bf16_instructions():
         assert resolve_autocast(explicit, "cpu", XEON_NO_BF16) == explicit
         assert resolve_autocast(explicit, "cpu", AMD_BF16) == explicit
     config = with_overrides(RunConfig(), ['learner.autocast="auto"', 'learner.device="cpu"'])
-    assert SACHyperparams.for_run(config, 4).autocast == ("bf16" if has_bf16() else "off")  # this machine's
+    assert Hyperparams.for_run(config, 4).autocast == ("bf16" if has_bf16() else "off")  # this machine's
 
 
 def _task_batch(spec: ModelSpec, task: np.ndarray, seed: int = 0) -> Batch:
@@ -347,7 +325,7 @@ def test_gradients_written_into_reused_buffers_equal_fresh_ones_as_the_task_mix_
 
 
 TQC_SPEC = dataclasses.replace(SPEC, critic_quantiles=5)
-TQC = SACHyperparams(gamma=0.9, target_entropy=-2.0, algo="tqc", tqc_drop=1)
+TQC_HP = Hyperparams(Objective(gamma=0.9, target_entropy=-2.0), TQC(drop=1))
 
 
 def test_quantile_huber_loss_is_its_definition_pair_by_pair():
@@ -374,7 +352,7 @@ def test_tqc_targets_are_both_target_critics_atoms_but_the_largest(monkeypatch):
     log_prob = torch.full((8,), 2.0)
     monkeypatch.setattr(model.critic_target, "forward", lambda *a, **k: (z1, z2))
     monkeypatch.setattr(model.actor, "sample", lambda *a, **k: (torch.zeros(8, 2), log_prob))
-    loss = tqc_critic_loss(model, batch, dataclasses.replace(TQC, clip_return=False))
+    loss = tqc_critic_loss(model, batch, Objective(gamma=0.9, target_entropy=-2.0, clip_return=False), drop=1)
     kept = torch.tensor([-4.5, -4.0, -3.5, -3.0, -2.5, -2.0, -1.5, -1.0])  # 0 and -0.5 dropped (1 per critic)
     alpha = np.exp(-1.0)
     target = batch.reward[:, None] + 0.9 * (1 - batch.done[:, None]) * (kept - alpha * 2.0)
@@ -388,7 +366,7 @@ def test_tqc_gradients_fill_every_group_and_its_critics_predict_quantiles():
     torch.manual_seed(0)
     model = SACModel(TQC_SPEC, init_log_alpha=-1.0)
     sac = SACModel(SPEC).group_sizes()
-    result = compute_gradients(model, _batch(spec=TQC_SPEC), TQC)
+    result = compute_gradients(model, _batch(spec=TQC_SPEC), TQC_HP)
     sizes = model.group_sizes()
     for group, grad in result.grads.items():
         assert grad.shape == (sizes[group],) and np.all(np.isfinite(grad)) and np.abs(grad).max() > 0, group
@@ -399,7 +377,7 @@ def test_tqc_gradients_fill_every_group_and_its_critics_predict_quantiles():
 
 def test_a_few_hundred_tqc_steps_learn_to_move_toward_the_goal(one_thread):
     spec = ModelSpec(obs_dim=1, goal_dim=1, act_dim=1, hidden_sizes=(32, 32), critic_quantiles=10)
-    hp = SACHyperparams(gamma=0.5, target_entropy=-1.0, algo="tqc", tqc_drop=1)
+    hp = Hyperparams(Objective(gamma=0.5, target_entropy=-1.0), TQC(drop=1))
     torch.manual_seed(0)
     toward = _share_moving_toward_the_goal(SACModel(spec, init_log_alpha=-3.0), hp, tuple(GRADIENT_GROUPS))
     assert toward > 0.9, toward
@@ -407,7 +385,7 @@ def test_a_few_hundred_tqc_steps_learn_to_move_toward_the_goal(one_thread):
 
 def test_a_few_hundred_crossq_steps_learn_to_move_toward_the_goal(one_thread):
     spec = ModelSpec(obs_dim=1, goal_dim=1, act_dim=1, hidden_sizes=(32, 32), critic_renorm=True)
-    hp = SACHyperparams(gamma=0.5, target_entropy=-1.0, algo="crossq")
+    hp = Hyperparams(Objective(gamma=0.5, target_entropy=-1.0), CrossQ())
     torch.manual_seed(0)
     model = SACModel(spec, init_log_alpha=-3.0).batch_renorm(momentum=0.01, warmup=200)  # renormalizes half the run
     toward = _share_moving_toward_the_goal(model, hp, tuple(GRADIENT_GROUPS))
@@ -425,18 +403,18 @@ def test_n_step_rows_bootstrap_with_gamma_to_the_n_and_clip_to_the_one_step_retu
             q.net[-1].bias.fill_(-3.0)
     targets = []
     for hp in (
-        SACHyperparams(gamma=gamma, target_entropy=-2.0, n_step=n, clip_return=False),
-        SACHyperparams(gamma=gamma**n, target_entropy=-2.0, clip_return=False),
+        Objective(gamma=gamma, target_entropy=-2.0, n_step=n, clip_return=False),
+        Objective(gamma=gamma**n, target_entropy=-2.0, clip_return=False),
     ):
         torch.manual_seed(7)  # the same next actions
         targets.append(_target(_model_like(model), batch, hp))
     torch.testing.assert_close(targets[0], targets[1])
-    assert SACHyperparams(gamma=gamma, target_entropy=-2.0, n_step=n).discount == pytest.approx(gamma**n)
+    assert Objective(gamma=gamma, target_entropy=-2.0, n_step=n).discount == pytest.approx(gamma**n)
     # An n-step return of rewards in [-1, 0] still lies in [-1/(1-gamma), 0]: the clip keeps gamma's bound.
     for q in (model.critic_target.q1, model.critic_target.q2):
         with torch.no_grad():
             q.net[-1].bias.fill_(-50.0)
-    clipped = _target(model, batch, SACHyperparams(gamma=gamma, target_entropy=-2.0, n_step=n))
+    clipped = _target(model, batch, Objective(gamma=gamma, target_entropy=-2.0, n_step=n))
     assert clipped.max().item() == pytest.approx(1.0 / (1.0 - gamma), rel=1e-5)
 
 
@@ -451,7 +429,7 @@ def _model_like(model: SACModel) -> SACModel:
     [
         ({}, HP),
         ({"task_heads": True, "task_alpha": True}, HP),
-        ({}, TQC),
+        ({}, TQC_HP),
         ({}, dataclasses.replace(HP, autocast="bf16")),
     ],
 )
@@ -461,9 +439,9 @@ def test_one_mix_per_update_gives_the_gradients_of_mixing_in_every_pass(monkeypa
     metrics as mixing anew in each pass, the first use (the TD target, under no_grad) included."""
     import contextlib
 
-    import learner.sac as sac
+    import learner.gradients as gradients
 
-    quantiles = hp.algo == "tqc" and {"critic_quantiles": 5} or {}
+    quantiles = isinstance(hp.algorithm, TQC) and {"critic_quantiles": 5} or {}
     spec = ModelSpec(
         obs_dim=7, goal_dim=2, act_dim=2, hidden_sizes=(16, 16), kind="moe", tasks=3, experts=6,
         router="task", **extra, **quantiles,
@@ -477,7 +455,7 @@ def test_one_mix_per_update_gives_the_gradients_of_mixing_in_every_pass(monkeypa
     results = []
     for cached in (True, False):
         if not cached:
-            monkeypatch.setattr(sac, "one_mix_per_update", lambda *m: contextlib.nullcontext())
+            monkeypatch.setattr(gradients, "one_mix_per_update", lambda *m: contextlib.nullcontext())
         torch.manual_seed(1)
         results.append(compute_gradients(model, batch, hp))
     torch.manual_seed(1)  # learner.mix_once false: the same as no cache at all
@@ -500,7 +478,7 @@ def test_one_mix_per_update_gives_the_gradients_of_mixing_in_every_pass(monkeypa
 def test_compiled_losses_give_the_eager_gradients(algo):
     """learner.compile: the dense losses under torch.compile, forward and backward, and the actor's
     and temperature's gradients from one backward: the eager gradients to float rounding."""
-    spec, hp = (TQC_SPEC, TQC) if algo == "tqc" else (SPEC, HP)
+    spec, hp = (TQC_SPEC, TQC_HP) if algo == "tqc" else (SPEC, HP)
     torch.manual_seed(0)
     model = SACModel(spec, init_log_alpha=-1.0)
     batch = _batch(n=64, spec=spec)

@@ -1,4 +1,4 @@
-"""The sampler's Policy: epsilon-random exploration and DDPG's action noise only when acting stochastically."""
+"""The sampler's Policy: epsilon-random exploration only when acting stochastically."""
 
 from __future__ import annotations
 
@@ -19,10 +19,8 @@ def _snapshot() -> WeightsSnapshot:
     return WeightsSnapshot(1, {"actor": actor, "obs_norm": obs_norm}, SPEC)
 
 
-def _policy(random_action_prob: float, noise_std: float | None = None, random_keep_dims: int = 0) -> Policy:
-    policy = Policy(
-        seed=0, random_action_prob=random_action_prob, noise_std=noise_std, random_keep_dims=random_keep_dims
-    )
+def _policy(random_action_prob: float, random_keep_dims: int = 0) -> Policy:
+    policy = Policy(seed=0, random_action_prob=random_action_prob, random_keep_dims=random_keep_dims)
     assert policy.refresh(_snapshot())
     return policy
 
@@ -48,23 +46,12 @@ def test_random_action_prob_sets_the_share_of_uniform_actions():
     assert far_share(1.0) > 0.92
 
 
-def test_ddpg_noise_is_gaussian_around_the_deterministic_action_and_clipped():
-    policy = _policy(0.0, noise_std=0.2)  # deterministic action 0: the noise alone
-    actions = np.array([policy.act(OBS, deterministic=False) for _ in range(4000)])
-    assert abs(actions.std() - 0.2) < 0.01 and abs(actions.mean()) < 0.01
-    assert actions.dtype == np.float32
-    wide = _policy(0.0, noise_std=3.0)
-    actions = np.array([wide.act(OBS, deterministic=False) for _ in range(500)])
-    assert actions.min() == -1.0 and actions.max() == 1.0  # clipped to the action space
-    np.testing.assert_array_equal(wide.act(OBS, deterministic=True), np.zeros(4, np.float32))
-
-
-def test_the_exploring_policy_follows_the_algorithm():
+def test_the_exploring_policy_takes_the_samplers_exploration_settings():
     from foundation.config import RunConfig, with_overrides
 
-    sac = Policy.exploring(RunConfig(), seed=0)
-    ddpg = Policy.exploring(with_overrides(RunConfig(), ['learner.algo="ddpg"', "sampler.action_noise_std=0.3"]), 0)
-    assert sac.noise_std is None and ddpg.noise_std == 0.3
+    overrides = ["sampler.random_action_prob=0.5", "sampler.random_keep_dims=1", "sampler.random_action_repeat=3"]
+    policy = Policy.exploring(with_overrides(RunConfig(), overrides), seed=0)
+    assert (policy.random_action_prob, policy.random_keep_dims, policy.random_action_repeat) == (0.5, 1, 3)
 
 
 def test_random_keep_dims_leaves_the_gripper_to_the_policy_on_random_steps():

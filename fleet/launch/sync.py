@@ -2,7 +2,7 @@
 
     collect one episode      sampler.worker.rollout + sampler.her.relabel_future
     store it                 an in-memory ring (no Redis, no gRPC)
-    train what is owed       learner.sac.compute_gradients + aggregator.core.AggregatorCore
+    train what is owed       learner.gradients.compute_gradients + aggregator.core.AggregatorCore
     score when due           sampler.evaluator.scores on the evaluator's schedule
 
 The same code as the asynchronous fleet at the same updates per env step (the buffer's flow
@@ -33,7 +33,8 @@ from foundation.checkpoint import save_checkpoint
 from foundation.config import ConfigError, RunConfig
 from foundation.policy import ACTOR_GROUPS, model_spec
 from foundation.wire import Transitions
-from learner.sac import Batch, SACHyperparams, compute_gradients
+from learner.algorithm import Batch
+from learner.gradients import Hyperparams, compute_gradients
 from nets.models import GROUPS, SACModel
 from sampler.evaluator import next_interval_sec, scores
 from sampler.her import relabel_future
@@ -95,9 +96,9 @@ class SyncRun:
             SACModel(self.spec)
             .train_gates(config.model.gate_grad)
             .fuse_critics(config.learner.fused_critics)
-            .batch_renorm(config.learner.crossq_momentum, config.learner.crossq_warmup)
+            .batch_renorm(config.learner.crossq.momentum, config.learner.crossq.warmup)
         )
-        self.hp = SACHyperparams.for_run(config, task.act_dim)
+        self.hp = Hyperparams.for_run(config, task.act_dim)
         self.replay = MemoryReplay(config.buffer.capacity_transitions, seed=config.aggregator.seed + 7919)
         self.limit = rate_limit(config)
         self.inserted = self.sampled = 0  # rows stored and drawn: what flow control counts
