@@ -26,7 +26,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import pathlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -201,14 +200,3 @@ def score_point(job: tuple[str, str, Point, float, int, int]) -> int:
 
 def default_workers() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-
-
-def write(envelope: Envelope, out_dir: pathlib.Path) -> pathlib.Path:
-    """<out_dir>/<task>.json (and .png beside it); the JSON's path."""
-    from deploy_npu.envelope_plot import plot_envelope
-
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / f"{envelope.task}.json"
-    path.write_text(envelope.to_json() + "\n")
-    plot_envelope(envelope, path.with_suffix(".png"))
-    return path

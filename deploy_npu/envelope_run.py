@@ -28,8 +28,8 @@ from deploy_npu.envelope import (
     nominal_value,
     score_point,
     training_range,
-    write,
 )
+from deploy_npu.envelope_plot import plot_envelope
 from foundation.checkpoint import load_policy_checkpoint
 from foundation.config import ConfigError, RunConfig
 from sim.registry import TaskSpec, get_task
@@ -154,3 +154,12 @@ def run_points(jobs: list[Job], workers: int, progress: Callable[[str], None]) -
             if done % step == 0 or done == len(jobs):
                 progress(f"  {done}/{len(jobs)} points")
     return wins
+
+
+def write(envelope: Envelope, out_dir: pathlib.Path) -> pathlib.Path:
+    """<out_dir>/<task>.json (and .png beside it); the JSON's path."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"{envelope.task}.json"
+    path.write_text(envelope.to_json() + "\n")
+    plot_envelope(envelope, path.with_suffix(".png"))
+    return path

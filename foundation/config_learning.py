@@ -8,8 +8,10 @@ from dataclasses import dataclass, field
 
 from foundation.config_algos import ALGOS, AlgorithmConfig, CrossQConfig, SACConfig, TQCConfig
 from foundation.config_base import Check, ConfigError, config_field, one_of
-from foundation.policy import MODEL_KINDS, ROUTERS
 from foundation.wire import WIRE_DTYPES
+
+MODEL_KINDS = ("dense", "moe")
+ROUTERS = ("state", "task")  # what a MoE gate sees: normalized state ++ task embedding, or the embedding
 
 REPLAY_SAMPLING = ("uniform", "recency", "version")
 AUTOCAST = ("off", "bf16", "auto")  # learner.autocast

@@ -27,6 +27,8 @@ from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
+from foundation.config_learning import MODEL_KINDS, ROUTERS
+
 if TYPE_CHECKING:
     from foundation.config import RunConfig
 
@@ -40,8 +42,6 @@ LEARNER_GROUPS = ("actor", "critic", "log_alpha", "obs_norm")
 SWA_GROUP = "actor_swa"  # served, not trained: the actor's weight average (aggregator/swa.py), for the evaluator
 LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0  # the range CleanRL and SB3 use for SAC
 NORM_CLIP = 5.0  # standardized inputs are clipped to +-5, as in the HER baselines
-MODEL_KINDS = ("dense", "moe")
-ROUTERS = ("state", "task")  # what a MoE gate sees: normalized state ++ task embedding, or the embedding
 
 
 @dataclass(frozen=True)
