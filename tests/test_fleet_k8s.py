@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from fleet.launch.k8s import manifests, write_manifests
-from fleet.launch.spec import FleetSpec
+from fleet.launch.spec import parse_spec
 from foundation.config import ConfigError, RunConfig, with_overrides
 from tests.test_fleet_spec import README_SPEC
 
@@ -16,7 +16,7 @@ K8S_VERSION = "1.30.0"  # a version every maintained cluster has reached
 
 
 def _objects(text: str = README_SPEC, **overrides: object) -> list[dict]:
-    spec = FleetSpec.parse(yaml.safe_load(text))
+    spec = parse_spec(yaml.safe_load(text))
     config = spec.config(with_overrides(RunConfig(), [f"{k}={v}" for k, v in overrides.items()]))
     return manifests(spec, config, image="fleetrl:test")
 
@@ -134,7 +134,7 @@ def test_each_host_is_a_job_that_completes_when_its_roles_exit_and_restarts_a_fa
 
 
 def test_the_configmap_holds_the_config_as_a_readable_yaml_block(tmp_path):
-    spec = FleetSpec.parse(yaml.safe_load(README_SPEC))
+    spec = parse_spec(yaml.safe_load(README_SPEC))
     config = spec.config()
     paths = write_manifests(spec, config, tmp_path / "k8s")
     text = paths[0].read_text()
@@ -143,7 +143,7 @@ def test_the_configmap_holds_the_config_as_a_readable_yaml_block(tmp_path):
 
 
 def test_written_files_are_the_objects_as_plain_yaml(tmp_path):
-    spec = FleetSpec.parse(yaml.safe_load(README_SPEC))
+    spec = parse_spec(yaml.safe_load(README_SPEC))
     config = spec.config()
     paths = write_manifests(spec, config, tmp_path / "k8s")
     assert [p.name for p in paths][:2] == ["00-configmap-big-config.yaml", "01-service-big-redis.yaml"]

@@ -13,7 +13,7 @@ import yaml
 
 from fleet.cli.main import main
 from fleet.launch.slurm import SbatchOptions, SlurmTask, cpus_needed, parse_node_addresses, place, sbatch_script
-from fleet.launch.spec import FleetSpec
+from fleet.launch.spec import parse_spec
 from fleet.launch.winddown import StopBoard, wait_on_board
 from foundation.config import ConfigError
 
@@ -32,7 +32,7 @@ def _task(proc_id: int, node_id: int | None = None, ntasks: int = 2) -> SlurmTas
 
 
 def test_task_i_is_the_spec_s_host_i_at_its_node_s_address_with_the_cpus_slurm_gave_it() -> None:
-    spec = FleetSpec.parse(SPEC)
+    spec = parse_spec(SPEC)
     placed = place(spec, _task(1), ["10.0.0.1", "10.0.0.2"], {4, 5, 6, 7})
     assert placed.host == "sim"
     assert [h.address for h in placed.spec.hosts] == ["10.0.0.1", "10.0.0.2"]
@@ -54,7 +54,7 @@ def test_a_job_that_does_not_fit_the_spec_is_refused_with_the_reason(
     task: SlurmTask, addresses: list[str], cpus: set[int], message: str
 ) -> None:
     with pytest.raises(ConfigError, match=re.escape(message)):
-        place(FleetSpec.parse(SPEC), task, addresses, cpus)
+        place(parse_spec(SPEC), task, addresses, cpus)
 
 
 def test_host_auto_outside_a_job_step_says_what_is_missing() -> None:
@@ -71,7 +71,7 @@ def test_node_addresses_come_from_scontrol_show_node() -> None:
 
 
 def test_the_batch_script_runs_one_task_per_host_on_as_many_nodes(tmp_path: pathlib.Path) -> None:
-    spec = FleetSpec.parse({**SPEC, "run_dir": str(tmp_path / "run")})
+    spec = parse_spec({**SPEC, "run_dir": str(tmp_path / "run")})
     options = SbatchOptions(partition="debug", extra=("--account=lab",), host_args=("--set", "sampler.seed=3"))
     script = sbatch_script(spec, tmp_path / "fleet.yaml", max_wall_sec=600.0, options=options)
     lines = script.splitlines()
@@ -117,7 +117,7 @@ def test_fleet_slurm_hands_every_host_the_same_config_flags(tmp_path: pathlib.Pa
 
 
 def test_the_batch_script_runs_in_an_absolute_directory_with_an_absolute_run_dir(tmp_path, monkeypatch) -> None:
-    spec = FleetSpec.parse({**SPEC, "run_dir": "runs/rel"})  # relative, as a spec usually says it
+    spec = parse_spec({**SPEC, "run_dir": "runs/rel"})  # relative, as a spec usually says it
     monkeypatch.chdir(tmp_path)
     lines = sbatch_script(spec, pathlib.Path("fleet.yaml"), 600.0, SbatchOptions()).splitlines()
     assert f"#SBATCH --chdir={tmp_path}" in lines  # where `fleet up` resolves runs/rel on every node

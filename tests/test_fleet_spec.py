@@ -9,7 +9,7 @@ import pytest
 
 from fleet.cli.presets import preset_config
 from fleet.launch.local_fleet import LocalFleet
-from fleet.launch.spec import FleetHost, FleetSpec
+from fleet.launch.spec import FleetHost, load_spec, parse_spec
 from fleet.launch.spec_checks import redis_layout
 from foundation.config import ConfigError, RunConfig, with_overrides
 from foundation.transport import REDIS_PASSWORD_ENV, TOKEN_ENV
@@ -30,7 +30,7 @@ SPEC = {
 def test_a_spec_gives_every_host_its_roles_with_the_fleets_addresses(monkeypatch, tmp_path):
     monkeypatch.setenv(TOKEN_ENV, "t")
     monkeypatch.setenv(REDIS_PASSWORD_ENV, "p")
-    spec = FleetSpec.parse({**SPEC, "run_dir": str(tmp_path)})
+    spec = parse_spec({**SPEC, "run_dir": str(tmp_path)})
     config = spec.config()
     assert (config.run_id, config.sim.task, config.learner.batch_size) == ("big", "FetchPush-v4", 512)
     assert (config.sampler.num_samplers, config.learner.num_learners) == (5, 1)  # counted over the hosts
@@ -99,12 +99,12 @@ def test_a_spec_gives_every_host_its_roles_with_the_fleets_addresses(monkeypatch
 )
 def test_a_wrong_spec_is_refused_naming_what_is_wrong(change, message):
     with pytest.raises(ConfigError) as err:
-        FleetSpec.parse({**SPEC, **change})
+        parse_spec({**SPEC, **change})
     assert message in str(err.value)
 
 
 def test_an_unknown_host_and_missing_secrets_are_named(monkeypatch):
-    spec = FleetSpec.parse(SPEC)
+    spec = parse_spec(SPEC)
     with pytest.raises(ConfigError, match="--host 'sim-9' is not in the spec"):
         spec.host("sim-9")
     monkeypatch.delenv(TOKEN_ENV, raising=False)
@@ -194,38 +194,38 @@ def test_a_wrong_spec_file_is_refused_naming_its_line(tmp_path, old, new, messag
     path = tmp_path / "fleet.yaml"
     path.write_text(README_SPEC.replace(old, new, 1))
     with pytest.raises(ConfigError) as err:
-        FleetSpec.load(path)
+        load_spec(path)
     assert str(err.value).startswith(str(tmp_path / message)), str(err.value)
 
 
 def test_ports_and_counts_may_be_spelled_out_and_mean_the_same():
-    short = FleetSpec.parse(SPEC)
+    short = parse_spec(SPEC)
     hosts = {
         **SPEC["hosts"],
         "services": {"address": "10.0.0.7", "buffer": {"port": 50051}, "aggregator": {"port": 50052},
                      "evaluator": {"count": 1}},
         "sim-2": {"address": "10.0.0.9", "sampler": {"count": 3}},
     }  # fmt: skip
-    assert FleetSpec.parse({**SPEC, "hosts": hosts}) == short
+    assert parse_spec({**SPEC, "hosts": hosts}) == short
     assert short.service("buffer") == "10.0.0.7:50051"
     assert (short.count("sampler"), short.count("learner")) == (5, 1)
 
 
 def test_redis_replicas_follow_primaries_and_acks_wait_for_a_replica():
     hosts = {**SPEC["hosts"], "redis-c": {"address": "10.0.0.10", "redis": [7003, 7004, 7005]}}
-    spec = FleetSpec.parse({**SPEC, "hosts": hosts, "redis_replicas": 1})
+    spec = parse_spec({**SPEC, "hosts": hosts, "redis_replicas": 1})
     layout = redis_layout(spec)
     assert layout.primaries == [("10.0.0.5", 7000), ("10.0.0.5", 7001), ("10.0.0.6", 7002)]
     assert layout.replicas[0] == (("10.0.0.10", 7003), ("10.0.0.5", 7000))
     assert spec.config().buffer.replicas_to_ack == 1
-    assert FleetSpec.parse(SPEC).config().buffer.replicas_to_ack == 0
-    explicit = FleetSpec.parse({**SPEC, "hosts": hosts, "redis_replicas": 1, "config": {"buffer.replicas_to_ack": 0}})
+    assert parse_spec(SPEC).config().buffer.replicas_to_ack == 0
+    explicit = parse_spec({**SPEC, "hosts": hosts, "redis_replicas": 1, "config": {"buffer.replicas_to_ack": 0}})
     assert explicit.config().buffer.replicas_to_ack == 0  # the spec's own setting wins
 
 
 def test_grads_per_step_follows_the_spec_and_a_step_that_cannot_close_is_refused():
-    assert FleetSpec.parse(SPEC).config().aggregator.grads_per_step == 0  # 0 = every learner of the spec
-    stuck = FleetSpec.parse(
+    assert parse_spec(SPEC).config().aggregator.grads_per_step == 0  # 0 = every learner of the spec
+    stuck = parse_spec(
         {**SPEC, "config": {"aggregator.grads_per_step": 2, "aggregator.step_deadline_ms": 0}}
     )  # one learner in SPEC
     with pytest.raises(ConfigError, match=r"grads_per_step \(2\) must be <= the spec's learners \(1\)"):

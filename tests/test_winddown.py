@@ -11,10 +11,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from fleet.launch.spec import FleetSpec
+from fleet.launch.spec import parse_spec
 from fleet.launch.winddown import watch, wind_down
 
-SPEC = FleetSpec.parse(
+SPEC = parse_spec(
     {
         "hosts": {
             "services": {"address": "10.0.0.1", "redis": [7000, 7001, 7002], "buffer": 50051, "aggregator": 50052},

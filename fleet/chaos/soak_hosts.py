@@ -20,7 +20,8 @@ import json
 from fleet.chaos.netns import SamplerHost
 from fleet.launch.local_cluster import LocalRedisCluster
 from fleet.launch.local_fleet import LocalFleet
-from fleet.launch.spec import FleetHost, FleetSpec, HostSpec, Workers
+from fleet.launch.spec import FleetHost
+from fleet.launch.spec_model import FleetSpec, HostSpec, Workers
 from fleet.launch.watchdog import RoleSpec
 from foundation.config import RunConfig
 from foundation.process import free_port

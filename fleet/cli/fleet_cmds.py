@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from fleet.cli.help import page
 
 if TYPE_CHECKING:
-    from fleet.launch.spec import FleetSpec, HostSpec
+    from fleet.launch.spec_model import FleetSpec, HostSpec
     from foundation.config import RunConfig
 
 
@@ -103,10 +103,10 @@ def run_fleet(args: argparse.Namespace) -> int:
     """`fleet up`, `fleet check`, `fleet render`, `fleet slurm`: the spec, its config resolved as
     the CLI resolves every config (the spec's task preset under its config and this host's --set)."""
     from fleet.cli.resolve import config_request, resolve_config
-    from fleet.launch.spec import FleetHost, FleetSpec
+    from fleet.launch.spec import FleetHost, load_spec
     from foundation.process import setup_logging, stop_event
 
-    spec = FleetSpec.load(args.spec)
+    spec = load_spec(args.spec)
     config = spec.config(resolve_config(config_request(args, before=spec.overrides)))
     if args.fleet_command == "check":
         return _check(args, spec, config)

@@ -28,8 +28,8 @@ from typing import Any
 
 import yaml
 
-from fleet.launch.spec import FleetSpec, HostSpec
 from fleet.launch.spec_checks import REDIS_BUS_OFFSET, redis_layout
+from fleet.launch.spec_model import FleetSpec, HostSpec
 from foundation.config import ConfigError, RunConfig
 from foundation.transport import REDIS_PASSWORD_ENV, TOKEN_ENV
 

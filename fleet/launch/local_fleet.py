@@ -32,7 +32,8 @@ from aggregator.client import AggregatorClient
 from buffer.ingest_client import IngestClient
 from fleet.launch.local_cluster import LocalRedisCluster, free_port_pair
 from fleet.launch.observer import FleetObserver, Unobserved
-from fleet.launch.spec import FleetHost, FleetSpec, HostSpec, Workers
+from fleet.launch.spec import FleetHost
+from fleet.launch.spec_model import FleetSpec, HostSpec, Workers
 from fleet.launch.spec_plan import stale_gradient_warning
 from fleet.launch.watchdog import RoleSpec, Watchdog
 from fleet.report.progress import Progress, Snapshot

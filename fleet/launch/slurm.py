@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from fleet.launch.spec import FleetSpec, HostSpec, Workers
+from fleet.launch.spec_model import FleetSpec, HostSpec, Workers
 from foundation.config import ConfigError
 
 SCONTROL_TIMEOUT_SEC = 30.0

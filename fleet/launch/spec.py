@@ -33,7 +33,6 @@ import pathlib
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
@@ -41,6 +40,7 @@ import yaml
 from fleet.launch.cluster_admin import cluster_ok, form_cluster, nodes_answer
 from fleet.launch.local_cluster import LocalRedisCluster
 from fleet.launch.spec_checks import check_config_tasks, check_fleet
+from fleet.launch.spec_model import FleetSpec, host_spec
 from fleet.launch.spec_schema import check_schema, key_lines, where
 from fleet.launch.watchdog import RoleSpec, Watchdog, role_spec
 from fleet.launch.winddown import Judge, StopBoard, watch, wind_down
@@ -51,125 +51,37 @@ from foundation.transport import REDIS_PASSWORD_ENV, TOKEN_ENV, Security
 
 log = logging.getLogger("fleetrl.fleet")
 
-SERVICES = ("buffer", "aggregator")
-WORKERS = ("sampler", "learner", "evaluator")
 CLUSTER_WAIT_SEC = 300.0  # how long a host waits for the other hosts' Redis nodes
 
 
-@dataclass(frozen=True)
-class Workers:
-    count: int
-    cpus: tuple[int, ...] = ()  # the workers run on these CPUs (taskset); () = any
+def load_spec(path: str | pathlib.Path) -> FleetSpec:
+    """The spec in the YAML file at `path`, checked (parse_spec)."""
+    try:
+        text = pathlib.Path(path).read_text()
+        raw = yaml.safe_load(text)
+    except (OSError, yaml.YAMLError) as err:
+        raise ConfigError(f"fleet spec {path}: {err}") from err
+    return parse_spec(raw, str(path), key_lines(text))
 
 
-@dataclass(frozen=True)
-class HostSpec:
-    name: str
-    address: str
-    redis: tuple[int, ...] = ()
-    services: dict[str, int] = field(default_factory=dict)  # role -> port
-    workers: dict[str, Workers] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class FleetSpec:
-    run_id: str
-    run_dir: str
-    overrides: tuple[str, ...]
-    hosts: tuple[HostSpec, ...]
-    redis_replicas: int = 0  # replicas per Redis primary; the primaries are the first nodes in spec order
-
-    @staticmethod
-    def load(path: str | pathlib.Path) -> FleetSpec:
+def parse_spec(raw: Any, source: str = "fleet spec", lines: dict[tuple[Any, ...], int] | None = None) -> FleetSpec:
+    """The spec from its YAML's data; ConfigError naming the file, line and key of the first
+    problem (`lines`: key path -> line, from spec_schema.key_lines)."""
+    check_schema(raw, source, lines)
+    check_config_tasks(raw.get("config") or {}, source, lines)
+    run_id = str(raw.get("run_id", "fleet"))
+    config = raw.get("config") or {}
+    overrides = tuple(f"{k}={json.dumps(v)}" for k, v in config.items())
+    for key, item in zip(config, overrides, strict=True):
         try:
-            text = pathlib.Path(path).read_text()
-            raw = yaml.safe_load(text)
-        except (OSError, yaml.YAMLError) as err:
-            raise ConfigError(f"fleet spec {path}: {err}") from err
-        return FleetSpec.parse(raw, str(path), key_lines(text))
-
-    @staticmethod
-    def parse(raw: Any, source: str = "fleet spec", lines: dict[tuple[Any, ...], int] | None = None) -> FleetSpec:
-        """The spec from its YAML's data; ConfigError naming the file, line and key of the first
-        problem (`lines`: key path -> line, from spec_schema.key_lines)."""
-        check_schema(raw, source, lines)
-        check_config_tasks(raw.get("config") or {}, source, lines)
-        run_id = str(raw.get("run_id", "fleet"))
-        config = raw.get("config") or {}
-        overrides = tuple(f"{k}={json.dumps(v)}" for k, v in config.items())
-        for key, item in zip(config, overrides, strict=True):
-            try:
-                with_overrides(RunConfig(), [item])
-            except ConfigError as err:
-                raise ConfigError(f"{where(source, ('config', key), lines)}: {err}", field=key) from err
-        hosts = tuple(_host(name, body) for name, body in raw["hosts"].items())
-        replicas = int(raw.get("redis_replicas", 0))
-        spec = FleetSpec(run_id, str(raw.get("run_dir", f"runs/{run_id}")), overrides, hosts, replicas)
-        check_fleet(spec, source, lines)
-        return spec
-
-    def host(self, name: str) -> HostSpec:
-        for h in self.hosts:
-            if h.name == name:
-                return h
-        raise ConfigError(f"--host {name!r} is not in the spec; hosts: {[h.name for h in self.hosts]}")
-
-    def service(self, role: str) -> str:
-        owner = next(h for h in self.hosts if role in h.services)
-        return f"{owner.address}:{owner.services[role]}"
-
-    @property
-    def redis_nodes(self) -> list[tuple[str, int]]:
-        """Every Redis node (address, port) in spec order: the primaries first, then the replicas."""
-        return [(h.address, port) for h in self.hosts for port in h.redis]
-
-    @property
-    def redis(self) -> str:
-        return ",".join(f"{h}:{p}" for h, p in self.redis_nodes)
-
-    def count(self, role: str) -> int:
-        return sum(h.workers[role].count for h in self.hosts if role in h.workers)
-
-    def first_id(self, host: HostSpec, role: str) -> int:
-        """Worker ids run over the hosts in spec order, so every id is unique in the fleet."""
-        before = self.hosts[: self.hosts.index(host)]
-        return sum(h.workers[role].count for h in before if role in h.workers)
-
-    def config(self, base: RunConfig | None = None) -> RunConfig:
-        """The run's config: `base` (default: built-in plus the spec's `config`), the run id,
-        the fleet's worker counts, and with Redis replicas an ack once a replica holds a batch
-        (unless the spec's config sets buffer.replicas_to_ack)."""
-        derived = [f"sampler.num_samplers={self.count('sampler')}", f"learner.num_learners={self.count('learner')}"]
-        if self.redis_replicas and not any(o.startswith("buffer.replicas_to_ack=") for o in self.overrides):
-            derived.append("buffer.replicas_to_ack=1")
-        if base is None:
-            base = with_overrides(RunConfig(), list(self.overrides))
-        config = with_overrides(base, [f"run_id={json.dumps(self.run_id)}", *derived]).validate()
-        agg = config.aggregator
-        if agg.grads_per_step > config.learner.num_learners and agg.step_deadline_ms == 0:
-            raise ConfigError(
-                f"aggregator.grads_per_step ({agg.grads_per_step}) must be <= the spec's learners "
-                f"({config.learner.num_learners}) when aggregator.step_deadline_ms is 0: no step would ever close",
-                field="aggregator.grads_per_step",
-            )
-        return config
-
-
-def _host(name: str, body: dict[str, Any]) -> HostSpec:
-    """A host from its (schema-checked) mapping: `buffer: 50051` or `{port: 50051}` is a port,
-    `learner: 1` or `{count: 1, cpus: [..]}` a count of processes."""
-    services = {}
-    for role in SERVICES:
-        if role in body:
-            value = body[role]
-            services[role] = value["port"] if isinstance(value, dict) else value
-    workers = {}
-    for role in WORKERS:
-        if role in body:
-            value = body[role]
-            value = {"count": value} if isinstance(value, int) else value
-            workers[role] = Workers(value["count"], tuple(value.get("cpus") or ()))
-    return HostSpec(name, str(body["address"]), tuple(body.get("redis") or ()), services, workers)
+            with_overrides(RunConfig(), [item])
+        except ConfigError as err:
+            raise ConfigError(f"{where(source, ('config', key), lines)}: {err}", field=key) from err
+    hosts = tuple(host_spec(name, body) for name, body in raw["hosts"].items())
+    replicas = int(raw.get("redis_replicas", 0))
+    spec = FleetSpec(run_id, str(raw.get("run_dir", f"runs/{run_id}")), overrides, hosts, replicas)
+    check_fleet(spec, source, lines)
+    return spec
 
 
 class FleetHost:

@@ -18,7 +18,7 @@ from fleet.launch.spec_schema import where
 from foundation.config import ConfigError
 
 if TYPE_CHECKING:
-    from fleet.launch.spec import FleetSpec, HostSpec
+    from fleet.launch.spec_model import FleetSpec, HostSpec
 
 REDIS_BUS_OFFSET = 10000  # Redis fixes the cluster bus port at port + 10000
 MIN_PRIMARIES = 3  # Redis Cluster needs three primaries to agree on a failover

@@ -8,8 +8,8 @@ the Redis Cluster's primaries and replicas, and the settings derived from the sp
 
 from __future__ import annotations
 
-from fleet.launch.spec import SERVICES, FleetSpec, HostSpec
 from fleet.launch.spec_checks import REDIS_BUS_OFFSET, open_ports, redis_layout
+from fleet.launch.spec_model import SERVICES, FleetSpec, HostSpec
 from foundation.config import RunConfig
 
 

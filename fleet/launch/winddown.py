@@ -23,9 +23,10 @@ from __future__ import annotations
 import logging
 import os
 import pathlib
+import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import redis
 from redis.cluster import ClusterNode, RedisCluster
@@ -33,15 +34,13 @@ from redis.exceptions import RedisClusterException
 
 from aggregator.client import AggregatorClient
 from buffer.ingest_client import IngestClient
+from fleet.launch.spec_model import FleetSpec, HostSpec
 from fleet.launch.watchdog import STAGES, Watchdog
 from fleet.report.progress import Progress, Snapshot
 from fleet.report.summary import INTERRUPTED, Ending, Summary, final_score, stop_reason, write_summary
 from foundation.config import RunConfig
 from foundation.cpu import CpuMeter
 from foundation.transport import Security, parse_addresses
-
-if TYPE_CHECKING:
-    from fleet.launch.spec import FleetHost, FleetSpec  # spec.py calls in here: types only, no import cycle
 
 log = logging.getLogger("fleetrl.fleet")
 
@@ -189,9 +188,17 @@ class Judge:
         self.progress.close()
 
 
-def watch(
-    host: FleetHost, dog: Watchdog, board: StopBoard, judge: Judge | None, until_signal: bool = False
-) -> str | None:
+class Host(Protocol):
+    """What the wind-down reads of a host's share of the fleet (fleet/launch/spec.py FleetHost)."""
+
+    spec: FleetSpec
+    host: HostSpec
+    stop: threading.Event
+    run_dir: pathlib.Path
+    host_dir: pathlib.Path
+
+
+def watch(host: Host, dog: Watchdog, board: StopBoard, judge: Judge | None, until_signal: bool = False) -> str | None:
     """Supervise until this host is signalled (None) or the fleet is to stop (the reason):
     `judge` (the aggregator's host) decides and tells the board, unless `until_signal` (it then
     keeps the learning curve only); other hosts read the board."""
@@ -213,7 +220,7 @@ def watch(
     return None
 
 
-def wind_down(host: FleetHost, dog: Watchdog, board: StopBoard, judge: Judge | None, reason: str | None) -> None:
+def wind_down(host: Host, dog: Watchdog, board: StopBoard, judge: Judge | None, reason: str | None) -> None:
     """Workers first on every host; the aggregator's host then reads the services once more,
     stops them (the aggregator's last checkpoint) and writes summary.json; buffer and Redis
     hosts keep serving until it is done. A host signalled itself leaves without waiting,
