@@ -155,19 +155,7 @@ def run_learner(
             AggregatorClient(endpoints.aggregator, security=security) as agg,
             agg.watch(f"learner-{learner_id}", LEARNER_GROUPS, shared_memory=config.learner.shared_memory) as weights,
         ):
-            replay = ReplaySampler(
-                redis_client,
-                config.run_id,
-                tasks.schema(),
-                config.buffer,
-                seed=config.aggregator.seed + 7919 * (learner_id + 1),
-                refresh_interval_sec=config.learner.buffer_refresh_sec,
-                sampling=config.learner.replay_sampling,
-                half_life=config.learner.recency_half_life,
-                max_policy_lag=config.learner.max_policy_lag,
-                limit=rate_limit(config),
-                balance_tasks=tasks.ids,  # a multi-task run: every batch holds each task equally
-            )
+            replay = _replay(config, learner_id, redis_client, tasks)
             with agg.watch(f"learner-{learner_id}-start") as everything:  # the target critics, once
                 snapshot = _wait(lambda: everything.wait_newer_than(-1, timeout=1.0), stop, heartbeat)
             if snapshot is None:
@@ -178,10 +166,7 @@ def run_learner(
                 snapshot.version,
                 config.learner.min_replay_transitions,
             )
-            while not stop.is_set() and replay.size() < config.learner.min_replay_transitions:
-                replay.try_refresh()
-                heartbeat.beat(replay=replay.size())
-                stop.wait(0.1)
+            _wait_for_replay(replay, config.learner.min_replay_transitions, stop, heartbeat)
             device = resolve_device(config.learner.device)
             batches = Batches(replay, config.learner.batch_size, device, config.learner.prefetch, tasks)
             ledger: AckLedger | None = None
@@ -202,6 +187,31 @@ def run_learner(
         redis_client.close()
     log.info("learner %d: stopped after %d gradients", learner_id, pushed)
     return pushed
+
+
+def _replay(config: RunConfig, learner_id: int, redis_client, tasks: TaskSet) -> ReplaySampler:
+    """This learner's replay: the run's windows in a local replica, sampled as learner.* says."""
+    return ReplaySampler(
+        redis_client,
+        config.run_id,
+        tasks.schema(),
+        config.buffer,
+        seed=config.aggregator.seed + 7919 * (learner_id + 1),
+        refresh_interval_sec=config.learner.buffer_refresh_sec,
+        sampling=config.learner.replay_sampling,
+        half_life=config.learner.recency_half_life,
+        max_policy_lag=config.learner.max_policy_lag,
+        limit=rate_limit(config),
+        balance_tasks=tasks.ids,  # a multi-task run: every batch holds each task equally
+    )
+
+
+def _wait_for_replay(replay: ReplaySampler, transitions: int, stop: threading.Event, heartbeat: Heartbeat) -> None:
+    """Until the replay holds `transitions` (learner.min_replay_transitions) or the role stops."""
+    while not stop.is_set() and replay.size() < transitions:
+        replay.try_refresh()
+        heartbeat.beat(replay=replay.size())
+        stop.wait(0.1)
 
 
 class _GradientLoop:
@@ -257,29 +267,14 @@ class _GradientLoop:
             if push is None:
                 break
             if pending is not None:
-                with self.heartbeat.phase("push"):
-                    try:
-                        ack = pending.result(should_stop=stop.is_set, on_wait=self.heartbeat.beat)
-                    except grpc.RpcError:
-                        if stop.is_set():  # stopping while the aggregator is away: this gradient is lost
-                            pending = None
-                            break
-                        raise
-                self._record(pending, ack)
+                ack = self._acked(pending, stop)
+                if ack is None:  # stopping while the aggregator is away: this gradient is lost
+                    pending = None
+                    break
                 # The next gradient may be computed on weights at most max_grad_staleness behind.
                 need = max(need, int(ack.version) - self.config.learner.max_grad_staleness)
-                replay = self.replay
-                self.heartbeat.beat(
-                    pushed=pushed,
-                    version=ack.version,
-                    replay=replay.size(),
-                    lag_fallbacks=replay.lag_fallbacks,
-                    rate_limited_sec=replay.rate_limited_sec,
-                )
-            if not self.agg.shares_gradients and self.weights.shared_memory and not self._share_tried:
-                self._share_tried = True  # the weights come from the aggregator's host: so can the gradients
-                if self.agg.share_gradients({g: v.size for g, v in push.grads.items()}):
-                    log.info("learner %d: weights and gradients through /dev/shm (same host)", self.learner_id)
+                self._beat(pushed, ack)
+            self._share_gradients_once(push)
             pending = self.agg.push_gradients_async(push)
             pushed += 1
         if pending is not None:
@@ -288,6 +283,35 @@ class _GradientLoop:
             except grpc.RpcError as err:  # the aggregator may be stopping too; one gradient is lost
                 log.info("learner %d: last push not acked on shutdown (%s)", self.learner_id, err.code().name)
         return pushed
+
+    def _acked(self, pending: PendingPush, stop: threading.Event) -> pb.GradientAck | None:
+        """The in-flight push's ack, recorded; None when the role stops before the aggregator answers."""
+        with self.heartbeat.phase("push"):
+            try:
+                ack = pending.result(should_stop=stop.is_set, on_wait=self.heartbeat.beat)
+            except grpc.RpcError:
+                if stop.is_set():
+                    return None
+                raise
+        self._record(pending, ack)
+        return ack
+
+    def _beat(self, pushed: int, ack: pb.GradientAck) -> None:
+        replay = self.replay
+        self.heartbeat.beat(
+            pushed=pushed,
+            version=ack.version,
+            replay=replay.size(),
+            lag_fallbacks=replay.lag_fallbacks,
+            rate_limited_sec=replay.rate_limited_sec,
+        )
+
+    def _share_gradients_once(self, push) -> None:
+        """Gradients through /dev/shm where the weights come that way (the aggregator's host): asked once."""
+        if not self.agg.shares_gradients and self.weights.shared_memory and not self._share_tried:
+            self._share_tried = True
+            if self.agg.share_gradients({g: v.size for g, v in push.grads.items()}):
+                log.info("learner %d: weights and gradients through /dev/shm (same host)", self.learner_id)
 
     def _record(self, pending: PendingPush, ack: pb.GradientAck) -> None:
         if self.ledger is not None:

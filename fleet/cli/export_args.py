@@ -27,12 +27,17 @@ def add_export_arguments(parser: argparse.ArgumentParser) -> None:
         "(--task twice, or a multi-task run), and for one task an existing directory or a path ending in / gets "
         "<task>.onnx",
     )
-    parser.add_argument("--episodes", type=int, default=5, help="closed-loop episodes in the nominal env (reported)")
     parser.add_argument(
         "--task",
         action="append",
         help="task the policy acts in (repeatable; default: the checkpoint's task(s), else the one whose dims fit)",
     )
+    _add_check_arguments(parser)
+
+
+def _add_check_arguments(parser: argparse.ArgumentParser) -> None:
+    """The graph's shape and every check's settings: parity, latency, closed loop, int8, rate."""
+    parser.add_argument("--episodes", type=int, default=5, help="closed-loop episodes in the nominal env (reported)")
     parser.add_argument("--opset", type=int, default=17, help="ONNX opset of the exported graph (>= 13)")
     parser.add_argument("--batch-size", type=int, default=1, help="static batch of the graph")
     parser.add_argument(
