@@ -37,6 +37,14 @@ TASK_NAMES = (
     "FetchSlide-v4",
     "MetaWorld-reach-v3",
     "MetaWorld-push-v3",
+    "MetaWorld-pick-place-v3",
+    "MetaWorld-door-open-v3",
+    "MetaWorld-drawer-open-v3",
+    "MetaWorld-drawer-close-v3",
+    "MetaWorld-button-press-topdown-v3",
+    "MetaWorld-peg-insert-side-v3",
+    "MetaWorld-window-open-v3",
+    "MetaWorld-window-close-v3",
 )
 
 

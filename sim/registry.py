@@ -105,9 +105,18 @@ _SPECS = (
     _fetch("FetchPush-v4", 1, obs_dim=25),
     _fetch("FetchPickAndPlace-v4", 2, obs_dim=25),
     _fetch("FetchSlide-v4", 3, obs_dim=25),
-    # Short horizons: Meta-World's hand moves up to 1 cm per step, its goals lie 10-30 cm away.
+    # Short horizons: Meta-World's hand moves up to 1 cm per step, its goals lie 10-30 cm away;
+    # its scripted experts finish every MT10 task within 100 steps.
     _metaworld("reach-v3", 4, max_episode_steps=100),
     _metaworld("push-v3", 5, max_episode_steps=150),
+    _metaworld("pick-place-v3", 6, max_episode_steps=150),
+    _metaworld("door-open-v3", 7, max_episode_steps=150),
+    _metaworld("drawer-open-v3", 8, max_episode_steps=150),
+    _metaworld("drawer-close-v3", 9, max_episode_steps=150),
+    _metaworld("button-press-topdown-v3", 10, max_episode_steps=150),
+    _metaworld("peg-insert-side-v3", 11, max_episode_steps=150),
+    _metaworld("window-open-v3", 12, max_episode_steps=150),
+    _metaworld("window-close-v3", 13, max_episode_steps=150),
 )
 
 TASKS: Mapping[str, TaskSpec] = types.MappingProxyType({s.name: s for s in _SPECS})
@@ -217,12 +226,15 @@ def goal_reward(env: gym.Env, achieved_goal: np.ndarray, desired_goal: np.ndarra
 
 
 def goal_success(env: gym.Env, achieved_goal: np.ndarray, desired_goal: np.ndarray) -> np.ndarray:
-    """Whether each achieved goal is within the task's distance_threshold of the desired one.
+    """Whether each achieved goal reaches the desired one: within the distance_threshold of a Fetch
+    task, by the task's own rule for Meta-World (sim/metaworld_tasks.py).
 
     >>> goal_success(env, obs["achieved_goal"][None], obs["desired_goal"][None])
     array([False])
     """
     achieved, desired = _goal_arrays(env, achieved_goal, desired_goal)
+    if isinstance(env.unwrapped, MetaWorldGoal):
+        return np.asarray(env.unwrapped.goal_success(achieved, desired), bool)
     distance = np.linalg.norm(achieved - desired, axis=-1)
     goal_env: Any = env.unwrapped  # a gymnasium_robotics Fetch env: distance_threshold is not on gym.Env, and untyped
     return distance < goal_env.distance_threshold
