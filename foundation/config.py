@@ -195,6 +195,13 @@ class RunConfig:
         )
         checks.append(
             (
+                self.sim.reward != "shaped" or self.sampler.her_k == 0,
+                "sampler.her_k",
+                "0 with sim.reward 'shaped': a shaped reward cannot be recomputed for a relabeled goal",
+            )
+        )
+        checks.append(
+            (
                 not (self.learner.algo == "crossq" and self.model.kind != "dense"),
                 "model.kind",
                 "'dense' with learner.algo 'crossq' (its batch-renormalized critics are dense)",

@@ -46,6 +46,9 @@ TASK_NAMES = (
     "MetaWorld-window-open-v3",
     "MetaWorld-window-close-v3",
 )
+REWARDS = ("sparse", "shaped")  # sim.reward's values
+# The tasks with a shaped reward of their own (sim/metaworld.py): Meta-World's.
+SHAPED_TASKS = tuple(name for name in TASK_NAMES if name.startswith("MetaWorld-"))
 
 
 @dataclass(frozen=True)
@@ -62,11 +65,25 @@ class SimConfig:
         "decisions per simulated second, the same seconds and hand speed (Fetch: sim/rate.py; Meta-World, 80 "
         "Hz or faster: sim/metaworld.py); 0 = each task's own rate (Fetch 25 Hz, Meta-World 80 Hz)",
     )
+    reward: str = config_field(
+        "sparse",
+        "'sparse': 0 at the goal, -1 elsewhere, relabeled by HER; 'shaped': the task's own Meta-World v3 dense "
+        "reward, stored as collected (needs sampler.her_k 0)",
+    )
 
     def checks(self) -> list[Check]:
         """(ok, field, limit) of every check on this section's fields; RunConfig.validate runs them."""
+        run_tasks = self.tasks or (self.task,)
+        unshaped = [name for name in run_tasks if name not in SHAPED_TASKS]
         return [
             (self.control_hz >= 0, "control_hz", ">= 0 (0 = the task's own rate)"),
+            (self.reward in REWARDS, "reward", f"one of {REWARDS}"),
+            (
+                self.reward != "shaped" or not unshaped,
+                "reward",
+                f"'sparse' for a run with {', '.join(unshaped)}: only Meta-World tasks have a shaped reward of "
+                "their own",
+            ),
         ]
 
 

@@ -118,6 +118,7 @@ class SACHyperparams:
         return cls(
             gamma=config.learner.gamma,
             n_step=config.learner.n_step,
+            clip_return=config.sim.reward == "sparse",  # a shaped reward's returns are not in [-1/(1-gamma), 0]
             target_entropy=entropy if entropy is not None else -float(act_dim),
             balance_coef=config.model.balance_coef,
             router_decay=config.model.router_decay,

@@ -38,7 +38,6 @@ from foundation.process import Heartbeat
 from foundation.proto import fleetrl_pb2 as pb
 from foundation.transport import Security
 from foundation.wire import to_tensor
-from sim.registry import goal_reward
 from sim.tasks import TaskSet
 
 log = logging.getLogger("fleetrl.evaluator")
@@ -111,7 +110,7 @@ def evaluate(
         seed = config.seed + len(done.successes)
         episode, success = rollout(env, policy, seed=seed, rng=rng, deterministic=True, task=task)
         done.successes.append(success)
-        done.returns.append(float(goal_reward(env, episode.achieved_goal, episode.desired_goal).sum()))
+        done.returns.append(float(episode.reward.sum()))  # the env's own reward (sim.reward)
     return done.result()
 
 
@@ -140,7 +139,8 @@ def score_checkpoint(
 def eval_envs(tasks: TaskSet, config: RunConfig) -> list:
     """One env per task of the run: the nominal task unless eval.randomize."""
     randomization = config.sim.randomization if config.eval.randomize else None
-    return [tasks.make_env(i, randomization, config.sim.control_hz) for i in range(len(tasks))]
+    sim = config.sim
+    return [tasks.make_env(i, randomization, sim.control_hz, sim.reward) for i in range(len(tasks))]
 
 
 def _best_possible(done: EpisodeLog, budget: int) -> float:

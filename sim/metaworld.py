@@ -48,6 +48,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from foundation.config_experience import REWARDS
 from sim.metaworld_tasks import RULES
 
 GOAL = slice(36, 39)  # where Meta-World's v3 observation holds the goal position
@@ -56,7 +57,6 @@ NATIVE_HZ = 80.0  # NATIVE_SUBSTEPS physics steps of NATIVE_TIMESTEP per decisio
 NATIVE_TIMESTEP = 0.0025
 NATIVE_SUBSTEPS = 5
 POSITION_DIMS = 3  # action[:3] moves the hand's mocap target; action[3] the gripper
-REWARDS = ("sparse", "shaped")
 
 
 class MetaWorldGoal(gym.Env):

@@ -29,7 +29,7 @@ import gymnasium as gym
 import numpy as np
 
 from foundation.config import RandomizationConfig
-from foundation.config_experience import TASK_NAMES
+from foundation.config_experience import REWARDS, SHAPED_TASKS, TASK_NAMES
 from foundation.errors import FleetrlError
 from foundation.wire import TransitionSchema
 from sim.metaworld import NATIVE_HZ as METAWORLD_HZ  # metaworld itself is imported only when built
@@ -125,6 +125,8 @@ TASKS: Mapping[str, TaskSpec] = types.MappingProxyType({s.name: s for s in _SPEC
 _BY_ID: Mapping[int, TaskSpec] = types.MappingProxyType({s.task_id: s for s in _SPECS})
 if len(_BY_ID) != len(_SPECS) or len(TASKS) != len(_SPECS):
     raise RuntimeError("sim.registry: duplicate task name or id in _SPECS")
+if tuple(s.name for s in _SPECS if not s.is_fetch) != SHAPED_TASKS:
+    raise RuntimeError("sim.registry: foundation.config_experience.SHAPED_TASKS must be the Meta-World tasks")
 if tuple(TASKS) != TASK_NAMES:
     raise RuntimeError(
         f"sim.registry: TASKS {tuple(TASKS)} differ from foundation.config_experience.TASK_NAMES {TASK_NAMES}"
@@ -157,34 +159,52 @@ def get_task(name_or_id: str | int) -> TaskSpec:
 
 
 def make_env(
-    task: str | int | TaskSpec, randomization: RandomizationConfig | None = None, control_hz: float = 0.0
+    task: str | int | TaskSpec,
+    randomization: RandomizationConfig | None = None,
+    control_hz: float = 0.0,
+    reward: str = "sparse",
+    max_episode_steps: int = 0,
 ) -> gym.Env:
     """Build a task's env: dict observations, Box(-1, 1, (act_dim,)) actions, time limit.
 
     With `randomization` given and enabled, the env is wrapped in DomainRandomization;
     with None or `enabled=False` it is the nominal task (the evaluator's default).
     `control_hz` (0: the task's own rate, `native_hz`) runs the task at another decision rate
-    (Fetch: sim/rate.py; Meta-World, 80 Hz or faster: sim/metaworld.py).
+    (Fetch: sim/rate.py; Meta-World, 80 Hz or faster: sim/metaworld.py). `reward` is sim.reward:
+    "sparse", or "shaped" (a Meta-World task's own dense reward). `max_episode_steps` (0: the
+    task's) sets the horizon at the task's own rate.
 
         >>> env = make_env("FetchReach-v4")                          # nominal
         >>> env = make_env(0, RandomizationConfig(obs_noise_std=0.0))  # randomized dynamics
+        >>> env = make_env("MetaWorld-push-v3", reward="shaped", max_episode_steps=500)
     """
     spec = task if isinstance(task, TaskSpec) else get_task(task)
-    problem = control_rate_problem(spec, control_hz)
+    problem = control_rate_problem(spec, control_hz) or reward_problem(spec, reward)
     if problem is not None:
         raise ValueError(problem)
+    kwargs: dict[str, Any] = {} if spec.is_fetch else {"reward": reward}
+    native_steps = max_episode_steps or spec.max_episode_steps
     if control_hz and control_hz != spec.native_hz:  # the same seconds at another rate
-        steps = episode_steps(spec.max_episode_steps, control_hz, spec.native_hz)
-        env = gym.make(spec.gym_id, max_episode_steps=steps)
+        steps = episode_steps(native_steps, control_hz, spec.native_hz)
+        env = gym.make(spec.gym_id, max_episode_steps=steps, **kwargs)
         if spec.is_fetch:
             env = ControlRate(env, control_hz)  # sim/rate.py
         else:
             cast("MetaWorldGoal", env.unwrapped).set_control_rate(control_hz)  # sim/metaworld.py
     else:
-        env = gym.make(spec.gym_id, max_episode_steps=spec.max_episode_steps)
+        env = gym.make(spec.gym_id, max_episode_steps=native_steps, **kwargs)
     if randomization is not None and randomization.enabled:
         env = DomainRandomization(env, randomization)
     return env
+
+
+def reward_problem(spec: TaskSpec, reward: str) -> str | None:
+    """Why `spec` cannot give `reward` (sim.reward), or None when it can."""
+    if reward not in REWARDS:
+        return f"sim.reward ({reward!r}) must be one of {REWARDS}"
+    if reward == "shaped" and spec.is_fetch:
+        return f"sim.reward ('shaped') must be 'sparse' for {spec.name}: only Meta-World tasks have a shaped reward"
+    return None
 
 
 def control_rate_problem(spec: TaskSpec, control_hz: float) -> str | None:
