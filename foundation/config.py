@@ -62,6 +62,11 @@ class EvalConfig:
     )
     seed: int = config_field(1_000_000, "held-out seeds start here, far from every sampler's seeds")
     randomize: bool = config_field(False, "evaluate under domain randomization instead of the nominal task")
+    measure: str = config_field(
+        "field",
+        "'field': each task as its benchmark scores it (Meta-World: success at any step of 500; sim/measure.py); "
+        "'training': the training horizon's last step",
+    )
     min_interval_sec: float = config_field(
         2.0, "seconds between scores early in a run and once curve success is within reach of the target"
     )
@@ -93,6 +98,7 @@ class EvalConfig:
         return [
             (self.episodes >= 1, "episodes", ">= 1"),
             (self.final_episodes >= 0, "final_episodes", ">= 0"),
+            (self.measure in ("field", "training"), "measure", "one of ('field', 'training')"),
             (
                 0 <= self.seed and self.seed + max(self.episodes, self.final_episodes) <= 2**21,
                 "seed",

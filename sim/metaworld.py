@@ -56,6 +56,7 @@ FRAME = 18  # one frame: hand 3, gripper 1, two objects' position 3 and quaterni
 NATIVE_HZ = 80.0  # NATIVE_SUBSTEPS physics steps of NATIVE_TIMESTEP per decision
 NATIVE_TIMESTEP = 0.0025
 NATIVE_SUBSTEPS = 5
+PATH_STEPS = 500  # Meta-World's episode (max_path_length): its benchmarks score success at any step of it
 POSITION_DIMS = 3  # action[:3] moves the hand's mocap target; action[3] the gripper
 
 
@@ -78,8 +79,10 @@ class MetaWorldGoal(gym.Env):
             raise ValueError(f"sim.reward ({reward!r}) must be one of {REWARDS}: no other reward is defined")
         benchmark = metaworld.MT1(env_name, seed=0)  # the task's 50 variations, fixed
         self._variations = benchmark.train_tasks
-        # Meta-World's own path limit (500) never ends an episode: fleetrl's is shorter.
         self._env = benchmark.train_classes[env_name]()
+        # fleetrl's time limit ends an episode (sim/registry.py); Meta-World's own would refuse a
+        # step past its 500th, which an episode of as many seconds at a faster rate takes.
+        self._env.max_path_length = 2**31 - 1
         self.rule = RULES[env_name]
         self.reward = reward
         self.action_space = self._env.action_space

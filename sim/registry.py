@@ -33,6 +33,7 @@ from foundation.config_experience import REWARDS, SHAPED_TASKS, TASK_NAMES
 from foundation.errors import FleetrlError
 from foundation.wire import TransitionSchema
 from sim.metaworld import NATIVE_HZ as METAWORLD_HZ  # metaworld itself is imported only when built
+from sim.metaworld import PATH_STEPS as METAWORLD_PATH_STEPS
 from sim.metaworld import MetaWorldGoal
 from sim.randomization import DomainRandomization
 from sim.rate import NATIVE_HZ, ControlRate, episode_steps
@@ -69,6 +70,13 @@ class TaskSpec:
     max_episode_steps: int
     native_hz: float = NATIVE_HZ  # decisions per simulated second of the task's own env (Fetch 25)
     family: Literal["fetch", "metaworld"] = "fetch"  # gymnasium-robotics, or sim/metaworld.py
+    field_episode_steps: int = 0  # the horizon its benchmark scores an episode over (0: max_episode_steps)
+    success_at_any_step: bool = False  # its benchmark's success: at any step (True) or the last
+
+    @property
+    def eval_episode_steps(self) -> int:
+        """The horizon of an evaluation episode scored as the task's benchmark scores it (sim/measure.py)."""
+        return self.field_episode_steps or self.max_episode_steps
 
     @property
     def is_fetch(self) -> bool:
@@ -95,7 +103,7 @@ def _metaworld(env_name: str, task_id: int, max_episode_steps: int) -> TaskSpec:
     gym.register(id=f"fleetrl/{name}", entry_point="sim.metaworld:MetaWorldGoal", kwargs={"env_name": env_name})
     return TaskSpec(
         name, task_id, f"fleetrl/{name}", 36, goal_dim=3, act_dim=4, max_episode_steps=max_episode_steps,
-        native_hz=METAWORLD_HZ, family="metaworld",
+        native_hz=METAWORLD_HZ, family="metaworld", field_episode_steps=METAWORLD_PATH_STEPS, success_at_any_step=True,
     )  # fmt: skip
 
 
