@@ -170,8 +170,7 @@ def run_sampler(
     mine = tasks.assigned(sampler_id, cfg.num_samplers)  # task places, env steps shared by TaskPicker
     envs: list = []
     try:
-        sim = config.sim
-        envs.extend(tasks.make_env(i, sim.randomization, sim.control_hz, sim.reward) for i in mine)
+        envs.extend(tasks.make_env(i, config.sim.randomization, config.sim.control_hz, config.sim.reward) for i in mine)
         report = harden(sampler_id, pin=cfg.pin_cpus, mlock=cfg.mlock)
         names = ", ".join(tasks.names[i] for i in mine)
         log.info("sampler %d: task %s, cpu %s, mlocked %s", sampler_id, names, report.cpu, report.mlocked)
