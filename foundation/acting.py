@@ -39,6 +39,8 @@ class Episode:
     action: np.ndarray
     next_obs: np.ndarray
     terminated: np.ndarray
+    reward: np.ndarray  # the env's own reward of each step (sim.reward: sparse, or Meta-World's shaped)
+    success: np.ndarray  # the env's info["is_success"] after each step
 
     def __len__(self) -> int:
         return int(self.action.shape[0])
@@ -145,21 +147,30 @@ def _input_row(obs: dict[str, np.ndarray]) -> np.ndarray:
 
 
 def rollout(
-    env, policy: Policy | None, seed: int | None, rng: np.random.Generator, deterministic: bool = False, task: int = 0
+    env,
+    policy: Policy | None,
+    seed: int | None,
+    rng: np.random.Generator,
+    deterministic: bool = False,
+    task: int = 0,
+    until_success: bool = False,
 ):
     """One episode of the run's task place `task`; policy None means uniform random actions.
-    Returns (Episode, success)."""
+    Returns (Episode, success): success is the last step's, which `until_success` makes the
+    first successful step's by ending the episode there (the evaluator's any-step measure)."""
     obs, _ = env.reset(seed=seed)
     if (new_episode := getattr(policy, "new_episode", None)) is not None:
         new_episode()  # a Policy's held random action ends with its episode; an act-only policy has none
-    rows: dict[str, list[np.ndarray | float]] = {k: [] for k in ("obs", "ag", "dg", "action", "next_obs", "term")}
+    keys = ("obs", "ag", "dg", "action", "next_obs", "term", "reward", "success")
+    rows: dict[str, list[np.ndarray | float]] = {k: [] for k in keys}
     info: dict = {}
     while True:
         if policy is None:
             action = rng.uniform(-1.0, 1.0, env.action_space.shape).astype(np.float32)
         else:
             action = policy.act(obs, deterministic, task)
-        next_obs, _, terminated, truncated, info = env.step(action)
+        next_obs, reward, terminated, truncated, info = env.step(action)
+        success = float(info.get("is_success", 0.0))
         for key, value in (
             ("obs", obs["observation"]),
             ("ag", next_obs["achieved_goal"]),
@@ -167,10 +178,12 @@ def rollout(
             ("action", action),
             ("next_obs", next_obs["observation"]),
             ("term", float(terminated)),
+            ("reward", float(reward)),
+            ("success", success),
         ):
             rows[key].append(value)
         obs = next_obs
-        if terminated or truncated:
+        if terminated or truncated or (until_success and success):
             break
     episode = Episode(
         obs=np.asarray(rows["obs"], np.float32),
@@ -179,5 +192,7 @@ def rollout(
         action=np.asarray(rows["action"], np.float32),
         next_obs=np.asarray(rows["next_obs"], np.float32),
         terminated=np.asarray(rows["term"], np.float32),
+        reward=np.asarray(rows["reward"], np.float32),
+        success=np.asarray(rows["success"], bool),
     )
-    return episode, bool(info.get("is_success", 0.0))
+    return episode, bool(episode.success[-1])

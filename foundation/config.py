@@ -64,6 +64,10 @@ class EvalConfig:
     )
     seed: int = config_field(1_000_000, "held-out seeds start here, far from every sampler's seeds")
     randomize: bool = config_field(False, "evaluate under domain randomization instead of the nominal task")
+    measure: str = config_field(
+        "field",
+        "'field': as each task's benchmark scores it (Meta-World: any step of 500); 'training': the last step",
+    )
     min_interval_sec: float = config_field(
         2.0, "seconds between scores early in a run and once curve success is within reach of the target"
     )
@@ -90,6 +94,7 @@ class EvalConfig:
         return [
             (self.episodes >= 1, "episodes", ">= 1"),
             (self.final_episodes >= 0, "final_episodes", ">= 0"),
+            (self.measure in ("field", "training"), "measure", "one of ('field', 'training')"),
             (
                 0 <= self.seed and self.seed + max(self.episodes, self.final_episodes) <= 2**21,
                 "seed",
@@ -191,6 +196,13 @@ class RunConfig:
             )
         )
         renorm = self.learner.algo in ALGOS and self.learner.algorithm().critics().renorm
+        checks.append(
+            (
+                self.sim.reward != "shaped" or self.sampler.her_k == 0,
+                "sampler.her_k",
+                "0 with sim.reward 'shaped': a shaped reward cannot be recomputed for a relabeled goal",
+            )
+        )
         checks.append(
             (
                 not (renorm and self.model.kind != "dense"),

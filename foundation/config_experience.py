@@ -37,7 +37,18 @@ TASK_NAMES = (
     "FetchSlide-v4",
     "MetaWorld-reach-v3",
     "MetaWorld-push-v3",
+    "MetaWorld-pick-place-v3",
+    "MetaWorld-door-open-v3",
+    "MetaWorld-drawer-open-v3",
+    "MetaWorld-drawer-close-v3",
+    "MetaWorld-button-press-topdown-v3",
+    "MetaWorld-peg-insert-side-v3",
+    "MetaWorld-window-open-v3",
+    "MetaWorld-window-close-v3",
 )
+REWARDS = ("sparse", "shaped")  # sim.reward's values
+# The tasks with a shaped reward of their own (sim/metaworld.py): Meta-World's.
+SHAPED_TASKS = tuple(name for name in TASK_NAMES if name.startswith("MetaWorld-"))
 
 
 @dataclass(frozen=True)
@@ -52,11 +63,24 @@ class SimConfig:
         0.0,
         "decisions per simulated second at the task's own seconds and hand speed; 0 = the task's rate",
     )
+    reward: str = config_field(
+        "sparse",
+        "'sparse': the goal reward with HER; 'shaped': a Meta-World task's own dense reward (sampler.her_k 0)",
+    )
 
     def checks(self) -> list[Check]:
         """(ok, field, limit) of every check on this section's fields; RunConfig.validate runs them."""
+        run_tasks = self.tasks or (self.task,)
+        unshaped = [name for name in run_tasks if name not in SHAPED_TASKS]
         return [
             (self.control_hz >= 0, "control_hz", ">= 0 (0 = the task's own rate)"),
+            (self.reward in REWARDS, "reward", f"one of {REWARDS}"),
+            (
+                self.reward != "shaped" or not unshaped,
+                "reward",
+                f"'sparse' for a run with {', '.join(unshaped)}: only Meta-World tasks have a shaped reward of "
+                "their own",
+            ),
         ]
 
 

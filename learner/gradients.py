@@ -46,6 +46,7 @@ class Hyperparams:
                 gamma=learner.gamma,
                 target_entropy=entropy if entropy is not None else -float(act_dim),
                 n_step=learner.n_step,
+                clip_return=config.sim.reward == "sparse",  # a shaped reward's returns are not in [-1/(1-gamma), 0]
             ),
             algorithm=build_algorithm(learner),
             balance_coef=config.model.balance_coef,

@@ -7,7 +7,8 @@
         full  = the same episodes continued to eval.episodes while the target is within reach
         aggregator.ReportEval(version, full, kind="full")     # only a complete full score reaches it
 
-Every version is scored on the same held-out seeds, so two versions' rates are comparable.
+Every version is scored on the same held-out seeds, so two versions' rates are comparable,
+and each task as eval.measure says (sim/measure.py: Meta-World's any-step success over 500 steps).
 A multi-task run scores every task on the same budget: its success rate is the mean over the
 tasks (each task's rate travels beside it, `task_success`), and a score's `episodes` is per task.
 `score_checkpoint` scores a saved policy the same way (`fleetrl evaluate`, and the final
@@ -38,7 +39,7 @@ from foundation.process import Heartbeat
 from foundation.proto import fleetrl_pb2 as pb
 from foundation.transport import Security
 from foundation.wire import to_tensor
-from sim.registry import goal_reward
+from sim.measure import eval_env
 from sim.tasks import TaskSet
 
 log = logging.getLogger("fleetrl.evaluator")
@@ -111,7 +112,7 @@ def evaluate(
         seed = config.seed + len(done.successes)
         episode, success = rollout(env, policy, seed=seed, rng=rng, deterministic=True, task=task)
         done.successes.append(success)
-        done.returns.append(float(goal_reward(env, episode.achieved_goal, episode.desired_goal).sum()))
+        done.returns.append(float(episode.reward.sum()))  # the env's own reward (sim.reward)
     return done.result()
 
 
@@ -138,9 +139,13 @@ def score_checkpoint(
 
 
 def eval_envs(tasks: TaskSet, config: RunConfig) -> list:
-    """One env per task of the run: the nominal task unless eval.randomize."""
+    """One env per task of the run, scored by eval.measure (sim/measure.py): the nominal task
+    unless eval.randomize."""
     randomization = config.sim.randomization if config.eval.randomize else None
-    return [tasks.make_env(i, randomization, config.sim.control_hz) for i in range(len(tasks))]
+    sim = config.sim
+    return [
+        eval_env(tasks, i, randomization, sim.control_hz, sim.reward, config.eval.measure) for i in range(len(tasks))
+    ]
 
 
 def _best_possible(done: EpisodeLog, budget: int) -> float:

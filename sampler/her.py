@@ -9,6 +9,10 @@ An episode whose achieved goal never left the success region it started in (Fetc
 object untouched) can be given fewer copies (`k_unmoved`): its relabeled goals are all where
 the object already was, each a free success that says nothing about moving it. Fewer of them
 make the episodes that moved something a larger share of every batch.
+
+A shaped reward (sim.reward "shaped": Meta-World's own dense reward) is a function of the whole
+simulator state, not of (achieved, desired), so no other goal's reward can be recomputed:
+`own_reward_rows` stores such an episode once, with the rewards the env gave.
 """
 
 from __future__ import annotations
@@ -68,13 +72,43 @@ def relabel_future(
     return _n_step_rows(episode, goal.reshape(reps, T, -1), reward_fn, n_step, gamma)
 
 
-def _n_step_rows(episode: Episode, goal: np.ndarray, reward_fn: RewardFn, n: int, gamma: float) -> Transitions:
-    """Rows t of every copy (goal [copies, T, goal_dim]) with n-step rewards and next observations."""
-    copies, T = goal.shape[:2]
+def own_reward_rows(episode: Episode, n_step: int = 1, gamma: float = 1.0) -> Transitions:
+    """The episode's T transitions with the env's own rewards and its real goal, no relabeled
+    copy; n-step rewards as relabel_future's (T - n_step + 1 rows for a truncated episode)."""
+    if n_step < 1:
+        raise ValueError(f"n_step ({n_step}) must be >= 1")
+    starts = _row_starts(episode, n_step)
+    T = len(episode)
+    reward = np.zeros(len(starts), np.float64)
+    for i in range(n_step):
+        step = starts + i
+        live = step < T  # a terminated episode's last rows have fewer than n steps left
+        reward[live] += gamma**i * episode.reward[step[live]].astype(np.float64)
+    last = np.minimum(starts + n_step - 1, T - 1)  # the step each row bootstraps after
+    return Transitions(
+        obs=episode.obs[starts].astype(np.float32),
+        goal=episode.desired_goal[starts].astype(np.float32),
+        action=episode.action[starts].astype(np.float32),
+        reward=reward.astype(np.float32),
+        next_obs=episode.next_obs[last].astype(np.float32),
+        done=episode.terminated[last].astype(np.float32),
+    )
+
+
+def _row_starts(episode: Episode, n: int) -> np.ndarray:
+    """The steps that begin an n-step row: every step of a terminated episode, and of a truncated
+    one each step with n steps after it."""
+    T = len(episode)
     terminal = bool(episode.terminated[-1])  # only an episode's last step can end it
     if not terminal and T < n:
         raise ValueError(f"an episode truncated after {T} steps holds no {n}-step row: learner.n_step must be <= {T}")
-    starts = np.arange(T if terminal else max(0, T - n + 1))
+    return np.arange(T if terminal else max(0, T - n + 1))
+
+
+def _n_step_rows(episode: Episode, goal: np.ndarray, reward_fn: RewardFn, n: int, gamma: float) -> Transitions:
+    """Rows t of every copy (goal [copies, T, goal_dim]) with n-step rewards and next observations."""
+    copies, T = goal.shape[:2]
+    starts = _row_starts(episode, n)
     reward = np.zeros((copies, len(starts)), np.float64)
     for i in range(n):
         step = starts + i

@@ -3,7 +3,7 @@
     while running:                                # Collector.run: one step() per episode
         policy.refresh(watcher.latest())          # newest actor weights, never blocks
         episode = rollout(env, policy)            # stochastic actions (random for the first steps)
-        batch = relabel_future(episode, k)        # HER 'future'
+        batch = relabel_future(episode, k)        # HER 'future' (sim.reward "shaped": own_reward_rows)
         pusher.put(batch)                         # background thread: Push until acked
 
 The buffer's flow control (buffer/ratelimit.py) keeps the fleet from running ahead of the
@@ -27,15 +27,16 @@ import numpy as np
 
 from aggregator.client import AggregatorClient, WeightsWatcher
 from buffer.ingest_client import IngestClient, IngestUnavailable
-from foundation.acting import Policy, rollout
+from foundation.acting import Episode, Policy, rollout
 from foundation.config import RunConfig
 from foundation.ledger import AckLedger
 from foundation.policy import ACTOR_GROUPS
 from foundation.process import Heartbeat
 from foundation.task_schedule import TaskPicker, TaskSchedule
 from foundation.transport import Security
+from foundation.wire import Transitions
 from sampler.hardening import harden
-from sampler.her import relabel_future
+from sampler.her import own_reward_rows, relabel_future
 from sim.registry import TaskSpec, goal_reward
 from sim.tasks import TaskSet
 
@@ -179,7 +180,7 @@ def run_sampler(
     mine = tasks.assigned(sampler_id, cfg.num_samplers)  # task places, env steps shared by TaskPicker
     envs: list = []
     try:
-        envs.extend(tasks.make_env(i, config.sim.randomization, config.sim.control_hz) for i in mine)
+        envs.extend(tasks.make_env(i, config.sim.randomization, config.sim.control_hz, config.sim.reward) for i in mine)
         report = harden(sampler_id, pin=cfg.pin_cpus, mlock=cfg.mlock)
         names = ", ".join(tasks.names[i] for i in mine)
         log.info("sampler %d: task %s, cpu %s, mlocked %s", sampler_id, names, report.cpu, report.mlocked)
@@ -282,9 +283,7 @@ class Collector:
             seed = int(self.seeds.integers(TRAIN_SEEDS_FROM, 2**31))  # clear of the evaluator's held-out seeds
             episode, success = rollout(env, acting, seed=seed, rng=self.rng, task=place)
         with self.heartbeat.phase("relabel"):
-            reward = functools.partial(goal_reward, env)
-            cfg, n_step, gamma = self.cfg, self.config.learner.n_step, self.config.learner.gamma
-            transitions = relabel_future(episode, cfg.her_k, reward, self.rng, cfg.her_k_unmoved, n_step, gamma)
+            transitions = episode_rows(self.config, env, episode, self.rng)
         with self.heartbeat.phase("enqueue"):  # long only while flow control holds pushes back
             task_id = self.tasks.tasks[place].task_id
             self.pusher.put(
@@ -303,6 +302,17 @@ class Collector:
             rate_limited_sec=self.pusher.rate_limited_sec,
         )
         return len(episode)
+
+
+def episode_rows(config: RunConfig, env, episode: Episode, rng: np.random.Generator) -> Transitions:
+    """What one episode stores: its rows and sampler.her_k HER copies under sim.reward "sparse";
+    under "shaped", its rows once with the env's own rewards (no goal can be relabeled)."""
+    n_step, gamma = config.learner.n_step, config.learner.gamma
+    if config.sim.reward == "shaped":
+        return own_reward_rows(episode, n_step, gamma)
+    reward = functools.partial(goal_reward, env)
+    cfg = config.sampler
+    return relabel_future(episode, cfg.her_k, reward, rng, cfg.her_k_unmoved, n_step, gamma)
 
 
 def _my_shares(picker: TaskPicker, mine: list[int], shares: np.ndarray) -> None:

@@ -8,18 +8,20 @@ Meta-World (metaworld 3.1.1, pinned with mujoco 3.3.0 in one resolve) gives a fl
 observation whose last 3 entries are the goal position, a dense shaped reward and
 info["success"]. fleetrl learns goal-conditioned policies with HER, which needs what Fetch's
 GoalEnv gives: observation, achieved_goal and desired_goal apart, and a reward function of
-(achieved, desired) to relabel with. So each task here names what its goal is about:
+(achieved, desired) to relabel with. So each task names what its goal is about and when it is
+reached (sim/metaworld_tasks.py, one row per task: the rule Meta-World's own info["success"]
+uses), and the reward is one of two (`reward`):
 
-    task                   achieved_goal           success
-    MetaWorld-reach-v3     the hand (obs[0:3])     within 5 cm of the goal
-    MetaWorld-push-v3      the puck (obs[4:7])     within 5 cm of the goal
+- "sparse" (the default): Fetch's, 0 when the rule holds, -1 otherwise, so HER can relabel;
+- "shaped": the task's own Meta-World v3 dense reward, which no other goal can recompute.
 
-and the reward is Fetch's sparse one: 0 within the threshold, -1 otherwise. The observation is
-the other 36 entries (hand, gripper, objects, and the previous frame's). Episodes have a fixed
-horizon (no termination on success) shorter than Meta-World's 500 steps: the registry's
-max_episode_steps. Each reset picks one of Meta-World's 50 variations of the task (MT1's train
-tasks: goal and object positions) with the env's own seeded generator, so reset(seed=s)
-gives the same episode start every time, as the evaluator's held-out seeds need.
+info["is_success"] is the rule's verdict, equal to Meta-World's info["success"] at every step.
+The observation is the other 36 entries (hand, gripper, objects, and the previous frame's).
+Episodes have a fixed horizon (no termination on success): the registry's max_episode_steps,
+shorter than Meta-World's 500 steps while training (sim/registry.py). Each reset picks one of
+Meta-World's 50 variations of the task (MT1's train tasks: goal and object positions) with the
+env's own seeded generator, so reset(seed=s) gives the same episode start every time, as the
+evaluator's held-out seeds need.
 
 Meta-World decides at 80 Hz (5 physics steps of 2.5 ms). `set_control_rate(hz)` runs the task
 at a faster rate with the same physics and the same hand speed, as sim/rate.py does for Fetch:
@@ -46,36 +48,43 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from foundation.config_experience import REWARDS
+from sim.metaworld_tasks import RULES
+
 GOAL = slice(36, 39)  # where Meta-World's v3 observation holds the goal position
 FRAME = 18  # one frame: hand 3, gripper 1, two objects' position 3 and quaternion 4
 NATIVE_HZ = 80.0  # NATIVE_SUBSTEPS physics steps of NATIVE_TIMESTEP per decision
 NATIVE_TIMESTEP = 0.0025
 NATIVE_SUBSTEPS = 5
+PATH_STEPS = 500  # Meta-World's episode (max_path_length): its benchmarks score success at any step of it
 POSITION_DIMS = 3  # action[:3] moves the hand's mocap target; action[3] the gripper
-ACHIEVED = {"reach-v3": slice(0, 3), "push-v3": slice(4, 7)}  # hand, and the first object
 
 
 class MetaWorldGoal(gym.Env):
     """One Meta-World v3 task (`env_name`, e.g. "reach-v3") with Fetch's goal-env interface:
-    dict observations, compute_reward(achieved, desired, info) and distance_threshold."""
+    dict observations, compute_reward(achieved, desired, info), and goal_success(achieved, desired)."""
 
     metadata: dict[str, Any] = {"render_modes": []}
 
-    def __init__(self, env_name: str, distance_threshold: float = 0.05) -> None:
+    def __init__(self, env_name: str, reward: str = "sparse") -> None:
         try:
             import metaworld
         except ImportError as err:
             raise ImportError(
                 "Meta-World tasks need metaworld: pip install metaworld==3.1.1 mujoco==3.3.0 (in one command)"
             ) from err
-        if env_name not in ACHIEVED:
-            raise ValueError(f"Meta-World task {env_name!r}: fleetrl knows {sorted(ACHIEVED)}")
+        if env_name not in RULES:
+            raise ValueError(f"Meta-World task {env_name!r}: fleetrl knows {sorted(RULES)}")
+        if reward not in REWARDS:
+            raise ValueError(f"sim.reward ({reward!r}) must be one of {REWARDS}: no other reward is defined")
         benchmark = metaworld.MT1(env_name, seed=0)  # the task's 50 variations, fixed
         self._variations = benchmark.train_tasks
-        # Meta-World's own path limit (500) never ends an episode: fleetrl's is shorter.
         self._env = benchmark.train_classes[env_name]()
-        self._achieved = ACHIEVED[env_name]
-        self.distance_threshold = distance_threshold
+        # fleetrl's time limit ends an episode (sim/registry.py); Meta-World's own would refuse a
+        # step past its 500th, which an episode of as many seconds at a faster rate takes.
+        self._env.max_path_length = 2**31 - 1
+        self.rule = RULES[env_name]
+        self.reward = reward
         self.action_space = self._env.action_space
         box = lambda n: gym.spaces.Box(-np.inf, np.inf, (n,), np.float64)  # noqa: E731
         self.observation_space = gym.spaces.Dict(
@@ -131,7 +140,7 @@ class MetaWorldGoal(gym.Env):
         flat = np.asarray(flat, np.float64)
         return {
             "observation": np.concatenate([flat[: GOAL.start], flat[GOAL.stop :]]),
-            "achieved_goal": flat[self._achieved].copy(),
+            "achieved_goal": self.rule.achieved(self._env, flat),
             "desired_goal": flat[GOAL].copy(),
         }
 
@@ -149,14 +158,20 @@ class MetaWorldGoal(gym.Env):
     def step(self, action):
         action = np.array(action, np.float32, copy=True)
         action[:POSITION_DIMS] *= self._position_scale
-        flat, _, _, _, info = self._env.step(action)
+        flat, shaped, _, _, info = self._env.step(action)
         obs = self._split(self._retimed(flat, reset=False))
-        reward = float(self.compute_reward(obs["achieved_goal"], obs["desired_goal"], info))
-        return obs, reward, False, False, {**info, "is_success": float(reward == 0.0)}
+        sparse = float(self.compute_reward(obs["achieved_goal"], obs["desired_goal"], info))
+        if self.reward == "shaped":  # Meta-World's own reward and success flag
+            return obs, float(shaped), False, False, {**info, "is_success": float(info["success"])}
+        return obs, sparse, False, False, {**info, "is_success": float(sparse == 0.0)}
+
+    def goal_success(self, achieved_goal, desired_goal) -> np.ndarray:
+        """Whether each achieved goal [..., 3] reaches the desired one by the task's rule."""
+        return self.rule.success(achieved_goal, desired_goal)
 
     def compute_reward(self, achieved_goal, desired_goal, info) -> np.ndarray:
-        distance = np.linalg.norm(np.asarray(achieved_goal) - np.asarray(desired_goal), axis=-1)
-        return -(distance > self.distance_threshold).astype(np.float32)
+        """The sparse reward of each row: 0 where goal_success holds, -1 elsewhere (HER's)."""
+        return self.goal_success(achieved_goal, desired_goal).astype(np.float32) - 1.0
 
     def close(self) -> None:
         self._env.close()

@@ -29,10 +29,11 @@ import gymnasium as gym
 import numpy as np
 
 from foundation.config import RandomizationConfig
-from foundation.config_experience import TASK_NAMES
+from foundation.config_experience import REWARDS, SHAPED_TASKS, TASK_NAMES
 from foundation.errors import FleetrlError
 from foundation.wire import TransitionSchema
 from sim.metaworld import NATIVE_HZ as METAWORLD_HZ  # metaworld itself is imported only when built
+from sim.metaworld import PATH_STEPS as METAWORLD_PATH_STEPS
 from sim.metaworld import MetaWorldGoal
 from sim.randomization import DomainRandomization
 from sim.rate import NATIVE_HZ, ControlRate, episode_steps
@@ -69,6 +70,13 @@ class TaskSpec:
     max_episode_steps: int
     native_hz: float = NATIVE_HZ  # decisions per simulated second of the task's own env (Fetch 25)
     family: Literal["fetch", "metaworld"] = "fetch"  # gymnasium-robotics, or sim/metaworld.py
+    field_episode_steps: int = 0  # the horizon its benchmark scores an episode over (0: max_episode_steps)
+    success_at_any_step: bool = False  # its benchmark's success: at any step (True) or the last
+
+    @property
+    def eval_episode_steps(self) -> int:
+        """The horizon of an evaluation episode scored as the task's benchmark scores it (sim/measure.py)."""
+        return self.field_episode_steps or self.max_episode_steps
 
     @property
     def is_fetch(self) -> bool:
@@ -95,7 +103,7 @@ def _metaworld(env_name: str, task_id: int, max_episode_steps: int) -> TaskSpec:
     gym.register(id=f"fleetrl/{name}", entry_point="sim.metaworld:MetaWorldGoal", kwargs={"env_name": env_name})
     return TaskSpec(
         name, task_id, f"fleetrl/{name}", 36, goal_dim=3, act_dim=4, max_episode_steps=max_episode_steps,
-        native_hz=METAWORLD_HZ, family="metaworld",
+        native_hz=METAWORLD_HZ, family="metaworld", field_episode_steps=METAWORLD_PATH_STEPS, success_at_any_step=True,
     )  # fmt: skip
 
 
@@ -105,9 +113,19 @@ _SPECS = (
     _fetch("FetchPush-v4", 1, obs_dim=25),
     _fetch("FetchPickAndPlace-v4", 2, obs_dim=25),
     _fetch("FetchSlide-v4", 3, obs_dim=25),
-    # Short horizons: Meta-World's hand moves up to 1 cm per step, its goals lie 10-30 cm away.
+    # Short horizons: Meta-World's hand moves up to 1 cm per step, its goals lie 10-30 cm away;
+    # its scripted experts first succeed after a median of 48 (reach) to 95 (peg-insert-side)
+    # steps (seeds 0-19; peg-insert-side's expert misses some starts whatever the horizon).
     _metaworld("reach-v3", 4, max_episode_steps=100),
     _metaworld("push-v3", 5, max_episode_steps=150),
+    _metaworld("pick-place-v3", 6, max_episode_steps=150),
+    _metaworld("door-open-v3", 7, max_episode_steps=150),
+    _metaworld("drawer-open-v3", 8, max_episode_steps=150),
+    _metaworld("drawer-close-v3", 9, max_episode_steps=150),
+    _metaworld("button-press-topdown-v3", 10, max_episode_steps=150),
+    _metaworld("peg-insert-side-v3", 11, max_episode_steps=150),
+    _metaworld("window-open-v3", 12, max_episode_steps=150),
+    _metaworld("window-close-v3", 13, max_episode_steps=150),
 )
 
 TASKS: Mapping[str, TaskSpec] = types.MappingProxyType({s.name: s for s in _SPECS})
@@ -116,6 +134,8 @@ TASKS: Mapping[str, TaskSpec] = types.MappingProxyType({s.name: s for s in _SPEC
 _BY_ID: Mapping[int, TaskSpec] = types.MappingProxyType({s.task_id: s for s in _SPECS})
 if len(_BY_ID) != len(_SPECS) or len(TASKS) != len(_SPECS):
     raise RuntimeError("sim.registry: duplicate task name or id in _SPECS")
+if tuple(s.name for s in _SPECS if not s.is_fetch) != SHAPED_TASKS:
+    raise RuntimeError("sim.registry: foundation.config_experience.SHAPED_TASKS must be the Meta-World tasks")
 if tuple(TASKS) != TASK_NAMES:
     raise RuntimeError(
         f"sim.registry: TASKS {tuple(TASKS)} differ from foundation.config_experience.TASK_NAMES {TASK_NAMES}"
@@ -148,34 +168,52 @@ def get_task(name_or_id: str | int) -> TaskSpec:
 
 
 def make_env(
-    task: str | int | TaskSpec, randomization: RandomizationConfig | None = None, control_hz: float = 0.0
+    task: str | int | TaskSpec,
+    randomization: RandomizationConfig | None = None,
+    control_hz: float = 0.0,
+    reward: str = "sparse",
+    max_episode_steps: int = 0,
 ) -> gym.Env:
     """Build a task's env: dict observations, Box(-1, 1, (act_dim,)) actions, time limit.
 
     With `randomization` given and enabled, the env is wrapped in DomainRandomization;
     with None or `enabled=False` it is the nominal task (the evaluator's default).
     `control_hz` (0: the task's own rate, `native_hz`) runs the task at another decision rate
-    (Fetch: sim/rate.py; Meta-World, 80 Hz or faster: sim/metaworld.py).
+    (Fetch: sim/rate.py; Meta-World, 80 Hz or faster: sim/metaworld.py). `reward` is sim.reward:
+    "sparse", or "shaped" (a Meta-World task's own dense reward). `max_episode_steps` (0: the
+    task's) sets the horizon at the task's own rate.
 
         >>> env = make_env("FetchReach-v4")                          # nominal
         >>> env = make_env(0, RandomizationConfig(obs_noise_std=0.0))  # randomized dynamics
+        >>> env = make_env("MetaWorld-push-v3", reward="shaped", max_episode_steps=500)
     """
     spec = task if isinstance(task, TaskSpec) else get_task(task)
-    problem = control_rate_problem(spec, control_hz)
+    problem = control_rate_problem(spec, control_hz) or reward_problem(spec, reward)
     if problem is not None:
         raise ValueError(problem)
+    kwargs: dict[str, Any] = {} if spec.is_fetch else {"reward": reward}
+    native_steps = max_episode_steps or spec.max_episode_steps
     if control_hz and control_hz != spec.native_hz:  # the same seconds at another rate
-        steps = episode_steps(spec.max_episode_steps, control_hz, spec.native_hz)
-        env = gym.make(spec.gym_id, max_episode_steps=steps)
+        steps = episode_steps(native_steps, control_hz, spec.native_hz)
+        env = gym.make(spec.gym_id, max_episode_steps=steps, **kwargs)
         if spec.is_fetch:
             env = ControlRate(env, control_hz)  # sim/rate.py
         else:
             cast("MetaWorldGoal", env.unwrapped).set_control_rate(control_hz)  # sim/metaworld.py
     else:
-        env = gym.make(spec.gym_id, max_episode_steps=spec.max_episode_steps)
+        env = gym.make(spec.gym_id, max_episode_steps=native_steps, **kwargs)
     if randomization is not None and randomization.enabled:
         env = DomainRandomization(env, randomization)
     return env
+
+
+def reward_problem(spec: TaskSpec, reward: str) -> str | None:
+    """Why `spec` cannot give `reward` (sim.reward), or None when it can."""
+    if reward not in REWARDS:
+        return f"sim.reward ({reward!r}) must be one of {REWARDS}"
+    if reward == "shaped" and spec.is_fetch:
+        return f"sim.reward ('shaped') must be 'sparse' for {spec.name}: only Meta-World tasks have a shaped reward"
+    return None
 
 
 def control_rate_problem(spec: TaskSpec, control_hz: float) -> str | None:
@@ -217,12 +255,15 @@ def goal_reward(env: gym.Env, achieved_goal: np.ndarray, desired_goal: np.ndarra
 
 
 def goal_success(env: gym.Env, achieved_goal: np.ndarray, desired_goal: np.ndarray) -> np.ndarray:
-    """Whether each achieved goal is within the task's distance_threshold of the desired one.
+    """Whether each achieved goal reaches the desired one: within the distance_threshold of a Fetch
+    task, by the task's own rule for Meta-World (sim/metaworld_tasks.py).
 
     >>> goal_success(env, obs["achieved_goal"][None], obs["desired_goal"][None])
     array([False])
     """
     achieved, desired = _goal_arrays(env, achieved_goal, desired_goal)
+    if isinstance(env.unwrapped, MetaWorldGoal):
+        return np.asarray(env.unwrapped.goal_success(achieved, desired), bool)
     distance = np.linalg.norm(achieved - desired, axis=-1)
     goal_env: Any = env.unwrapped  # a gymnasium_robotics Fetch env: distance_threshold is not on gym.Env, and untyped
     return distance < goal_env.distance_threshold

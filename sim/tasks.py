@@ -140,10 +140,15 @@ class TaskSet:
         return out
 
     def make_env(
-        self, index: int, randomization: RandomizationConfig | None = None, control_hz: float = 0.0
+        self,
+        index: int,
+        randomization: RandomizationConfig | None = None,
+        control_hz: float = 0.0,
+        reward: str = "sparse",
+        max_episode_steps: int = 0,
     ) -> gym.Env:
         """Task `index`'s env (sim.registry.make_env), its observations at the run's width."""
-        env = make_env(self.tasks[index], randomization, control_hz)
+        env = make_env(self.tasks[index], randomization, control_hz, reward, max_episode_steps)
         return PaddedObservation(env, self, index) if self.multi else env
 
     def assigned(self, worker: int, workers: int) -> list[int]:

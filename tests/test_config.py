@@ -76,6 +76,19 @@ BAD_CONFIGS: list[tuple[list[str], str]] = [
     (["eval.min_interval_sec=61"], "eval.min_interval_sec (61.0) must be in [0, eval.max_interval_sec]"),
     (["eval.interval_run_fraction=-0.1"], "eval.interval_run_fraction (-0.1) must be >= 0"),
     (["eval.max_core_share=1.5"], "eval.max_core_share (1.5) must be in [0, 1] (0 = no bound)"),
+    (["sim.reward=dense"], "sim.reward ('dense') must be one of ('sparse', 'shaped')"),
+    (
+        ["sim.reward=shaped", "sampler.her_k=0"],
+        "sim.reward ('shaped') must be 'sparse' for a run with FetchReach-v4: only Meta-World tasks have a shaped",
+    ),
+    (
+        ["sim.reward=shaped", "sampler.her_k=0", 'sim.tasks=["MetaWorld-push-v3","FetchPush-v4"]'],
+        "sim.reward ('shaped') must be 'sparse' for a run with FetchPush-v4: only Meta-World",
+    ),
+    (
+        ["sim.reward=shaped", "sim.task=MetaWorld-push-v3"],
+        "sampler.her_k (4) must be 0 with sim.reward 'shaped': a shaped reward cannot be recomputed",
+    ),
     (
         ["sim.task=FetchRaech-v4"],
         "sim.task ('FetchRaech-v4') must be a registered task; did you mean 'FetchReach-v4'? valid: FetchPickAndPlace",
@@ -97,6 +110,8 @@ def test_each_cross_field_check_names_field_and_value(overrides, message):
         ["buffer.window_size_transitions=100", "buffer.capacity_transitions=200"],
         ["learner.batch_size=64", "learner.min_replay_transitions=64"],
         ["aggregator.tau=1", "target_success=0", "sampler.her_k=0", "learner.max_grad_staleness=0"],
+        ["sim.reward=shaped", "sim.task=MetaWorld-push-v3", "sampler.her_k=0"],
+        ["sim.reward=shaped", "sampler.her_k=0", 'sim.tasks=["MetaWorld-push-v3","MetaWorld-door-open-v3"]'],
     ],
 )
 def test_boundary_values_validate(overrides):

@@ -27,6 +27,8 @@ def make_episode(length: int = T, seed: int = 0) -> Episode:
         action=rng.uniform(-1, 1, (length, ACT)).astype(np.float32),
         next_obs=rng.normal(size=(length, OBS)).astype(np.float32),
         terminated=np.zeros(length, np.float32),
+        reward=np.full(length, -1.0, np.float32),
+        success=np.zeros(length, bool),
     )
 
 

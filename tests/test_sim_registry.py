@@ -34,6 +34,14 @@ STABLE_IDS = [
     ("FetchSlide-v4", 3),
     ("MetaWorld-reach-v3", 4),
     ("MetaWorld-push-v3", 5),
+    ("MetaWorld-pick-place-v3", 6),
+    ("MetaWorld-door-open-v3", 7),
+    ("MetaWorld-drawer-open-v3", 8),
+    ("MetaWorld-drawer-close-v3", 9),
+    ("MetaWorld-button-press-topdown-v3", 10),
+    ("MetaWorld-peg-insert-side-v3", 11),
+    ("MetaWorld-window-open-v3", 12),
+    ("MetaWorld-window-close-v3", 13),
 ]
 
 

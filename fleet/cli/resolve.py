@@ -116,16 +116,34 @@ def check_task_name(task: str, what: str) -> None:
 
 
 def split_tasks(text: str) -> list[str]:
-    """--tasks A,B,C as a list: every item a registered task, none empty."""
-    tasks = [item.strip() for item in text.split(",")]
-    for index, task in enumerate(tasks):
-        if not task:
+    """--tasks A,B,C as a list of registered tasks, none empty and none twice; an item may name a
+    task set (sim/task_sets.py: "mt10" is Meta-World's MT10), which stands for its tasks in order."""
+    tasks: list[str] = []
+    for index, item in enumerate(part.strip() for part in text.split(",")):
+        if not item:
             raise ConfigError(
                 f"--tasks {text!r}: item {index + 1} is empty; give registered task names separated by single commas",
                 field="--tasks",
             )
-        check_task_name(task, "--tasks")
+        tasks.extend([item] if item in TASK_NAMES else _task_set(item))
+    if twice := sorted({t for t in tasks if tasks.count(t) > 1}):
+        raise ConfigError(
+            f"--tasks {text!r}: {', '.join(twice)} named twice; a run trains each task once", field="--tasks"
+        )
     return tasks
+
+
+def _task_set(name: str) -> tuple[str, ...]:
+    """The tasks of the task set `name`; ConfigError naming the tasks and sets it is close to."""
+    from sim.task_sets import TASK_SETS  # only for a name that is not a task: sim loads MuJoCo
+
+    named = TASK_SETS.get(name.lower())
+    if named is None:
+        choices = [*TASK_NAMES, *TASK_SETS]
+        raise ConfigError(
+            f"--tasks {name!r} is not a registered task or task set{suggest(name, choices)}", field="--tasks"
+        )
+    return named
 
 
 def existing_run_dir(path: str, need: str = "config.json") -> pathlib.Path:

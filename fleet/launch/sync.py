@@ -1,6 +1,6 @@
 """`fleetrl train --mode sync`: the fleet's parts in one process that alternates.
 
-    collect one episode      sampler.worker.rollout + sampler.her.relabel_future
+    collect one episode      foundation.acting.rollout + sampler.worker.episode_rows (HER)
     store it                 an in-memory ring (no Redis, no gRPC)
     train what is owed       learner.gradients.compute_gradients + aggregator.core.AggregatorCore
     score when due           sampler.evaluator.scores on the evaluator's schedule
@@ -36,10 +36,10 @@ from foundation.wire import Transitions
 from learner.algorithm import Batch
 from learner.gradients import Hyperparams, compute_gradients
 from nets.models import GROUPS, SACModel
-from sampler.evaluator import next_interval_sec, scores
-from sampler.her import relabel_future
-from sampler.worker import TRAIN_SEEDS_FROM
-from sim.registry import get_task, goal_reward, make_env
+from sampler.evaluator import eval_envs, next_interval_sec, scores
+from sampler.worker import TRAIN_SEEDS_FROM, episode_rows
+from sim.registry import get_task, make_env
+from sim.tasks import TaskSet
 
 log = logging.getLogger("fleetrl.sync")
 
@@ -102,10 +102,8 @@ class SyncRun:
         self.replay = MemoryReplay(config.buffer.capacity_transitions, seed=config.aggregator.seed + 7919)
         self.limit = rate_limit(config)
         self.inserted = self.sampled = 0  # rows stored and drawn: what flow control counts
-        self.env = make_env(task, config.sim.randomization, config.sim.control_hz)
-        self.eval_env = make_env(
-            task, config.sim.randomization if config.eval.randomize else None, config.sim.control_hz
-        )
+        self.env = make_env(task, config.sim.randomization, config.sim.control_hz, config.sim.reward)
+        (self.eval_env,) = eval_envs(TaskSet.for_run(config), config)  # scored as the evaluator scores
         streams = np.random.SeedSequence([config.sampler.seed, 0]).spawn(3)
         self.rng, self.seeds = np.random.default_rng(streams[0]), np.random.default_rng(streams[1])
         seed = int(streams[2].generate_state(1)[0])
@@ -148,10 +146,7 @@ class SyncRun:
         acting = self.policy if self.env_steps >= self.config.sampler.random_steps else None
         seed = int(self.seeds.integers(TRAIN_SEEDS_FROM, 2**31))
         episode, success = rollout(self.env, acting, seed=seed, rng=self.rng)
-        reward = lambda a, d: goal_reward(self.env, a, d)  # noqa: E731
-        cfg = self.config.sampler
-        transitions = relabel_future(episode, cfg.her_k, reward, self.rng, k_unmoved=cfg.her_k_unmoved,
-                                     n_step=self.config.learner.n_step, gamma=self.config.learner.gamma)  # fmt: skip
+        transitions = episode_rows(self.config, self.env, episode, self.rng)  # HER, or the shaped reward's rows
         self.replay.add(transitions)
         self.inserted += len(transitions)
         self.env_steps, self.episodes = self.env_steps + len(episode), self.episodes + 1
