@@ -208,3 +208,31 @@ def test_help_lines_cover_every_field_with_default_and_help():
         assert default and help_text.strip(), line
     assert "learner.batch_size = 256  # transitions per gradient" in lines
     assert "sim.randomization.mass_scale = (0.8, 1.2)  # per episode: object body mass scale" in lines
+
+
+@pytest.mark.parametrize(
+    "override,message",
+    [
+        ("sim.randomization.mass_scale=[0.5]", "RandomizationConfig.mass_scale must be a list of 2"),
+        (
+            "sim.randomization.action_latency_steps=[0, 1, 2]",
+            "RandomizationConfig.action_latency_steps must be a list of 2",
+        ),
+    ],
+)
+def test_fixed_length_tuples_check_their_length(override, message):
+    with pytest.raises(ConfigError, match=message):
+        with_overrides(RunConfig(), [override])
+
+
+@pytest.mark.parametrize(
+    "override,message",
+    [
+        ("aggregator.keep_checkpoints=0", "aggregator.keep_checkpoints (0) must be >= 1"),
+        ("aggregator.grads_per_step=-1", "aggregator.grads_per_step (-1) must be >= 0"),
+        ("sampler.weights_interval_sec=-1", "sampler.weights_interval_sec (-1.0) must be >= 0"),
+    ],
+)
+def test_validate_catches_values_that_fail_later_in_a_role(override, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        with_overrides(RunConfig(), [override]).validate()
