@@ -31,6 +31,7 @@ from tests.tiers import (  # noqa: F401 - pytest finds its hooks here: tiers as 
     pytest_collection_modifyitems,
     pytest_runtest_makereport,
     pytest_runtest_protocol,
+    pytest_terminal_summary,
 )
 
 T = TypeVar("T")

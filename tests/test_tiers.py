@@ -16,7 +16,7 @@ import pytest
 import redis
 
 from tests.tier_lists import INTEGRATION, SLOW
-from tests.tiers import TierViolation, _guard, tier_of
+from tests.tiers import TierViolation, guard, tier_of
 
 TESTS = pathlib.Path(__file__).resolve().parent
 
@@ -82,7 +82,7 @@ REFUSED = [
 @pytest.mark.parametrize("what,reach_out", REFUSED, ids=[r[0] for r in REFUSED])
 def test_the_guard_refuses_each_way_out_and_records_it_even_when_the_code_catches_it(what, reach_out):
     reached: list[str] = []
-    with _guard("tests/test_x.py::test_y", reached.append):
+    with guard("tests/test_x.py::test_y", reached.append):
         try:
             reach_out()
         except BaseException as err:  # code under test may catch anything: the record stays
@@ -92,7 +92,7 @@ def test_the_guard_refuses_each_way_out_and_records_it_even_when_the_code_catche
 
 def test_the_guard_lets_a_pure_test_use_local_sockets(tmp_path):
     reached: list[str] = []
-    with _guard("tests/test_x.py::test_y", reached.append):
+    with guard("tests/test_x.py::test_y", reached.append):
         left, right = socket.socketpair()
         with left, right, socket.socket(socket.AF_UNIX) as unix:
             left.sendall(b"x")

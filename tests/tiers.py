@@ -35,10 +35,10 @@ import redis.connection
 
 from tests.tier_lists import INTEGRATION, SLOW
 
-TIERS = ("e2e", "integration", "slow", "fast")
 PURE = ("slow", "fast")
 SERVICE_FIXTURES = frozenset({"redis_cluster"})  # item.fixturenames holds every fixture a test pulls in
 BROKEN = pytest.StashKey[list[str]]()
+FAST_BUDGET_SEC = 10.0  # one fast test's call: a few seconds at most, even on a busy 2-core machine
 
 
 def tier_of(item: pytest.Item) -> str:
@@ -72,7 +72,7 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
         yield
         return
     broken = item.stash.setdefault(BROKEN, [])
-    with _guard(item.nodeid, broken.append):
+    with guard(item.nodeid, broken.append):
         yield
 
 
@@ -88,11 +88,21 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Itera
         report.longrepr = "\n".join(reached)
 
 
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Fast tests over FAST_BUDGET_SEC, listed at the end of the run: candidates for SLOW."""
+    reports = terminalreporter.stats.get("passed", []) + terminalreporter.stats.get("failed", [])
+    over = [r for r in reports if r.when == "call" and "fast" in r.keywords and r.duration > FAST_BUDGET_SEC]
+    if over:
+        terminalreporter.section(f"fast tests over {FAST_BUDGET_SEC:g} s: list them in tests/tier_lists.py SLOW")
+        for report in sorted(over, key=lambda r: -r.duration):
+            terminalreporter.line(f"{report.duration:6.1f}s {report.nodeid}")
+
+
 class TierViolation(BaseException):
     """Raised where a pure test reaches out (a BaseException: `except Exception` lets it through)."""
 
 
-def _guard(nodeid: str, record: Callable[[str], None]) -> ExitStack:
+def guard(nodeid: str, record: Callable[[str], None]) -> ExitStack:
     """Patches that refuse every way out of the process, while the stack is open, to the test's
     own threads (a thread an earlier test left running is not this test's doing: it passes)."""
     leftovers = {t.ident for t in threading.enumerate()} - {threading.main_thread().ident}

@@ -145,7 +145,8 @@ class FakeAggregatorClient:
     def version(self) -> int:
         return self._weights.version
 
-    def watch(self, subscriber: str, groups: tuple[str, ...] = (), *args: object, **kwargs: object):
+    def watch(self, subscriber: str, groups: tuple[str, ...] = (), *args: object, **kw: object) -> FakeWeightsWatcher:
+        """A watcher of `groups` (() = all) that holds the last version broadcast, at once."""
         watcher = FakeWeightsWatcher(groups)
         with self._lock:
             watcher.publish(self._broadcast)
