@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Sets up fleetrl on a fresh Debian/Ubuntu machine; sourced by train.sh and test.sh.
-#   - redis-server (Debian package) for the local Redis Cluster, python3-venv if missing
+#   - redis-server (Debian package) for the local Redis Cluster (unless FLEETRL_SETUP_REDIS=0:
+#     test.sh --fast starts none), python3-venv if missing
 #   - with FLEETRL_SETUP_SLURM=1 (scripts/test.sh sets it): Slurm and munge (Debian packages, a few
 #     MB) for tests/test_slurm.py, which starts its own daemons; train.sh leaves them out
 #   - with FLEETRL_SETUP_BROWSER=1 (scripts/test.sh sets it): Chromium and its driver (Debian packages
@@ -12,7 +13,7 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 apt_needed=()
-command -v redis-server >/dev/null 2>&1 || apt_needed+=(redis-server)
+[ "${FLEETRL_SETUP_REDIS:-1}" = 0 ] || command -v redis-server >/dev/null 2>&1 || apt_needed+=(redis-server)
 python3 -c "import ensurepip, venv" >/dev/null 2>&1 || apt_needed+=(python3-venv python3-pip)
 if [ ${#apt_needed[@]} -gt 0 ]; then
   sudo_cmd=""

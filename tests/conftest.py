@@ -1,4 +1,5 @@
-"""Shared fixtures. One real Redis Cluster serves the whole test session.
+"""Shared fixtures, and the test tiers (tests/tiers.py). One real Redis Cluster serves the
+whole test session.
 
     def test_something(redis_client):          # flushed cluster, fresh RedisCluster client
         redis_client.set("{run}:x", 1)
@@ -26,6 +27,12 @@ from redis.cluster import RedisCluster
 
 from fleet.launch.local_cluster import LocalRedisCluster
 from foundation.wire import Transitions, TransitionSchema
+from tests.tiers import (  # noqa: F401 - pytest finds its hooks here: tiers as markers, the purity guard
+    pytest_collection_modifyitems,
+    pytest_runtest_makereport,
+    pytest_runtest_protocol,
+    pytest_terminal_summary,
+)
 
 T = TypeVar("T")
 

@@ -863,3 +863,48 @@ def test_the_server_binds_on_start_as_the_ingest_server_does(tmp_path):
         with pytest.raises(RuntimeError, match="called twice"):
             server.start()
     assert "aggregator-grpc" not in {t.name for t in threading.enumerate()}
+
+
+def test_duplicate_gradient_tensor_is_invalid_argument(tmp_path):
+    config = AggregatorConfig()
+    core = AggregatorCore(SPEC, config, grads_per_step=1, max_staleness=1)
+    with AggregatorServer(core, config) as server:
+        channel = grpc.insecure_channel(server.address, options=GRPC_OPTIONS)
+        msg = push(core, 0).to_proto(incarnation=7, seq=1)
+        msg.tensors.append(to_tensor("actor", np.zeros(core.sizes["actor"], np.float32)))
+        with pytest.raises(grpc.RpcError) as err:
+            pb_grpc.AggregatorStub(channel).PushGradients(msg, timeout=5)
+        channel.close()
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "duplicate" in err.value.details()
+
+
+def test_after_a_crash_the_restored_version_jumps_past_every_version_that_may_have_been_broadcast(tmp_path):
+    server = AggregatorServer(make_core(), CONFIG, run_dir=tmp_path).start()
+    with AggregatorClient(server.address, timeout_sec=5.0) as agg:
+        for _ in range(3):
+            agg.push_gradients(push(server.servicer.core, server.servicer.core.version))
+        server.servicer.checkpoint_now()  # a periodic checkpoint at version 3
+        for _ in range(4):
+            agg.push_gradients(push(server.servicer.core, server.servicer.core.version))
+        seen = server.servicer.core.version
+    server.abandon()  # a crash: no final checkpoint
+    with AggregatorServer(make_core(), CONFIG, run_dir=tmp_path) as restarted:
+        assert restarted.servicer.core.version > seen
+    with AggregatorServer(make_core(), CONFIG, run_dir=tmp_path) as clean:
+        # the previous one closed cleanly: its exact version is restored, no jump
+        assert clean.servicer.core.version == restarted.servicer.core.version
+
+
+def test_a_watcher_reconnects_when_the_aggregator_restarts_gracefully(tmp_path):
+    """Watchers outlive an aggregator restart on the same address: they reconnect and resume."""
+    first = AggregatorServer(make_core(), CONFIG, run_dir=tmp_path).start()
+    port = first.port
+    with AggregatorClient(first.address, timeout_sec=10.0) as agg, agg.watch("sampler-0") as watcher:
+        assert watcher.wait_newer_than(-1, timeout=10) is not None
+        first.close()
+        with AggregatorServer(make_core(), CONFIG, run_dir=tmp_path, port=port) as second:
+            restored = second.servicer.core.version
+            agg.push_gradients(push(second.servicer.core, restored))
+            got = watcher.wait_newer_than(restored, timeout=15)
+            assert got is not None and got.version == restored + 1

@@ -264,3 +264,31 @@ def test_every_help_line_fits_one_terminal_line():
     """`fleetrl config` prints `name = value  # help`; a field's reasoning lives in the docs."""
     too_long = [line for line in help_lines() if len(line.partition("  # ")[2]) > 100]
     assert not too_long, "help lines over 100 characters:\n" + "\n".join(too_long)
+
+
+@pytest.mark.parametrize(
+    "override,message",
+    [
+        ("sim.randomization.mass_scale=[0.5]", "RandomizationConfig.mass_scale must be a list of 2"),
+        (
+            "sim.randomization.action_latency_steps=[0, 1, 2]",
+            "RandomizationConfig.action_latency_steps must be a list of 2",
+        ),
+    ],
+)
+def test_fixed_length_tuples_check_their_length(override, message):
+    with pytest.raises(ConfigError, match=message):
+        with_overrides(RunConfig(), [override])
+
+
+@pytest.mark.parametrize(
+    "override,message",
+    [
+        ("aggregator.keep_checkpoints=0", "aggregator.keep_checkpoints (0) must be >= 1"),
+        ("aggregator.grads_per_step=-1", "aggregator.grads_per_step (-1) must be >= 0"),
+        ("sampler.weights_interval_sec=-1", "sampler.weights_interval_sec (-1.0) must be >= 0"),
+    ],
+)
+def test_validate_catches_values_that_fail_later_in_a_role(override, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        with_overrides(RunConfig(), [override]).validate()

@@ -249,3 +249,30 @@ def test_a_checkpoint_with_nan_weights_is_refused_before_any_episode(tmp_path):
     save_checkpoint(tmp_path, state, keep=1)
     with pytest.raises(CheckpointError, match="NaN or inf"):
         score_checkpoint(tmp_path, RunConfig(), episodes=4)
+
+
+class FailsOn:
+    """Reaches the goal, except in the listed episodes (there it drives away from the goal)."""
+
+    def __init__(self, failing: set[int]) -> None:
+        self.failing, self.episode, self._goal = failing, -1, None
+
+    def act(self, obs, deterministic, task=0):
+        if self._goal is None or not np.array_equal(obs["desired_goal"], self._goal):
+            self.episode += 1
+            self._goal = obs["desired_goal"].copy()
+        sign = -1.0 if self.episode in self.failing else 1.0
+        action = np.zeros(4, np.float32)
+        action[:3] = np.clip(sign * 10 * (obs["desired_goal"] - obs["observation"][:3]), -1, 1)
+        return action
+
+
+def test_early_stop_never_cuts_a_version_that_reaches_the_target_exactly():
+    # 0.28 * 25 == 7.000000000000001 in floating point: ceil gives 8, one failure too few allowed.
+    env = make_env("FetchReach-v4")
+    try:
+        result = evaluate(env, FailsOn(set(range(18))), EvalConfig(episodes=25, seed=1_000_000), stop_below=0.28)
+    finally:
+        env.close()
+    assert result.episodes == 25 and result.success_rate == pytest.approx(7 / 25)
+    assert result.success_rate >= 0.28

@@ -139,3 +139,14 @@ def test_a_kernel_without_mcl_onfault_gets_current_and_future(monkeypatch):
     monkeypatch.setattr(hardening.ctypes, "get_errno", lambda: hardening.errno.EINVAL)
     hardening.lock_memory()
     assert calls == [7, 3]
+
+
+def test_samplers_the_buffer_and_the_evaluator_do_not_load_torch():
+    """torch is ~200 MiB resident, and a sampler pins what it touches (mlockall): the roles that
+    never encode or decode a checkpoint must not import it (the CLI once did, for an error type)."""
+    code = (
+        "import sys, fleet.cli.main, sampler.worker, sampler.evaluator, buffer.service; "
+        "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO)
+    assert out.stdout.strip() == "[]", out.stdout

@@ -1,0 +1,96 @@
+"""The learner role with a fake aggregator client and a fake batch source: which weights its
+gradients are computed on, one push in flight, and how it waits when its weights fall behind."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import learner.worker as worker
+from foundation.config import RunConfig, with_overrides
+from foundation.process import Heartbeat
+from foundation.transport import NO_SECURITY
+from learner.worker import LearnerEndpoints, run_learner
+from tests.conftest import wait_until
+from tests.fakes import FakeAggregatorClient, FakeBatchSource
+from tests.helpers import SPEC
+
+CONFIG = ["learner.batch_size=8", "learner.min_replay_transitions=8", 'learner.device="cpu"', "learner.prefetch=false"]
+
+
+class _Replay(FakeBatchSource):
+    """The replay sampler's counters the learner reads besides its batches."""
+
+    lag_fallbacks = 0
+    rate_limited_sec = 0.0
+
+    def size(self) -> int:
+        return 1000
+
+    def try_refresh(self) -> None:
+        pass
+
+
+class _Redis:
+    def close(self) -> None:
+        pass
+
+
+class _Learner:
+    """run_learner in a thread, on `agg` and a fake replay buffer; stop() returns its result."""
+
+    def __init__(self, monkeypatch, agg: FakeAggregatorClient, overrides: list[str]) -> None:
+        self.replay, self.result = _Replay(), -1
+        monkeypatch.setattr(worker, "connect", lambda addresses, security: _Redis())
+        monkeypatch.setattr(worker, "AggregatorClient", lambda *args, **kwargs: agg)
+        monkeypatch.setattr(worker, "ReplaySampler", lambda *args, **kwargs: self.replay)
+        config = with_overrides(RunConfig(), [*CONFIG, *overrides])
+        self.stop_event = threading.Event()
+        endpoints = LearnerEndpoints("127.0.0.1:1", "127.0.0.1:2")
+        args = (config, 0, endpoints, NO_SECURITY, self.stop_event, Heartbeat(None))
+        self.thread = threading.Thread(target=self._run, args=args)
+        self.thread.start()
+
+    def _run(self, *args) -> None:
+        self.result = run_learner(*args)
+
+    def stop(self) -> int:
+        self.stop_event.set()
+        self.thread.join(30)
+        assert not self.thread.is_alive()
+        return self.result
+
+
+def test_a_learner_differentiates_the_newest_weights_and_keeps_one_push_in_flight(monkeypatch):
+    agg = FakeAggregatorClient(SPEC)
+    learner = _Learner(monkeypatch, agg, [])
+    try:
+        wait_until(lambda: len(agg.pushes) >= 6, 60, "six gradient pushes", interval_sec=0.01)
+    finally:
+        pushed = learner.stop()
+    agg.assert_pushes(at_least=6)
+    assert pushed == len(agg.pushes)  # every gradient it counts was pushed, the last one too
+    # each push was applied at once: every gradient after the first is of the version it made
+    assert [p.base_version for p in agg.pushes] == list(range(len(agg.pushes)))
+    # each batch was sampled for the version its gradient is computed on (bounds the rows' lag)
+    sampled = [c.version for c in learner.replay.calls if c.method == "sample"]
+    assert sampled[: len(agg.pushes)] == [p.base_version for p in agg.pushes], sampled
+    assert agg.closed
+
+
+def test_a_learner_whose_weights_fall_behind_its_acks_waits_for_newer_weights(monkeypatch):
+    agg = FakeAggregatorClient(SPEC, broadcast=False)  # versions move, watchers see none of them
+    learner = _Learner(monkeypatch, agg, ["learner.max_grad_staleness=1"])
+    try:
+        # acks say v1 and v2 while the learner still holds v0: with staleness 1 it pushes three
+        # gradients of v0 (one acked at v2 allows v1 at worst) and then waits for weights
+        wait_until(lambda: len(agg.pushes) == 3, 60, "three gradient pushes", interval_sec=0.01)
+        time.sleep(1.5)
+        assert len(agg.pushes) == 3, [p.base_version for p in agg.pushes]
+        agg.broadcast()  # v3 arrives: three more, then it waits again
+        wait_until(lambda: len(agg.pushes) == 6, 60, "six gradient pushes", interval_sec=0.01)
+        time.sleep(1.5)
+    finally:
+        learner.stop()
+    assert [p.base_version for p in agg.pushes] == [0, 0, 0, 3, 3, 3]
+    assert not agg.violations, agg.violations
