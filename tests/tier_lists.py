@@ -24,10 +24,17 @@ INTEGRATION: dict[str, tuple[str, ...]] = {
     "test_sync.py": ALL,
     "test_watchdog.py": ALL,
     # one test of a module of pure ones: a child interpreter, a server, git
+    "test_benchmark_harness.py": ("test_the_raw_result_says_what_made_its_figures",),  # git
     "test_benchmark_tables.py": ("test_goal_split_scores_a_real_pickandplace_checkpoint_by_goal_height",),
+    "test_cli_errors.py": ("test_deploy_check_of_a_missing_run_dir_in_a_real_process_has_no_traceback",),
+    "test_cli_help.py": ("test_help_loads_no_heavy_module",),  # a child interpreter per help page
     "test_cpu.py": (
         "test_a_process_is_not_charged_for_what_ran_before_it_exec_d",
         "test_a_role_total_sums_every_incarnation_and_the_report_splits_overhead",
+    ),
+    "test_envelope.py": (  # the sweep's worker processes
+        "test_a_sweep_writes_every_axis_for_the_float_and_int8_graphs_with_its_nominal_point",
+        "test_a_point_scores_what_a_direct_drive_of_the_same_episodes_counts",
     ),
     "test_hardening.py": (
         "test_harden_locks_memory_and_lowers_oom_score_or_says_why_not",
@@ -91,7 +98,6 @@ SLOW: dict[str, tuple[str, ...]] = {
     "test_retime.py": ("test_the_velocity_columns_are_the_hands_displacement_per_decision_at_either_rate",),
     "test_sac.py": (
         "test_a_few_hundred_crossq_steps_learn_to_move_toward_the_goal",
-        "test_a_few_hundred_ddpg_steps_learn_to_move_toward_the_goal",
         "test_a_few_hundred_sac_steps_reduce_the_critic_loss",
         "test_a_few_hundred_tqc_steps_learn_to_move_toward_the_goal",
         "test_gradients_written_into_reused_buffers_equal_fresh_ones_as_the_task_mix_changes",
