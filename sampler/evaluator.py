@@ -284,14 +284,7 @@ def _score_versions(
             policy.refresh(snapshot)
             cpu_at = time.process_time()  # the whole process: every thread that scoring keeps busy
             with heartbeat.phase("evaluate"):
-                scored_actor = snapshot.tensors["actor"] if swa else None
-                curve = _score(agg, envs, policy, config, name, env_steps, stop, heartbeat, scored_actor)
-                if curve is not None and swa:
-                    tensors = snapshot.tensors
-                    average = Policy.fixed(snapshot.version, tensors[SWA_GROUP], tensors["obs_norm"], snapshot.spec)
-                    kinds = ("swa_curve",)
-                    if _score(agg, envs, average, config, name, env_steps, stop, heartbeat, kinds=kinds) is None:
-                        break
+                curve = _score_live_and_average(agg, envs, policy, snapshot, config, name, env_steps, stop, heartbeat)
             if curve is None:
                 break
             scored += 1
@@ -303,6 +296,20 @@ def _score_versions(
             heartbeat.beat(scored=scored, version=policy.version, success=curve)
     heartbeat.close(scored=scored)
     return scored
+
+
+def _score_live_and_average(agg, envs, policy, snapshot, config, name, env_steps, stop, heartbeat) -> float | None:
+    """The live policy's curve score, and with aggregator.swa the weight average's beside it (its
+    own kind); None when the role stops or the aggregator is gone."""
+    swa = config.aggregator.swa != "off"
+    scored_actor = snapshot.tensors["actor"] if swa else None
+    curve = _score(agg, envs, policy, config, name, env_steps, stop, heartbeat, scored_actor)
+    if curve is not None and swa:
+        tensors = snapshot.tensors
+        average = Policy.fixed(snapshot.version, tensors[SWA_GROUP], tensors["obs_norm"], snapshot.spec)
+        if _score(agg, envs, average, config, name, env_steps, stop, heartbeat, kinds=("swa_curve",)) is None:
+            return None
+    return curve
 
 
 def scores(

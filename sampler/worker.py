@@ -203,11 +203,7 @@ def run_sampler(
                 # service holds pushes back, this queue fills and put() waits. Two batches queued at
                 # most: an episode collected while it waits is at most two episodes old when stored.
                 pusher = Pusher(ingest, tasks.tasks[mine[0]], max_pending=2, ledger=ledger, halt=stop)
-                try:
-                    collector = Collector(config, sampler_id, envs, mine, agg, watcher, pusher, heartbeat)
-                    steps = collector.run(stop)
-                finally:
-                    pusher.close(timeout=3.0)  # bounded, whatever the buffer does
+                steps = _collect(Collector(config, sampler_id, envs, mine, agg, watcher, pusher, heartbeat), stop)
                 heartbeat.close(acked_env_steps=pusher.acked_env_steps)
             finally:
                 if ledger is not None:
@@ -223,6 +219,14 @@ def run_sampler(
         pusher.dropped,
     )
     return pusher.acked_env_steps
+
+
+def _collect(collector: Collector, stop: threading.Event) -> int:
+    """The collector's episodes until `stop`; its pusher closed after, whatever the buffer does."""
+    try:
+        return collector.run(stop)
+    finally:
+        collector.pusher.close(timeout=3.0)
 
 
 class Collector:
