@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TypeVar
 
+import mujoco  # noqa: F401 - its first import probes GLFW's version in a child process: here, before the purity guard
 import numpy as np
 import pytest
 from redis.cluster import RedisCluster

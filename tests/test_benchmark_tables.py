@@ -313,3 +313,20 @@ def test_a_baseline_counts_its_training_rate_without_the_evaluations_after_its_f
     assert outcome_mod.train_updates_per_sec(outcome) == 0.0  # no update made: no training time
     outcome.train_start_wall_sec, outcome.eval_sec_total, outcome.eval_sec_before_train = 10.0, 30.0, 10.0
     assert outcome_mod.train_updates_per_sec(outcome) == 10.0  # 700 updates over 100 - 10 - (30 - 10) s
+
+
+def test_the_envelope_goal_figures_read_1_5x_the_training_range_and_2_ticks_as_shares_of_nominal(monkeypatch):
+    from deploy_npu.envelope import AxisResult, Envelope
+
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    goal_figures = importlib.import_module("robustness_envelope").goal_figures
+
+    mass = AxisResult(
+        "mass_scale", [0.7, 1.0, 1.3], {"float": [0.5, 1.0, 0.9], "int8": [0.5, 0.8, 0.8]}, (0.8, 1.2), 1.0
+    )
+    delay = AxisResult("delay_ticks", [0.0, 2.0], {"float": [1.0, 0.6], "int8": [0.8, 0.8]}, None, 0.0)
+    envelope = Envelope("run", "FetchPush-v4", 120.0, 10, 0, {"float": "f", "int8": "q"}, [mass, delay])
+    figures = goal_figures(envelope)
+    assert figures["float"] == {"mass_scale": 0.5, "delay_ticks": 0.6}  # the lower side of 1.5x
+    assert figures["int8"] == {"mass_scale": 0.625, "delay_ticks": 1.0}
+    assert figures["int8_max_gap"] == 0.2
