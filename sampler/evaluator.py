@@ -254,11 +254,9 @@ def _score_versions(
     heartbeat: Heartbeat,
     envs: dict,
 ) -> int:
-    policy = Policy()
-    scored = 0
-    name = f"evaluator-{evaluator_id}"
-    swa = config.aggregator.swa != "off"  # also score the weight average, beside the live policy
-    watched = (*ACTOR_GROUPS, SWA_GROUP) if swa else ACTOR_GROUPS
+    policy, scored, name = Policy(), 0, f"evaluator-{evaluator_id}"
+    # With aggregator.swa, the evaluator scores the weight average too, beside the live policy.
+    watched = (*ACTOR_GROUPS, SWA_GROUP) if config.aggregator.swa != "off" else ACTOR_GROUPS
     with (
         # Short calls, retried: a hung aggregator must not keep the evaluator from its heartbeat.
         AggregatorClient(endpoints.aggregator, timeout_sec=5.0, security=security) as agg,

@@ -181,19 +181,11 @@ def run_sampler(
     envs: list = []
     try:
         envs.extend(tasks.make_env(i, config.sim.randomization, config.sim.control_hz, config.sim.reward) for i in mine)
-        report = harden(sampler_id, pin=cfg.pin_cpus, mlock=cfg.mlock)
-        names = ", ".join(tasks.names[i] for i in mine)
-        log.info("sampler %d: task %s, cpu %s, mlocked %s", sampler_id, names, report.cpu, report.mlocked)
+        _harden(config, sampler_id, [tasks.names[i] for i in mine])
         with (
             AggregatorClient(endpoints.aggregator, security=security) as agg,
             agg.watch(f"sampler-{sampler_id}", ACTOR_GROUPS, cfg.weights_interval_sec) as watcher,
-            IngestClient(
-                endpoints.buffer,
-                sampler_id=sampler_id,
-                run_id=config.run_id,
-                push_timeout_sec=cfg.push_timeout_sec,
-                security=security,
-            ) as ingest,
+            _ingest_client(config, sampler_id, endpoints.buffer, security) as ingest,
         ):
             ledger = None
             if endpoints.ack_log_dir:
@@ -211,14 +203,29 @@ def run_sampler(
     finally:
         for env in envs:
             env.close()
+    acked, dropped = pusher.acked_env_steps, pusher.dropped
     log.info(
         "sampler %d: stopped after %d env steps (%d acked, %d batches dropped unacked)",
         sampler_id,
         steps,
-        pusher.acked_env_steps,
-        pusher.dropped,
+        acked,
+        dropped,
     )
-    return pusher.acked_env_steps
+    return acked
+
+
+def _ingest_client(config: RunConfig, sampler_id: int, buffer: str, security: Security) -> IngestClient:
+    """This sampler's connection to the buffer's ingest service (its pushes' idempotency key)."""
+    timeout = config.sampler.push_timeout_sec
+    return IngestClient(
+        buffer, sampler_id=sampler_id, run_id=config.run_id, push_timeout_sec=timeout, security=security
+    )
+
+
+def _harden(config: RunConfig, sampler_id: int, names: list[str]) -> None:
+    """Pin and mlock this process (sampler.pin_cpus, sampler.mlock) and say what it got."""
+    report = harden(sampler_id, pin=config.sampler.pin_cpus, mlock=config.sampler.mlock)
+    log.info("sampler %d: task %s, cpu %s, mlocked %s", sampler_id, ", ".join(names), report.cpu, report.mlocked)
 
 
 def _collect(collector: Collector, stop: threading.Event) -> int:
