@@ -112,8 +112,8 @@ class Slurm:
         with open(self.root / f"{name}.out", "wb") as out:
             self.procs[name] = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 
-    def run(self, *argv: str, check: bool = True) -> str:
-        done = subprocess.run(argv, env=self.env, capture_output=True, text=True, timeout=60)
+    def run(self, *argv: str, check: bool = True, cwd: pathlib.Path | None = None) -> str:
+        done = subprocess.run(argv, env=self.env, capture_output=True, text=True, timeout=60, cwd=cwd)
         assert not check or done.returncode == 0, f"{argv}: {done.stderr}"
         return done.stdout
 
@@ -157,10 +157,14 @@ def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Slurm]:
 
 
 def _submit(slurm: Slurm, tmp_path: pathlib.Path, config: dict) -> tuple[str, pathlib.Path]:
-    run_dir = tmp_path / "run"
+    """Submit the spec's job from a directory of its own, as a user in their project folder would,
+    with the spec elsewhere and a relative run_dir: the run lands under the submit directory."""
+    submit_dir = tmp_path / "submitted-from"
+    submit_dir.mkdir()
+    run_dir = submit_dir / "run"
     spec = {
         "run_id": tmp_path.name[:20].replace("[", "").replace("]", ""),
-        "run_dir": str(run_dir),
+        "run_dir": "run",
         "config": {"sim.task": "FetchReach-v4", "learner.min_replay_transitions": 500, **config},
         "hosts": {  # the addresses are Slurm's: each host's node's NodeAddr
             "services": {"address": "services", "redis": [7000, 7001, 7002], "buffer": 50051, "aggregator": 50052,
@@ -170,7 +174,7 @@ def _submit(slurm: Slurm, tmp_path: pathlib.Path, config: dict) -> tuple[str, pa
     }  # fmt: skip
     (tmp_path / "fleet.yaml").write_text(yaml.safe_dump(spec))
     out = slurm.run(sys.executable, "-m", "fleet.cli.main", "fleet", "slurm", str(tmp_path / "fleet.yaml"),
-                    "--cpus-per-task", "2", "--submit")  # fmt: skip
+                    "--cpus-per-task", "2", "--submit", cwd=submit_dir)  # fmt: skip
     job = re.search(r"submitted job (\d+)", out)
     assert job, out
     print(f"\nsubmitted job {job.group(1)}")
@@ -196,7 +200,8 @@ def _wait_job_gone(slurm: Slurm, job: str, run_dir: pathlib.Path, timeout_sec: f
     ended = ("COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "NODE_FAIL", "gone")
     log = lambda: f"job {job} to end:\n" + _job_log(run_dir, job)  # noqa: E731
     wait_until(lambda: slurm.job_state(job) in ended, timeout_sec, log)
-    left = lambda: [p.info["cmdline"] for p in _fleet_processes(run_dir.parent)]  # noqa: E731
+    root = run_dir.parent.parent  # the test's folder: the spec beside the submit directory
+    left = lambda: [p.info["cmdline"] for p in _fleet_processes(root)]  # noqa: E731
     wait_until(lambda: not left(), 30, lambda: f"job {job}'s processes to exit: {left()}")
     return slurm.job_state(job)
 
