@@ -1,6 +1,6 @@
 """How far a run's controllers carry: the robustness envelope, with its cost, as a raw result.
 
-    python3 benchmarks/robustness_envelope.py RUN [--hz 120] [--episodes 20] [--int8]
+    python3 benchmarks/robustness_envelope.py RUN [--hz 120] [--delay-ms 10] [--episodes 20] [--int8]
         [--axes mass_scale,delay_ticks] [--workers 2] [--json benchmarks/results/OUT.json]
 
 Runs `fleetrl deploy-check RUN --sweep` (deploy_npu/envelope_run.py) in this process and prints,
@@ -80,6 +80,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("run_dir")
     parser.add_argument("--hz", type=float, default=120.0)
+    parser.add_argument("--delay-ms", type=float, default=10.0)
     parser.add_argument("--episodes", type=int, default=20)
     parser.add_argument("--int8", action="store_true")
     parser.add_argument("--axes", default=",".join(AXES))
@@ -87,8 +88,8 @@ def main() -> int:
     parser.add_argument("--json", help="write the raw result here")
     args = parser.parse_args()
     started = time.monotonic()
-    envelopes = sweep(args.run_dir, hz=args.hz, episodes=args.episodes, int8=args.int8, workers=args.workers,
-                      axes=args.axes.split(","))  # fmt: skip
+    envelopes = sweep(args.run_dir, hz=args.hz, delay_ms=args.delay_ms, episodes=args.episodes, int8=args.int8,
+                      workers=args.workers, axes=args.axes.split(","))  # fmt: skip
     wall = round(time.monotonic() - started, 1)
     for envelope in envelopes:
         print_table(f"envelope of {envelope.task} ({envelope.episodes} episodes a point)", rows(envelope))

@@ -4,7 +4,8 @@
     print(envelopes[0].table())                                      # RUN_DIR/envelope/<task>.json, .png
 
 One axis at a time, one knob moves from nominal out past the run's training range while every
-other knob stays nominal (no randomization, no delay, the task's own model), and the exported
+other knob stays at the controller's operating point (no randomization, the task's own model, the
+check's actuation delay: `delay_ms`, one tick at 120 Hz by default), and the exported
 controller (the float graph, and the int8 graph with `int8`) drives the same seeded episodes at
 every point, so two policies or two graphs meet the same episodes. The axes:
 
@@ -76,14 +77,22 @@ def scale_points(axis: str, config: RunConfig) -> list[float]:
     return sorted(v for v in values if v > 0.05)
 
 
-def axis_points(axis: str, config: RunConfig, spec: TaskSpec, hz: float) -> list[Point]:
-    """The points of one axis for a run's task swept at `hz` (an axis the task cannot take: [])."""
-    base = Point(axis, 0.0)
+def ticks(delay_ms: float, hz: float) -> int:
+    """An actuation delay in whole controller ticks at `hz` (deploy-check's rounding)."""
+    return round(delay_ms * hz / 1000.0)
+
+
+def axis_points(axis: str, config: RunConfig, spec: TaskSpec, hz: float, delay_ms: float = 0.0) -> list[Point]:
+    """The points of one axis for a run's task swept at `hz` with every other knob at its operating
+    point, `delay_ms` of actuation delay included (an axis the task cannot take: [])."""
+    base = Point(axis, 0.0, delay_ticks=ticks(delay_ms, hz))
     if axis in SCALE_AXES:
         pinned = [(v, dataclasses.replace(base.randomization, **_pin(axis, v))) for v in scale_points(axis, config)]
         return [dataclasses.replace(base, value=v, randomization=r) for v, r in pinned]
     if axis == "delay_ticks":
-        return [dataclasses.replace(base, value=float(t), delay_ticks=t) for t in DELAY_TICKS]
+        return [
+            dataclasses.replace(base, value=float(t), delay_ticks=t) for t in sorted({*DELAY_TICKS, base.delay_ticks})
+        ]
     if axis == "obs_noise_std":
         noisy = base.randomization
         return [
@@ -92,7 +101,8 @@ def axis_points(axis: str, config: RunConfig, spec: TaskSpec, hz: float) -> list
         ]
     if axis == "control_hz":
         rates = sorted({*CONTROL_HZ, hz})
-        return [dataclasses.replace(base, value=r, hz=r) for r in rates if control_rate_problem(spec, r) is None]
+        runnable = [r for r in rates if control_rate_problem(spec, r) is None]
+        return [dataclasses.replace(base, value=r, hz=r, delay_ticks=ticks(delay_ms, r)) for r in runnable]
     if axis == "timestep_scale" and not spec.is_fetch:
         return []  # a Meta-World task's physics step follows its control rate (sim/variants.py)
     values = MODEL_AXES[axis]
@@ -154,13 +164,15 @@ class Envelope:
     axes: list[AxisResult]
     wall_sec: float = 0.0
     workers: int = 1
+    delay_ms: float = 0.0  # the operating point's actuation delay (ticks(delay_ms, hz) on every axis but delay)
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=1)
 
     def table(self) -> str:
         """One line per axis and graph: nominal success and where it falls below 80% of it."""
-        lines = [f"envelope {self.task} at {self.hz:g} Hz, {self.episodes} episodes a point ({self.wall_sec:.0f} s)"]
+        head = f"envelope {self.task} at {self.hz:g} Hz, {ticks(self.delay_ms, self.hz)} tick(s) of delay"
+        lines = [f"{head}, {self.episodes} episodes a point ({self.wall_sec:.0f} s)"]
         for axis in self.axes:
             for graph, rates in axis.success.items():
                 nominal = rates[axis.values.index(axis.nominal_value)]
@@ -176,10 +188,12 @@ def _range(r: tuple[float, float] | None) -> str:
     return "-" if r is None else f"{r[0]:g}..{r[1]:g}"
 
 
-def nominal_value(axis: str, hz: float) -> float | str:
-    """The value of `axis` at which the sweep's conditions are all nominal."""
+def nominal_value(axis: str, hz: float, delay_ms: float = 0.0) -> float | str:
+    """The value of `axis` at the sweep's operating point (its rate and delay, nominal dynamics)."""
     if axis in SCALE_AXES:
         return 1.0
+    if axis == "delay_ticks":
+        return float(ticks(delay_ms, hz))
     return hz if axis == "control_hz" else NOMINAL_VALUE[axis]
 
 

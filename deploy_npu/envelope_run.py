@@ -39,10 +39,11 @@ Job = tuple[str, str, Point, float, int, int]
 
 
 def sweep(
-    run_dir: str | pathlib.Path, *, hz: float = 120.0, episodes: int = 20, seed: int = 0, int8: bool = False,
-    workers: int | None = None, axes: Iterable[str] = AXES, progress: Callable[[str], None] = print,
+    run_dir: str | pathlib.Path, *, hz: float = 120.0, delay_ms: float = 10.0, episodes: int = 20, seed: int = 0,
+    int8: bool = False, workers: int | None = None, axes: Iterable[str] = AXES, progress: Callable[[str], None] = print,
 ) -> list[Envelope]:  # fmt: skip
-    """The envelope of every task's controller of the run (one for a one-task run), each written to
+    """The envelope of every task's controller of the run (one for a one-task run) around the
+    operating point `hz` and `delay_ms` (deploy-check's defaults), each written to
     RUN_DIR/envelope/<task>.json and .png."""
     run_dir = pathlib.Path(run_dir)
     axes = list(axes)
@@ -53,7 +54,9 @@ def sweep(
     config = RunConfig.load(run_dir / "config.json")
     names = load_policy_checkpoint(run_dir / "checkpoints").task_names
     tasks: list[str | None] = list(names) if len(names) >= 2 else [None]
-    setting = _Setting(run_dir, config, hz, episodes, seed, int8, workers or default_workers(), progress)
+    if delay_ms < 0:
+        raise ConfigError(f"--delay-ms ({delay_ms}) must be >= 0")
+    setting = _Setting(run_dir, config, hz, delay_ms, episodes, seed, int8, workers or default_workers(), progress)
     return [_sweep_task(setting, task, axes) for task in tasks]
 
 
@@ -64,6 +67,7 @@ class _Setting:
     run_dir: pathlib.Path
     config: RunConfig
     hz: float
+    delay_ms: float
     episodes: int
     seed: int
     int8: bool
@@ -74,7 +78,7 @@ class _Setting:
 def _sweep_task(s: _Setting, task: str | None, axes: list[str]) -> Envelope:
     started = time.monotonic()
     spec = get_task(task or s.config.sim.task)
-    points = {axis: axis_points(axis, s.config, spec, s.hz) for axis in axes}
+    points = {axis: axis_points(axis, s.config, spec, s.hz, s.delay_ms) for axis in axes}
     points = {axis: ps for axis, ps in points.items() if ps}
     rates = sorted({s.hz, *(p.hz for ps in points.values() for p in ps if p.hz)})
     graphs = _export(s, task, spec, rates)
@@ -97,14 +101,16 @@ def _sweep_task(s: _Setting, task: str | None, axes: list[str]) -> Envelope:
         results.append(_axis_result(axis, ps, per_label, s, spec))
     shipped = {label: str(graphs[(label, s.hz)]) for label in labels}
     wall = round(time.monotonic() - started, 1)
-    envelope = Envelope(str(s.run_dir), spec.name, s.hz, s.episodes, s.seed, shipped, results, wall, s.workers)
+    envelope = Envelope(
+        str(s.run_dir), spec.name, s.hz, s.episodes, s.seed, shipped, results, wall, s.workers, s.delay_ms
+    )
     write(envelope, s.run_dir / "envelope")
     return envelope
 
 
 def _axis_result(axis: str, points: list[Point], success: dict[str, list[float]], s: _Setting, spec) -> AxisResult:
     values = [p.value for p in points]
-    nominal = nominal_value(axis, s.hz) if axis != "integrator" else _own_integrator(spec)
+    nominal = nominal_value(axis, s.hz, s.delay_ms) if axis != "integrator" else _own_integrator(spec)
     index = values.index(nominal)
     below = {label: falls_below(values, rates, index) for label, rates in success.items()}
     return AxisResult(axis, values, success, training_range(axis, s.config), nominal, below)

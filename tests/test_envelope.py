@@ -44,6 +44,18 @@ def test_every_axis_holds_its_nominal_point_and_a_meta_world_task_only_rates_it_
     assert all(p.randomization.friction_scale == (1.0, 1.0) and p.randomization.obs_noise_std == 0.0 for p in mass)
 
 
+def test_every_point_keeps_the_controllers_delay_but_the_delay_axis_own():
+    from deploy_npu.envelope import nominal_value
+
+    config, fetch = RunConfig(), get_task("FetchPush-v4")
+    mass = axis_points("mass_scale", config, fetch, 120.0, delay_ms=10.0)
+    assert {p.delay_ticks for p in mass} == {1}  # 10 ms is one tick at 120 Hz
+    delays = axis_points("delay_ticks", config, fetch, 120.0, delay_ms=10.0)
+    assert [p.delay_ticks for p in delays] == [0, 1, 2, 3, 4, 6, 8] and nominal_value("delay_ticks", 120.0, 10.0) == 1.0
+    rates = {p.value: p.delay_ticks for p in axis_points("control_hz", config, fetch, 120.0, delay_ms=10.0)}
+    assert rates[25.0] == 0 and rates[120.0] == 1 and rates[240.0] == 2  # the same milliseconds at each rate
+
+
 def test_a_model_variant_changes_the_model_and_keeps_the_decision_length():
     env = make_env("FetchPush-v4")
     core = env.unwrapped

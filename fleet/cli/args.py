@@ -223,8 +223,8 @@ def _add_deploy_check(sub: Any) -> None:
     check.add_argument(
         "--sweep",
         action="store_true",
-        help="the robustness envelope instead: every axis from nominal past the training range, one at a time "
-        "(RUN_DIR/envelope/; --delay-ms and --nominal do not apply, delay is an axis)",
+        help="the robustness envelope instead: every axis past the training range, one at a time, around "
+        "--hz and --delay-ms (RUN_DIR/envelope/)",
     )
     check.add_argument("--axes", metavar="AXIS,AXIS,...", help="--sweep only these axes (default: every axis)")
     check.add_argument("--int8", action="store_true", help="--sweep the int8 graph beside the float one")

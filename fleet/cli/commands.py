@@ -188,8 +188,8 @@ def _sweep(args: argparse.Namespace) -> int:
     if args.workers is not None and args.workers < 1:
         raise ConfigError(f"--workers ({args.workers}) must be >= 1")
     envelopes = sweep(
-        args.run_dir, hz=args.hz, episodes=args.episodes, seed=args.seed, int8=args.int8, workers=args.workers,
-        axes=axes,
+        args.run_dir, hz=args.hz, delay_ms=args.delay_ms, episodes=args.episodes, seed=args.seed, int8=args.int8,
+        workers=args.workers, axes=axes,
     )  # fmt: skip
     print("\n\n".join(envelope.table() for envelope in envelopes))
     print(f"envelope: {pathlib.Path(args.run_dir) / 'envelope'} (<task>.json, <task>.png)")
