@@ -187,10 +187,12 @@ def _job_log(run_dir: pathlib.Path, job: str) -> str:
 
 
 def _fleet_processes(under: pathlib.Path) -> list[psutil.Process]:
-    """Every process whose command line names a path under `under` (the spec, the run directory)."""
+    """Every process whose command line names a path under `under` (the spec, the run directory),
+    or that runs in a directory under it (the job's roles name the relative run_dir from there)."""
     found = []
-    for proc in psutil.process_iter(["cmdline"]):
-        if any(str(under) in part for part in proc.info["cmdline"] or ()):
+    for proc in psutil.process_iter(["cmdline", "cwd"]):
+        named = any(str(under) in part for part in proc.info["cmdline"] or ())
+        if named or str(proc.info.get("cwd") or "").startswith(f"{under}/"):
             found.append(proc)
     return found
 
@@ -257,4 +259,4 @@ def test_scancel_of_a_running_fleet_leaves_a_last_checkpoint_and_a_summary(
     last_state = load_checkpoint(last)
     assert last_state["clean_shutdown"], "the aggregator wrote no checkpoint on its way out"
     assert int(last_state["version"]) > 0, last.name
-    assert str(last) in summary["checkpoints"]
+    assert last in {run_dir.parent / path for path in summary["checkpoints"]}  # relative to the job's directory
