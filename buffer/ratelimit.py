@@ -17,7 +17,8 @@ The run states the ratio the RL way, `sampler.max_env_steps_per_update` (env ste
 gradient of `learner.batch_size` rows, each env step stored as 1 + her_k rows), so
 SPI = batch_size / (max_env_steps_per_update * (1 + her_k)); M is
 `learner.min_replay_transitions`; E lets the samplers' random warm-up
-(`sampler.random_steps` each) in ahead of any sampling. `buffer.samples_per_insert` and
+(`sampler.random_steps` each) in ahead of any sampling, plus one push of the run's longest
+episode: a push is stored whole, and a smaller E stops both sides (longest_push_rows). `buffer.samples_per_insert` and
 `buffer.rate_tolerance_rows` override the derived values.
 
 The ratio is kept in rows, so it is exactly max_env_steps_per_update env steps per gradient only
@@ -37,6 +38,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from foundation.config import RunConfig
+from sim.registry import get_task, training_episode_steps
 
 _ROUNDING = 1e-6  # sampled rows: a ratio like 25.6 is not exact in binary
 RATE_LIMITED = "rate limited"  # how a RESOURCE_EXHAUSTED answer of flow control begins
@@ -83,8 +85,38 @@ def rate_limit(config: RunConfig) -> SampleToInsertRatio | None:
             return None
         spi = learner.batch_size / (s.max_env_steps_per_update * rows_per_step)
     warmup_rows = s.random_steps * s.num_samplers * rows_per_step
-    tolerance_rows = b.rate_tolerance_rows or max(warmup_rows - learner.min_replay_transitions, 0) + rows_per_step * 50
+    ahead_rows = max(warmup_rows - learner.min_replay_transitions, 0)
+    tolerance_rows = b.rate_tolerance_rows or ahead_rows + longest_push_rows(config)
     return SampleToInsertRatio(spi, learner.min_replay_transitions, spi * tolerance_rows)
+
+
+def longest_push_rows(config: RunConfig) -> int:
+    """Rows of the largest push a sampler makes: one training episode of the run's longest task,
+    each env step stored as 1 + her_k rows.
+
+    The ingest service stores a push whole or not at all, so the error buffer must hold one:
+    with samplers waiting for room for n rows and learners for b more rows, both wait for ever
+    once 2E < n * SPI + b. An error buffer of one longest push (plus the warm-up) keeps
+    2E >= n * SPI + b whenever a gradient's rows are at most a push's (tests/test_ratelimit.py)."""
+    tasks = config.sim.tasks or (config.sim.task,)
+    steps = max(training_episode_steps(get_task(t), config.sim.control_hz) for t in tasks)
+    return steps * (1 + config.sampler.her_k)
+
+
+def tolerance_problem(config: RunConfig) -> str | None:
+    """Why the run's buffer.rate_tolerance_rows would stop samplers and learners for good, or None."""
+    limit, set_rows = rate_limit(config), config.buffer.rate_tolerance_rows
+    if limit is None or not set_rows:
+        return None
+    push = longest_push_rows(config)
+    gradient_rows = config.learner.batch_size / limit.samples_per_insert
+    if 2 * set_rows < push + gradient_rows:
+        return (
+            f"buffer.rate_tolerance_rows ({set_rows}) must be at least {int((push + gradient_rows + 1) // 2)}: "
+            f"half of one push ({push} rows: the run's longest episode) and one gradient's rows "
+            f"({gradient_rows:g}), or samplers and learners wait on each other for ever"
+        )
+    return None
 
 
 class SampleLimiter:

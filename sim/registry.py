@@ -207,6 +207,14 @@ def make_env(
     return env
 
 
+def training_episode_steps(spec: TaskSpec, control_hz: float = 0.0) -> int:
+    """Decisions in one training episode of `spec` at `control_hz` (0: its own rate): what make_env's
+    time limit allows, so the most env steps one episode (one sampler push) can hold."""
+    if control_hz and control_hz != spec.native_hz:
+        return episode_steps(spec.max_episode_steps, control_hz, spec.native_hz)
+    return spec.max_episode_steps
+
+
 def reward_problem(spec: TaskSpec, reward: str) -> str | None:
     """Why `spec` cannot give `reward` (sim.reward), or None when it can."""
     if reward not in REWARDS:

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from buffer.ratelimit import SampleLimiter, SampleToInsertRatio, rate_limit
+from buffer.ratelimit import SampleLimiter, SampleToInsertRatio, longest_push_rows, rate_limit, tolerance_problem
 from foundation.config import RunConfig, with_overrides
 
 LIMIT = SampleToInsertRatio(samples_per_insert=2.0, min_size_to_sample=100, error_buffer=50.0)
@@ -73,6 +73,63 @@ def test_both_sides_turning_as_allowed_keep_the_ratio_and_never_deadlock():
     warmup = config.sampler.random_steps * config.sampler.num_samplers
     # One gradient per env step past the warm-up, within an episode's slack.
     assert abs((env_steps - warmup) - gradients * config.sampler.max_env_steps_per_update) <= 100
+
+
+def _turns(limit: SampleToInsertRatio, push_rows: int, batch: int, turns: int) -> tuple[int, int]:
+    """Samplers push `push_rows` and learners draw `batch`, each whenever allowed; asserts one side
+    can always go on and returns (pushes, gradients)."""
+    inserted = sampled = pushes = gradients = 0
+    for _ in range(turns):
+        moved = False
+        if limit.insert_ok(inserted, sampled, push_rows):
+            inserted, pushes, moved = inserted + push_rows, pushes + 1, True
+        if limit.sample_ok(inserted, sampled, batch):
+            sampled, gradients, moved = sampled + batch, gradients + 1, True
+        assert moved, (inserted, sampled)
+    return pushes, gradients
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        # A shaped Meta-World reward: 150-step episodes pushed whole, 1 row per step, 1 env step per
+        # gradient. An error buffer of 50 rows let learners and samplers wait on each other for ever.
+        ["sim.task=MetaWorld-push-v3", "sim.reward=shaped", "sampler.her_k=0", "sampler.max_env_steps_per_update=1.0"],
+        [
+            "sim.task=MetaWorld-push-v3",
+            "sampler.her_k=4",
+            "sampler.max_env_steps_per_update=4.0",
+            "sampler.random_steps=0",
+        ],
+        [
+            'sim.tasks=["FetchPush-v4","MetaWorld-door-open-v3"]',
+            "sampler.her_k=0",
+            "sampler.max_env_steps_per_update=2.0",
+        ],
+    ],
+)
+def test_the_error_buffer_holds_the_longest_episode_so_whole_episode_pushes_never_deadlock(overrides):
+    config = with_overrides(RunConfig(), overrides)
+    limit = rate_limit(config)
+    assert limit is not None
+    push = longest_push_rows(config)
+    assert push == 150 * (1 + config.sampler.her_k)
+    pushes, gradients = _turns(limit, push, config.learner.batch_size, 5000)
+    assert pushes > 20 and gradients > 20
+
+
+def test_a_tolerance_set_below_one_push_is_refused_naming_the_field():
+    base = ["sim.task=MetaWorld-push-v3", "sampler.her_k=0", "sampler.max_env_steps_per_update=1.0"]
+    small = with_overrides(RunConfig(), [*base, "buffer.rate_tolerance_rows=50"])
+    problem = tolerance_problem(small)
+    assert problem is not None and "buffer.rate_tolerance_rows (50) must be at least 76" in problem
+    # The refusal is right: at that tolerance both sides stop.
+    limit = rate_limit(small)
+    assert limit is not None
+    with pytest.raises(AssertionError):
+        _turns(limit, 150, small.learner.batch_size, 5000)
+    assert tolerance_problem(with_overrides(RunConfig(), [*base, "buffer.rate_tolerance_rows=76"])) is None
+    assert tolerance_problem(with_overrides(RunConfig(), base)) is None  # the derived tolerance
 
 
 def test_the_ratio_counts_rows_so_episodes_stored_without_her_copies_come_up_to_1_plus_her_k_times_faster():

@@ -80,11 +80,15 @@ def train(args: argparse.Namespace) -> int:
 
 def _check_tasks(config: RunConfig, tasks: TaskSet) -> None:
     """The options the run's tasks cannot take, before any role starts: random_keep_dims beyond
-    their actions, a sim.control_hz a task cannot run at (sim/registry.py)."""
+    their actions, a sim.control_hz a task cannot run at (sim/registry.py), a flow-control
+    tolerance smaller than one episode's push (buffer/ratelimit.py)."""
+    from buffer.ratelimit import tolerance_problem
     from foundation.acting import check_keep_dims
     from sim.registry import control_rate_problem
 
     check_keep_dims(config.sampler.random_keep_dims, tasks.act_dim)
+    if problem := tolerance_problem(config):
+        raise ConfigError(problem, field="buffer.rate_tolerance_rows")
     for spec in tasks.tasks:
         if problem := control_rate_problem(spec, config.sim.control_hz):
             raise ConfigError(problem, field="sim.control_hz")
