@@ -53,6 +53,7 @@ INTEGRATION: dict[str, tuple[str, ...]] = {
 
 SLOW: dict[str, tuple[str, ...]] = {
     "test_controller.py": ALL,
+    "test_mt10_controllers.py": ALL,
     "test_sim_metaworld.py": ALL,
     "test_aggregator_core.py": (
         "test_grads_per_step_two_steps_on_the_second_push_with_adam_on_the_mean",
