@@ -97,3 +97,13 @@ def test_train_refuses_random_keep_dims_beyond_the_tasks_actions_before_starting
     err = capsys.readouterr().err
     assert "sampler.random_keep_dims (5) must be <= the task's action dimensions (4)" in err, err
     assert not _FakeFleet.built
+
+
+def test_train_refuses_a_flow_control_tolerance_below_one_episodes_push_before_starting_anything(monkeypatch, capsys):
+    monkeypatch.setattr("fleet.launch.local_fleet.LocalFleet", _FakeFleet)
+    _FakeFleet.built.clear()
+    sets = ["--set", "sampler.her_k=0", "--set", "sampler.max_env_steps_per_update=1", "--set"]
+    assert main(["train", "--task", "MetaWorld-push-v3", *sets, "buffer.rate_tolerance_rows=50"]) == 2
+    err = capsys.readouterr().err
+    assert "buffer.rate_tolerance_rows (50) must be at least 76" in err and "150 rows" in err, err
+    assert not _FakeFleet.built
