@@ -36,10 +36,11 @@ class Batch:
     next_obs_goal: torch.Tensor
     done: torch.Tensor
     task: torch.Tensor | None = None  # each row's place in a multi-task run (None: one task)
+    demo: torch.Tensor | None = None  # 1.0 on an expert demonstration's rows, else 0.0 (None: none is)
 
     @classmethod
     def from_numpy(
-        cls, obs, goal, action, reward, next_obs, done, device: str | torch.device = "cpu", task=None
+        cls, obs, goal, action, reward, next_obs, done, device: str | torch.device = "cpu", task=None, demo=None
     ) -> Batch:
         def t(x: np.ndarray) -> torch.Tensor:
             return torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)).to(device)
@@ -51,6 +52,7 @@ class Batch:
             next_obs_goal=t(np.concatenate([next_obs, goal], axis=1)),
             done=t(done),
             task=None if task is None else torch.as_tensor(np.asarray(task, np.int64), device=device),
+            demo=None if demo is None else t(demo),
         )
 
 
