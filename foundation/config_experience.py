@@ -49,6 +49,9 @@ TASK_NAMES = (
 REWARDS = ("sparse", "shaped")  # sim.reward's values
 # The tasks with a shaped reward of their own (sim/metaworld.py): Meta-World's.
 SHAPED_TASKS = tuple(name for name in TASK_NAMES if name.startswith("MetaWorld-"))
+# The tasks with a scripted expert (sim/metaworld_experts.py, which checks this tuple): what
+# sampler.demo_episodes can demonstrate.
+EXPERT_TASKS = tuple(name for name in TASK_NAMES if name.startswith("MetaWorld-"))
 
 
 @dataclass(frozen=True)
