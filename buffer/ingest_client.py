@@ -107,24 +107,15 @@ class IngestClient:
 
         `seq` must grow by one per new batch of this sampler and stay the same on a re-push.
         `episodes` and `successes` count the training episodes that ended in this batch (the
-        buffer's Stats report training success over the last 100 episodes from them).
-        `demonstration`: the batch is one expert episode (sampler.demo_episodes; no training
-        episode), its rows marked for the learners' behaviour-cloning term.
+        buffer's Stats report training success over the last 100 episodes from them);
+        `demonstration`: one expert episode (sampler.demo_episodes), its rows marked.
         With `max_retry_sec`, gives up with IngestUnavailable after that long; by default it
         retries until `should_stop()` (then IngestUnavailable too): the caller's stop flag, so a
         sampler whose buffer is gone still stops promptly. While retrying it logs the
         unreachable service once a minute.
         """
-        batch = self._batch(
-            transitions,
-            seq=seq,
-            policy_version=policy_version,
-            task_id=task_id,
-            env_steps=env_steps,
-            episodes=episodes,
-            successes=successes,
-            demonstration=demonstration,
-        )
+        tags = dict(seq=seq, policy_version=policy_version, task_id=task_id, env_steps=env_steps)
+        batch = self._batch(transitions, demonstration, episodes=episodes, successes=successes, **tags)
         self._backoff.reset()  # one per client: the once-a-minute log spans its pushes
         held = RATE_LIMITED_POLL_SEC
         while True:

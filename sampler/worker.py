@@ -298,7 +298,7 @@ class Collector:
         already holds (an earlier life of this sampler stored them), each pushed as one marked
         batch; returns how many of its share are stored or queued."""
         plan = demo_plan(self.config, len(self.tasks), self.sampler_id, self.cfg.num_samplers)
-        done = stored_demonstrations(self.pusher, self.sampler_id, stop)
+        done = stored_demonstrations(self.pusher, self.sampler_id, stop) if plan else 0
         with demo_envs(self.config, self.tasks, plan[done:], dict(zip(self.mine, self.envs, strict=True))) as envs:
             for demo in plan[done:]:
                 if stop.is_set():
@@ -370,14 +370,16 @@ def episode_rows(config: RunConfig, env, episode: Episode, rng: np.random.Genera
 def stored_demonstrations(pusher: Pusher, sampler_id: int, stop: threading.Event) -> int:
     """How many of sampler `sampler_id`'s demonstrations the run's buffer holds (the run counts
     them per sampler, restarts and resumed runs included); waits for an ingest service that is
-    not up yet, and says 0 once `stop` is set."""
+    not up yet (any other refusal is raised), and says 0 once `stop` is set."""
     while not stop.is_set():
         try:
             stats = pusher.ingest.stats(wait_for_ready=True, timeout_sec=5.0)
             return int(stats.demo_episodes_by_sampler.get(sampler_id, 0))
         except grpc.RpcError as err:
-            code = err.code().name if isinstance(err, grpc.Call) else type(err).__name__
-            log.info("sampler %d: buffer not answering yet (%s); its demonstrations wait", sampler_id, code)
+            code = err.code() if isinstance(err, grpc.Call) else None
+            if code is None or code not in IngestClient.RETRYABLE:
+                raise
+            log.info("sampler %d: buffer not answering yet (%s); its demonstrations wait", sampler_id, code.name)
             stop.wait(1.0)
     return 0
 
