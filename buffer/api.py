@@ -27,11 +27,14 @@ class SampledBatch:
     `transitions` are the float32 columns (leading dim = batch size); `policy_version[i]` is
     the weight version that acted for row i (for policy-lag checks and importance weights);
     `task_id[i]` is its sim registry task id. Both are int64 arrays of the batch size.
+    `demo[i]` (bool) says row i is an expert demonstration's (sampler.demo_episodes); None: no
+    row is.
     """
 
     transitions: Transitions
     policy_version: np.ndarray
     task_id: np.ndarray
+    demo: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.transitions)
@@ -44,6 +47,7 @@ class TransitionWriter(Protocol):
     while collecting:
         transitions = collect_batch()
         result = writer.write(transitions, task_id=task_id, policy_version=version, key=key)
+        # demonstration=True: an expert's episode, its rows marked demo for the learners
         # The rows are in Redis, below result.committed (readers see them); a retry with the
         # same key stores nothing and says result.duplicate.
     """
@@ -56,9 +60,11 @@ class TransitionWriter(Protocol):
         policy_version: int,
         key: PushKey | None = None,
         env_steps: int = 0,
+        demonstration: bool = False,
     ) -> WriteResult:
-        """Store the rows, tagged with the task and the weight version that acted; count the
-        batch and its `env_steps` in the run's counters once, with the rows."""
+        """Store the rows, tagged with the task and the weight version that acted (and marked
+        demo for a `demonstration`); count the batch, its `env_steps` and a demonstration (one
+        episode of the key's sampler) in the run's counters once, with the rows."""
         ...
 
 
@@ -69,7 +75,7 @@ class BatchSource(Protocol):
     source.wait_for(config.min_replay_transitions, timeout_sec=60.0)
     while training:
         batch = source.sample(batch_size)   # SampledBatch
-        grads = loss(batch.transitions)     # batch.policy_version: per-row weight version
+        grads = loss(batch.transitions)     # batch.policy_version: per-row weight version; batch.demo
     """
 
     def wait_to_sample(self, batch_size: int, stop: threading.Event) -> bool:

@@ -4,7 +4,7 @@ this, never the storage or service internals.
     with connect(redis_addresses) as redis_client:
         sampler = ReplaySampler(redis_client, run_id, schema, config, seed=learner_id)
         sampler.wait_for(min_replay_transitions, timeout_sec=60.0)
-        batch = sampler.sample(256)      # SampledBatch(transitions, policy_version, task_id)
+        batch = sampler.sample(256)      # SampledBatch(transitions, policy_version, task_id, demo)
 
 Samplers push over gRPC to an ingest service through `buffer.ingest_client.IngestClient`.
 """
@@ -165,6 +165,7 @@ class ReplaySampler:
             transitions=self.layout.transitions(records),
             policy_version=records["policy_version"].astype(np.int64),
             task_id=records["task_id"].astype(np.int64),
+            demo=records["demo"] != 0,
         )
 
     def set_task_shares(self, shares: np.ndarray | None) -> None:

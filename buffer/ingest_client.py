@@ -99,6 +99,7 @@ class IngestClient:
         env_steps: int,
         episodes: int = 0,
         successes: int = 0,
+        demonstration: bool = False,
         max_retry_sec: float | None = None,
         should_stop: Callable[[], bool] = lambda: False,
     ) -> pb.PushAck:
@@ -106,21 +107,15 @@ class IngestClient:
 
         `seq` must grow by one per new batch of this sampler and stay the same on a re-push.
         `episodes` and `successes` count the training episodes that ended in this batch (the
-        buffer's Stats report training success over the last 100 episodes from them).
+        buffer's Stats report training success over the last 100 episodes from them);
+        `demonstration`: one expert episode (sampler.demo_episodes), its rows marked.
         With `max_retry_sec`, gives up with IngestUnavailable after that long; by default it
         retries until `should_stop()` (then IngestUnavailable too): the caller's stop flag, so a
         sampler whose buffer is gone still stops promptly. While retrying it logs the
         unreachable service once a minute.
         """
-        batch = self._batch(
-            transitions,
-            seq=seq,
-            policy_version=policy_version,
-            task_id=task_id,
-            env_steps=env_steps,
-            episodes=episodes,
-            successes=successes,
-        )
+        tags = dict(seq=seq, policy_version=policy_version, task_id=task_id, env_steps=env_steps)
+        batch = self._batch(transitions, demonstration, episodes=episodes, successes=successes, **tags)
         self._backoff.reset()  # one per client: the once-a-minute log spans its pushes
         held = RATE_LIMITED_POLL_SEC
         while True:
@@ -138,7 +133,7 @@ class IngestClient:
                 else:
                     self._back_off(call, seq, max_retry_sec, should_stop, e)
 
-    def _batch(self, transitions: Transitions, **tags: int) -> pb.TransitionBatch:
+    def _batch(self, transitions: Transitions, demonstration: bool, **tags: int) -> pb.TransitionBatch:
         """The TransitionBatch of one push (`tags`: seq, policy_version, task_id and counts);
         ValueError when it is over the message limit."""
         batch = batch_to_proto(
@@ -146,6 +141,7 @@ class IngestClient:
             run_id=self.run_id,
             sampler_id=self.sampler_id,
             incarnation=self.incarnation,
+            demonstration=demonstration,
             **tags,
         )
         if batch.ByteSize() > MAX_MESSAGE_BYTES:

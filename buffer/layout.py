@@ -49,12 +49,16 @@ class RecordLayout:
         self.schema = schema
         self.window_size = config.window_size_transitions
         self.prefix = config.key_prefix
+        # `valid` and `demo` share the four bytes `valid` once held alone (a uint32 1 reads as
+        # valid 1, demo 0), so records keep their size and a buffer stored before the mark reads
+        # back unchanged.
         self.dtype = np.dtype(
             [
                 ("row", "<f4", (schema.row_floats,)),
                 ("task_id", "<u4"),
                 ("policy_version", "<u4"),
-                ("valid", "<u4"),
+                ("valid", "<u2"),
+                ("demo", "<u2"),  # 1: an expert demonstration's row (sampler.demo_episodes)
             ]
         )
 
@@ -137,8 +141,11 @@ class RecordLayout:
 
     # Records.
 
-    def encode(self, transitions: Transitions, *, task_id: int, policy_version: int) -> np.ndarray:
-        """Records (valid = 1) for a batch; ValueError when it does not fit the schema."""
+    def encode(
+        self, transitions: Transitions, *, task_id: int, policy_version: int, demonstration: bool = False
+    ) -> np.ndarray:
+        """Records (valid = 1; demo = 1 for a demonstration) for a batch; ValueError when it does
+        not fit the schema."""
         for name, value in (("task_id", task_id), ("policy_version", policy_version)):
             if not 0 <= value <= MAX_UINT32:
                 raise ValueError(f"{name} ({value}) must be in [0, {MAX_UINT32}]: records store it as uint32")
@@ -153,6 +160,7 @@ class RecordLayout:
         records["task_id"] = task_id
         records["policy_version"] = policy_version
         records["valid"] = 1
+        records["demo"] = int(demonstration)
         return records
 
     def decode(self, data: bytes) -> np.ndarray:

@@ -17,8 +17,9 @@ The run states the ratio the RL way, `sampler.max_env_steps_per_update` (env ste
 gradient of `learner.batch_size` rows, each env step stored as 1 + her_k rows), so
 SPI = batch_size / (max_env_steps_per_update * (1 + her_k)); M is
 `learner.min_replay_transitions`; E lets the samplers' random warm-up
-(`sampler.random_steps` each) in ahead of any sampling, plus one push of the run's longest
-episode: a push is stored whole, and a smaller E stops both sides (longest_push_rows). `buffer.samples_per_insert` and
+(`sampler.random_steps` each) and the run's demonstrations (`sampler.demo_episodes` per task)
+in ahead of any sampling, plus one push of the run's longest episode: a push is stored whole,
+and a smaller E stops both sides (longest_push_rows). `buffer.samples_per_insert` and
 `buffer.rate_tolerance_rows` override the derived values.
 
 The ratio is kept in rows, so it is exactly max_env_steps_per_update env steps per gradient only
@@ -84,10 +85,18 @@ def rate_limit(config: RunConfig) -> SampleToInsertRatio | None:
         if s.max_env_steps_per_update <= 0:
             return None
         spi = learner.batch_size / (s.max_env_steps_per_update * rows_per_step)
-    warmup_rows = s.random_steps * s.num_samplers * rows_per_step
+    warmup_rows = (s.random_steps * s.num_samplers + demo_steps(config)) * rows_per_step
     ahead_rows = max(warmup_rows - learner.min_replay_transitions, 0)
     tolerance_rows = b.rate_tolerance_rows or ahead_rows + longest_push_rows(config)
     return SampleToInsertRatio(spi, learner.min_replay_transitions, spi * tolerance_rows)
+
+
+def demo_steps(config: RunConfig) -> int:
+    """Env steps of the run's demonstrations (sampler.demo_episodes training episodes per task),
+    stored ahead of sampling like the warm-up."""
+    tasks = config.sim.tasks or (config.sim.task,)
+    episode = sum(training_episode_steps(get_task(t), config.sim.control_hz) for t in tasks)
+    return config.sampler.demo_episodes * episode
 
 
 def longest_push_rows(config: RunConfig) -> int:

@@ -66,6 +66,9 @@ def validate_batch(
         raise WireError("episodes", f"{batch.episodes} episodes cannot end in {n} transitions")
     if batch.successes > batch.episodes:
         raise WireError("successes", f"{batch.successes} exceeds episodes ({batch.episodes})")
+    if batch.demonstration and batch.episodes:
+        why = "a demonstration ends no training episode (the training-success curve is the policy's)"
+        raise WireError("episodes", f"{batch.episodes}: {why}")
     return batch_from_proto(batch, schema)
 
 
@@ -89,6 +92,7 @@ class IngestCounters:
     train_success: float = 0.0  # over the last TRAIN_SUCCESS_EPISODES episodes
     rate_limited: int = 0  # pushes answered RESOURCE_EXHAUSTED by flow control (retried by the sampler)
     env_steps_by_task: dict[int, int] = field(default_factory=dict)  # registry task id -> env steps
+    demo_episodes_by_sampler: dict[int, int] = field(default_factory=dict)  # sampler id -> demonstrations
 
     @property
     def rejected(self) -> int:
@@ -144,7 +148,7 @@ class ReplayIngestServicer(pb_grpc.ReplayIngestServicer):
             if self.refused.total:
                 reasons["authorization"] = self.refused.total
             counts = (c.head, run.env_steps, run.batches, c.duplicates, reasons, c.episodes, success, c.rate_limited)
-            return IngestCounters(*counts, run.env_steps_by_task)
+            return IngestCounters(*counts, run.env_steps_by_task, run.demo_episodes_by_sampler)
 
     def Push(self, request: pb.TransitionBatch, context: grpc.ServicerContext) -> pb.PushAck:
         try:
@@ -179,6 +183,7 @@ class ReplayIngestServicer(pb_grpc.ReplayIngestServicer):
                 policy_version=request.policy_version,
                 key=key,
                 env_steps=request.env_steps,
+                demonstration=request.demonstration,
             )
         except REDIS_FAILURES as e:
             context.abort(grpc.StatusCode.UNAVAILABLE, f"redis write failed, batch not acked: {cap(str(e), 200)}")
@@ -212,4 +217,5 @@ class ReplayIngestServicer(pb_grpc.ReplayIngestServicer):
             episodes=c.episodes,
             train_success=c.train_success,
             env_steps_by_task=c.env_steps_by_task,
+            demo_episodes_by_sampler=c.demo_episodes_by_sampler,
         )

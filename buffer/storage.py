@@ -14,11 +14,12 @@ A write is three steps:
 2. SETRANGE the fixed-size records into their windows (other nodes; a retry rewrites the
    same bytes at the same positions, so a half-failed write that is retried doubles nothing).
 3. commit (Lua, run slot): mark the reservation written and advance the committed head over
-   every leading reservation that is written. The commit that marks it written also counts
-   the batch and its env steps in the run's counters (`counters()`), so they are counted once
-   per push, kept with the data and restored by any ingest service that starts. A reservation still unwritten after
-   `stalled_write_timeout_sec` (its writer and sampler both died) is skipped: recorded in the
-   skipped set, which readers treat as invalid for good; a late retry of it is re-reserved.
+   every leading reservation that is written. The commit that marks it written also counts the
+   batch, its env steps and a demonstration (per sampler) in the run's counters (`counters()`),
+   once per push, kept with the data and restored by any ingest service that starts. A
+   reservation still unwritten after `stalled_write_timeout_sec` (its writer and sampler both
+   died) is skipped: recorded in the skipped set, which readers treat as invalid for good; a
+   late retry of it is re-reserved.
 
 Eviction: when the head passes the capacity, whole windows below the horizon are added to an
 evict set and UNLINKed by writers, which remove them from the set only once UNLINK succeeded
@@ -90,7 +91,8 @@ return evictions(0, start)
 
 # KEYS: committed, pending, dedup, skipped, oldest, evict, counters.
 # ARGV: start (-1: only advance), n, seq, now_ms, stalled_ms, window_size, first_window, last_window,
-# env_steps, task_id (the batch's, counted when this call commits it).
+# env_steps, task_id (the batch's, counted when this call commits it), demo_sampler (a
+# demonstration's sampler id, counted per sampler; -1 for any other batch).
 # Returns {state, committed, oldest}: state 1 committed by this call, 2 by an earlier attempt,
 # -1 skipped as stalled (the caller reserves anew).
 _COMMIT_LUA = """
@@ -114,6 +116,7 @@ if start >= 0 then
     redis.call('HINCRBY', KEYS[7], 'batches', 1)
     redis.call('HINCRBY', KEYS[7], 'env_steps', ARGV[9])
     redis.call('HINCRBY', KEYS[7], 'env_steps:' .. ARGV[10], ARGV[9])
+    if tonumber(ARGV[11]) >= 0 then redis.call('HINCRBY', KEYS[7], 'demo:' .. ARGV[11], 1) end
   end
 end
 local committed = tonumber(redis.call('GET', KEYS[1]) or '0')
@@ -170,6 +173,7 @@ class RunCounters(NamedTuple):
     env_steps: int  # env steps of every batch stored, each batch once
     batches: int
     env_steps_by_task: dict[int, int]  # registry task id -> env steps
+    demo_episodes_by_sampler: dict[int, int] = {}  # sampler id -> demonstrations stored (never mutated)
 
 
 class Snapshot(NamedTuple):
@@ -211,15 +215,19 @@ class TemporalStorage:
         policy_version: int,
         key: PushKey | None = None,
         env_steps: int = 0,
+        demonstration: bool = False,
     ) -> WriteResult:
         """Store a batch once per `key` (None: no idempotency, every call stores), and count it
-        and its `env_steps` in the run's counters in the same commit (once, like the rows).
+        and its `env_steps` in the run's counters in the same commit (once, like the rows); a
+        `demonstration` (its rows marked demo) is counted as one episode of the key's sampler.
 
         When this returns, the rows are in Redis and below the committed head. Raises
         ValueError for rows that do not fit the schema and redis.RedisError when Redis fails
         (nothing is acked then; a retry with the same key rewrites the same positions).
         """
-        records = self.layout.encode(transitions, task_id=task_id, policy_version=policy_version)
+        records = self.layout.encode(
+            transitions, task_id=task_id, policy_version=policy_version, demonstration=demonstration
+        )
         n = len(records)
         if n == 0:
             return WriteResult(self.snapshot().committed, 0, False)
@@ -230,7 +238,8 @@ class TemporalStorage:
                 return WriteResult(self.snapshot().committed, 0, True)
             self._write_records(records, start, oldest, evict)
             self._replicate([self.layout.window_key(s.window) for s in self.layout.segments(start, n)])
-            state, committed = self._commit_positions(start, n, key, (env_steps, task_id))
+            demo_sampler = key.sampler_id if demonstration and key is not None else -1
+            state, committed = self._commit_positions(start, n, key, (env_steps, task_id, demo_sampler))
             self._replicate([self.layout.committed_key])  # the commit and the dedup record, on one node
             if state == 1:
                 return WriteResult(committed, n, False)
@@ -293,10 +302,10 @@ class TemporalStorage:
             self.client.srem(self.layout.evict_key, *evict)
 
     def _commit_positions(
-        self, start: int, n: int, key: PushKey | None, counted: tuple[int, int] = (0, 0)
+        self, start: int, n: int, key: PushKey | None, counted: tuple[int, int, int] = (0, 0, -1)
     ) -> tuple[int, int]:
-        """`counted`: (env_steps, task_id) of the batch, added to the run's counters when this
-        call commits it."""
+        """`counted`: (env_steps, task_id, demonstration's sampler id or -1) of the batch, added
+        to the run's counters when this call commits it."""
         layout = self.layout
         seq = key.seq if key is not None else 0
         dedup = layout.dedup_key(key.sampler_id, key.incarnation) if key is not None else layout.dedup_key(0, 0)
@@ -339,11 +348,12 @@ class TemporalStorage:
         return Snapshot(int(committed), int(oldest), ranges)
 
     def counters(self) -> RunCounters:
-        """The run's env steps and batches stored, each batch once, whichever ingest service (or
-        incarnation of one) stored it."""
+        """The run's env steps, batches and demonstration episodes stored, each batch once,
+        whichever ingest service (or incarnation of one) stored it."""
         fields = cast("dict[bytes, bytes]", self.client.hgetall(self.layout.counters_key))
         by_task = {int(k[len(b"env_steps:") :]): int(v) for k, v in fields.items() if k.startswith(b"env_steps:")}
-        return RunCounters(int(fields.get(b"env_steps", 0)), int(fields.get(b"batches", 0)), by_task)
+        demos = {int(k[len(b"demo:") :]): int(v) for k, v in fields.items() if k.startswith(b"demo:")}
+        return RunCounters(int(fields.get(b"env_steps", 0)), int(fields.get(b"batches", 0)), by_task, demos)
 
     def flow(self) -> tuple[int, int]:
         """(rows committed, rows sampled) of the run, read together (one slot, one round trip)."""

@@ -13,6 +13,7 @@ calibration states; none of them needs another role's code for it.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
@@ -141,6 +142,13 @@ class Policy:
         return self.actor.sample(x, self._rng, task)[0]
 
 
+class Acting(Protocol):
+    """What rollout() acts with: a Policy, or any controller with its act() (the scripted experts
+    of sim/metaworld_experts.py, which demonstrate a task)."""
+
+    def act(self, obs: dict[str, np.ndarray], deterministic: bool, task: int = 0) -> np.ndarray: ...
+
+
 def _input_row(obs: dict[str, np.ndarray]) -> np.ndarray:
     """The actor's input [1, input]: observation ++ desired_goal, float32."""
     return np.concatenate([obs["observation"], obs["desired_goal"]]).astype(np.float32)[None]
@@ -148,7 +156,7 @@ def _input_row(obs: dict[str, np.ndarray]) -> np.ndarray:
 
 def rollout(
     env,
-    policy: Policy | None,
+    policy: Acting | None,
     seed: int | None,
     rng: np.random.Generator,
     deterministic: bool = False,

@@ -21,6 +21,7 @@ from typing import Any
 from foundation.config_algos import ALGOS, upgrade_algorithm_fields
 from foundation.config_base import Check, ConfigError, config_field, suggest
 from foundation.config_experience import (
+    EXPERT_TASKS,
     TASK_NAMES,
     BufferConfig,
     RandomizationConfig,
@@ -187,34 +188,40 @@ class RunConfig:
             for name in _CHECKED_SECTIONS
             for ok, field_name, limit in getattr(self, name).checks()
         ]
-        checks.append((0.0 <= self.target_success <= 1.0, "target_success", "in [0, 1]"))
-        checks.append(
-            (
-                self.learner.task_min_share * max(len(self.sim.tasks), 1) <= 1.0,
-                "learner.task_min_share",
-                "in [0, 1 / the run's tasks]: every task's least share must fit in one batch",
-            )
-        )
-        renorm = self.learner.algo in ALGOS and self.learner.algorithm().critics().renorm
-        checks.append(
-            (
-                self.sim.reward != "shaped" or self.sampler.her_k == 0,
-                "sampler.her_k",
-                "0 with sim.reward 'shaped': a shaped reward cannot be recomputed for a relabeled goal",
-            )
-        )
-        checks.append(
-            (
-                not (renorm and self.model.kind != "dense"),
-                "model.kind",
-                f"'dense' with learner.algo {self.learner.algo!r} (its batch-renormalized critics are dense)",
-            )
-        )
-        for ok, name, limit in checks:
+        for ok, name, limit in checks + self._run_checks():
             if not ok:
                 raise ConfigError(f"{name} ({_get(self, name)!r}) must be {limit}", field=name)
         self._check_task()
         return self
+
+    def _run_checks(self) -> list[Check]:
+        """(ok, field, limit) of the checks across sections, each naming the field it refuses."""
+        renorm = self.learner.algo in ALGOS and self.learner.algorithm().critics().renorm
+        no_expert = [name for name in self.sim.tasks or (self.sim.task,) if name not in EXPERT_TASKS]
+        return [
+            (0.0 <= self.target_success <= 1.0, "target_success", "in [0, 1]"),
+            (
+                self.learner.task_min_share * max(len(self.sim.tasks), 1) <= 1.0,
+                "learner.task_min_share",
+                "in [0, 1 / the run's tasks]: every task's least share must fit in one batch",
+            ),
+            (
+                self.sim.reward != "shaped" or self.sampler.her_k == 0,
+                "sampler.her_k",
+                "0 with sim.reward 'shaped': a shaped reward cannot be recomputed for a relabeled goal",
+            ),
+            (
+                not (renorm and self.model.kind != "dense"),
+                "model.kind",
+                f"'dense' with learner.algo {self.learner.algo!r} (its batch-renormalized critics are dense)",
+            ),
+            (
+                self.sampler.demo_episodes == 0 or not no_expert,
+                "sampler.demo_episodes",
+                f"0 for a run with {', '.join(no_expert)}: only Meta-World tasks have a scripted expert to "
+                "demonstrate (sim/metaworld_experts.py)",
+            ),
+        ]
 
     def grads_per_step(self) -> int:
         """K, the gradients that close an aggregator step: aggregator.grads_per_step, where 0

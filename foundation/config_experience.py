@@ -49,6 +49,9 @@ TASK_NAMES = (
 REWARDS = ("sparse", "shaped")  # sim.reward's values
 # The tasks with a shaped reward of their own (sim/metaworld.py): Meta-World's.
 SHAPED_TASKS = tuple(name for name in TASK_NAMES if name.startswith("MetaWorld-"))
+# The tasks with a scripted expert (sim/metaworld_experts.py, which checks this tuple): what
+# sampler.demo_episodes can demonstrate.
+EXPERT_TASKS = tuple(name for name in TASK_NAMES if name.startswith("MetaWorld-"))
 
 
 @dataclass(frozen=True)
@@ -140,6 +143,10 @@ class SamplerConfig:
         "HER copies per transition of an episode whose achieved goal never moved; -1 = her_k",
     )
     random_steps: int = config_field(500, "env steps per sampler with uniform random actions before the policy acts")
+    demo_episodes: int = config_field(
+        0,
+        "Meta-World scripted-expert episodes per task stored at the start of a run, marked demo; 0 = none",
+    )
     random_action_prob: float = config_field(
         0.0,
         "share of acting steps taken uniformly at random (HER's epsilon exploration)",
@@ -174,6 +181,7 @@ class SamplerConfig:
                 ">= 0: the aggregator refuses a negative interval and samplers would never get weights",
             ),
             (self.her_k >= 0, "her_k", ">= 0"),
+            (self.demo_episodes >= 0, "demo_episodes", ">= 0 (0 = no demonstrations)"),
             (self.her_k_unmoved >= -1, "her_k_unmoved", ">= -1 (-1: her_k)"),
             (0.0 <= self.random_action_prob <= 1.0, "random_action_prob", "in [0, 1]"),
             (self.random_keep_dims >= 0, "random_keep_dims", ">= 0"),

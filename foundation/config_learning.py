@@ -37,6 +37,10 @@ class LearnerConfig:
         1,
         "n-step returns: rows carry n discounted rewards and the critics bootstrap with gamma^n",
     )
+    demo_bc_coef: float = config_field(
+        1.0,
+        "weight of the Q-filtered behaviour cloning on demonstration rows; 0 = plain replay rows",
+    )
     target_entropy: float | None = config_field(
         None, "the temperature's target entropy (sac, tqc, crossq); None = -action_dim"
     )
@@ -113,6 +117,7 @@ class LearnerConfig:
             (0.0 <= self.task_min_share <= 1.0, "task_min_share", "in [0, 1]"),
             (self.max_policy_lag >= 0, "max_policy_lag", ">= 0"),
             (0.0 < self.gamma < 1.0, "gamma", "in (0, 1)"),
+            (self.demo_bc_coef >= 0, "demo_bc_coef", ">= 0 (0 = demonstrations are plain replay rows)"),
             (1 <= self.n_step <= 10, "n_step", "in 1..10 (Fetch episodes are 50 steps)"),
             (self.algo in ALGOS, "algo", "one of " + ", ".join(ALGOS)),
             *self._algorithm_checks(),

@@ -144,7 +144,9 @@ def batch_to_proto(
     episodes: int = 0,
     successes: int = 0,
     incarnation: int = 0,
+    demonstration: bool = False,
 ) -> pb.TransitionBatch:
+    """One push's message; `demonstration` marks every row as an expert's (sampler.demo_episodes)."""
     return pb.TransitionBatch(
         run_id=run_id,
         sampler_id=sampler_id,
@@ -156,6 +158,7 @@ def batch_to_proto(
         episodes=episodes,
         successes=successes,
         incarnation=incarnation,
+        demonstration=demonstration,
         columns=[to_tensor(name, np.asarray(a, np.float32)) for name, a in transitions.columns().items()],
     )
 

@@ -8,6 +8,9 @@
         pi = algorithm.actor_loss(model, batch, objective)      # pi.actor: actor group; pi.alpha: log_alpha
         push(gradients of both)                                 # the aggregator steps, never the learner
 
+`value` is the algorithm's reading of its critics for any action, the one its actor loss climbs:
+learner/demos.py compares a demonstration's action with the policy's by it (the Q-filter).
+
 learner/gradients.py runs this loop body (compute_gradients): autocast, the MoE routers'
 balancing term, flat gradient vectors. The critic loss comes first on every batch: CrossQ's
 updates the running statistics its actor loss reads. Neither loss changes a weight. What an
@@ -36,10 +39,11 @@ class Batch:
     next_obs_goal: torch.Tensor
     done: torch.Tensor
     task: torch.Tensor | None = None  # each row's place in a multi-task run (None: one task)
+    demo: torch.Tensor | None = None  # 1.0 on an expert demonstration's rows, else 0.0 (None: none is)
 
     @classmethod
     def from_numpy(
-        cls, obs, goal, action, reward, next_obs, done, device: str | torch.device = "cpu", task=None
+        cls, obs, goal, action, reward, next_obs, done, device: str | torch.device = "cpu", task=None, demo=None
     ) -> Batch:
         def t(x: np.ndarray) -> torch.Tensor:
             return torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)).to(device)
@@ -51,6 +55,7 @@ class Batch:
             next_obs_goal=t(np.concatenate([next_obs, goal], axis=1)),
             done=t(done),
             task=None if task is None else torch.as_tensor(np.asarray(task, np.int64), device=device),
+            demo=None if demo is None else t(demo),
         )
 
 
@@ -92,4 +97,10 @@ class Algorithm(Protocol):
 
     def actor_loss(self, model: SACModel, batch: Batch, objective: Objective) -> ActorLoss:
         """The actor's loss through the critics, and the temperature's loss."""
+        ...
+
+    def value(
+        self, model: SACModel, obs_goal: torch.Tensor, action: torch.Tensor, task: torch.Tensor | None
+    ) -> torch.Tensor:
+        """Each row's value of `action` at `obs_goal` [rows], as the actor loss reads the critics."""
         ...

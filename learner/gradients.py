@@ -6,6 +6,8 @@ against the model's current weights, without touching them, as flat vectors per 
     result.grads["actor"], result.grads["critic"], result.grads["log_alpha"], result.norm_stats
 
 MoE networks add their routers' load-balancing gradient, scaled by router decay (nets/balance.py).
+A run with demonstrations adds the Q-filtered behaviour cloning of their rows to the actor's loss
+(learner/demos.py).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from foundation.cpu import has_bf16
 from learner.algorithm import ActorLoss, Algorithm, Batch, Objective
 from learner.algos import build_algorithm
 from learner.algos.sac import SAC
+from learner.demos import demo_bc
 from nets.balance import moe_layers, with_balance
 from nets.flat import FlatSet, flatten
 from nets.models import SACModel, norm_stats, one_mix_per_update
@@ -37,10 +40,13 @@ class Hyperparams:
     autocast: str = "off"  # or "bf16": losses under torch.autocast (learner.autocast, "auto" resolved)
     compile: bool = False  # learner.compile: the losses under torch.compile (dense models)
     mix_once: bool = True  # learner.mix_once: one expert mix per MoE layer and update (one_mix_per_update)
+    demos: bool = False  # the run stores demonstrations (sampler.demo_episodes): report their share
+    demo_bc_coef: float = 0.0  # learner.demo_bc_coef with demonstrations, else 0: no behaviour cloning
 
     @classmethod
     def for_run(cls, config: RunConfig, act_dim: int) -> Hyperparams:
         learner, entropy = config.learner, config.learner.target_entropy
+        demos = config.sampler.demo_episodes > 0
         return cls(
             objective=Objective(
                 gamma=learner.gamma,
@@ -54,6 +60,8 @@ class Hyperparams:
             autocast=resolve_autocast(learner.autocast, learner.device),
             compile=learner.compile,
             mix_once=learner.mix_once,
+            demos=demos,
+            demo_bc_coef=learner.demo_bc_coef if demos else 0.0,
         )
 
 
@@ -127,6 +135,8 @@ def _gradients(model: SACModel, batch: Batch, hp: Hyperparams, out: FlatSet | No
     q_loss = losses.critic(model, batch, hp.objective)
     critic_grads = with_balance(q_loss, critic_params, moe_layers(model.critic), hp, "critic", metrics)
     pi = losses.actor(model, batch, hp.objective)
+    rl_actor_loss = pi.actor
+    pi = _with_demonstrations(model, batch, hp, pi, metrics)
     # The actor's gradient must not flow into the critic: ask autograd for actor params only.
     actor_layers = moe_layers(model.actor)
     if actor_layers:
@@ -144,12 +154,27 @@ def _gradients(model: SACModel, batch: Batch, hp: Hyperparams, out: FlatSet | No
         norm_stats=_batch_norm_stats(model, batch),
         metrics={
             "loss/critic": q_loss.item(),
-            "loss/actor": pi.actor.item(),
+            "loss/actor": rl_actor_loss.item(),
             "loss/alpha": pi.alpha.item(),
             **_alpha_metrics(model),
             **metrics,
         },
     )
+
+
+def _with_demonstrations(
+    model: SACModel, batch: Batch, hp: Hyperparams, pi: ActorLoss, metrics: dict[str, float]
+) -> ActorLoss:
+    """`pi` with the behaviour cloning of the batch's demonstration rows added to the actor's loss
+    (learner/demos.py), its figures in `metrics`; `pi` itself in a run without demonstrations."""
+    if not hp.demos or batch.demo is None:
+        return pi
+    if hp.demo_bc_coef <= 0:  # demonstrations as plain replay rows
+        metrics["demo/share"] = batch.demo.mean().item()
+        return pi
+    bc = demo_bc(model, batch, hp.demo_bc_coef, hp.algorithm.value)
+    metrics.update(bc.metrics())
+    return ActorLoss(pi.actor + bc.loss, pi.alpha)
 
 
 def _alpha_metrics(model: SACModel) -> dict[str, float]:

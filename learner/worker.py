@@ -98,7 +98,9 @@ class Batches:
         t, task = sampled.transitions, None
         if self.tasks is not None:
             task = self.tasks.indices(sampled.task_id)
-        return Batch.from_numpy(t.obs, t.goal, t.action, t.reward, t.next_obs, t.done, device=self.device, task=task)
+        return Batch.from_numpy(
+            t.obs, t.goal, t.action, t.reward, t.next_obs, t.done, device=self.device, task=task, demo=sampled.demo
+        )
 
     def _run(self) -> None:
         while not self._stop.is_set():

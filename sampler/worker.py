@@ -1,5 +1,6 @@
 """The sampler role process: act in a randomized sim, relabel with HER, push to the buffer.
 
+    demonstrate()                                 # sampler.demo_episodes: its share, once per run
     while running:                                # Collector.run: one step() per episode
         policy.refresh(watcher.latest())          # newest actor weights, never blocks
         episode = rollout(env, policy)            # stochastic actions (random for the first steps)
@@ -23,6 +24,7 @@ import threading
 import time
 from dataclasses import dataclass
 
+import grpc
 import numpy as np
 
 from aggregator.client import AggregatorClient, WeightsWatcher
@@ -35,6 +37,7 @@ from foundation.process import Heartbeat
 from foundation.task_schedule import TaskPicker, TaskSchedule
 from foundation.transport import Security
 from foundation.wire import Transitions
+from sampler.demos import demo_envs, demo_plan, demonstrate
 from sampler.hardening import harden
 from sampler.her import own_reward_rows, relabel_future
 from sim.registry import TaskSpec, goal_reward
@@ -81,16 +84,22 @@ class Pusher:
         self._thread.start()
 
     def put(
-        self, transitions, policy_version: int, env_steps: int, successes: int | None = None, task_id: int | None = None
+        self,
+        transitions,
+        policy_version: int,
+        env_steps: int,
+        successes: int | None = None,
+        task_id: int | None = None,
+        demonstration: bool = False,
     ) -> None:
         """Queue one batch; `successes` (0 or 1 for one whole episode, None for no episode end)
         feeds the buffer's training-success curve; `task_id` (default: the pusher's task) is the
-        registry id of the task the batch came from."""
+        registry id of the task the batch came from; `demonstration`: one expert episode."""
         if self.error is not None:
             raise RuntimeError("pusher thread failed") from self.error
         self._seq += 1
         task_id = self.task.task_id if task_id is None else task_id
-        item = (transitions, self._seq, policy_version, env_steps, successes, task_id)
+        item = (transitions, self._seq, policy_version, env_steps, successes, task_id, demonstration)
         while not (self._stopping.is_set() or self._halt.is_set()):  # a full queue waits, never past a stop
             try:
                 self.queue.put(item, timeout=0.5)
@@ -134,7 +143,7 @@ class Pusher:
                 continue
             if item is None:
                 return
-            transitions, seq, version, env_steps, successes, task_id = item
+            transitions, seq, version, env_steps, successes, task_id, demonstration = item
             try:
                 ack = self.ingest.push(
                     transitions,
@@ -144,6 +153,7 @@ class Pusher:
                     env_steps=env_steps,
                     episodes=0 if successes is None else 1,
                     successes=successes or 0,
+                    demonstration=demonstration,
                     should_stop=self._stopping.is_set,
                 )
             except IngestUnavailable:
@@ -261,7 +271,9 @@ class Collector:
         self.config, self.cfg, self.tasks = config, config.sampler, TaskSet.for_run(config)
         self.envs, self.mine = envs, mine
         self.watcher, self.pusher, self.heartbeat = watcher, pusher, heartbeat
+        self.sampler_id = sampler_id
         self.env_steps = self.episodes = self.successes = 0
+        self.demo_env_steps = self.demo_successes = 0  # demonstrations: not the random warm-up's steps
         # Streams of this sampler *process*: a restarted sampler (a new incarnation) must not
         # replay its previous life's episodes, and samplers never share episode seeds.
         streams = np.random.SeedSequence([self.cfg.seed, sampler_id, pusher.incarnation]).spawn(3)
@@ -274,10 +286,38 @@ class Collector:
             self.schedule = TaskSchedule.for_run(config, self.tasks.names, agg, shares)
 
     def run(self, stop: threading.Event) -> int:
-        """Episodes until `stop` is set; returns the env steps taken."""
+        """This sampler's demonstrations, then episodes until `stop` is set; returns the env steps taken."""
+        if self.cfg.demo_episodes:
+            self.demonstrate(stop)
         while not stop.is_set():
             self.step()
         return self.env_steps
+
+    def demonstrate(self, stop: threading.Event) -> int:
+        """This sampler's share of the run's demonstrations (sampler/demos.py) but those the buffer
+        already holds (an earlier life of this sampler stored them), each pushed as one marked
+        batch; returns how many of its share are stored or queued."""
+        plan = demo_plan(self.config, len(self.tasks), self.sampler_id, self.cfg.num_samplers)
+        done = stored_demonstrations(self.pusher, self.sampler_id, stop) if plan else 0
+        with demo_envs(self.config, self.tasks, plan[done:], dict(zip(self.mine, self.envs, strict=True))) as envs:
+            for demo in plan[done:]:
+                if stop.is_set():
+                    break
+                spec, env = self.tasks.tasks[demo.place], envs[demo.place]
+                with self.heartbeat.phase("demonstrate"):
+                    episode, success = demonstrate(env, spec, demo, self.rng)
+                    transitions = episode_rows(self.config, env, episode, self.rng)
+                self.pusher.put(transitions, 0, env_steps=len(episode), task_id=spec.task_id, demonstration=True)
+                self.env_steps += len(episode)
+                self.demo_env_steps += len(episode)
+                self.demo_successes += success
+                done += 1
+                self.heartbeat.beat(
+                    env_steps=self.env_steps, demo_episodes=done, demo_successes=self.demo_successes,
+                    acked_env_steps=self.pusher.acked_env_steps,
+                )  # fmt: skip
+        log.info("sampler %d: %d of its %d demonstrations stored or queued", self.sampler_id, done, len(plan))
+        return done
 
     def step(self) -> int:
         """One episode: newest weights, a rollout of the task furthest behind its share, HER
@@ -287,7 +327,8 @@ class Collector:
         if self.schedule is not None:
             self.schedule.refresh()
         policy = self.policy
-        acting = policy if (self.env_steps >= self.cfg.random_steps and policy.actor is not None) else None
+        warm = self.env_steps - self.demo_env_steps >= self.cfg.random_steps
+        acting = policy if (warm and policy.actor is not None) else None
         turn = self.picker.pick()
         env, place = self.envs[turn], self.mine[turn]
         with self.heartbeat.phase("rollout"):
@@ -324,6 +365,23 @@ def episode_rows(config: RunConfig, env, episode: Episode, rng: np.random.Genera
     reward = functools.partial(goal_reward, env)
     cfg = config.sampler
     return relabel_future(episode, cfg.her_k, reward, rng, cfg.her_k_unmoved, n_step, gamma)
+
+
+def stored_demonstrations(pusher: Pusher, sampler_id: int, stop: threading.Event) -> int:
+    """How many of sampler `sampler_id`'s demonstrations the run's buffer holds (the run counts
+    them per sampler, restarts and resumed runs included); waits for an ingest service that is
+    not up yet (any other refusal is raised), and says 0 once `stop` is set."""
+    while not stop.is_set():
+        try:
+            stats = pusher.ingest.stats(wait_for_ready=True, timeout_sec=5.0)
+            return int(stats.demo_episodes_by_sampler.get(sampler_id, 0))
+        except grpc.RpcError as err:
+            code = err.code() if isinstance(err, grpc.Call) else None
+            if code is None or code not in IngestClient.RETRYABLE:
+                raise
+            log.info("sampler %d: buffer not answering yet (%s); its demonstrations wait", sampler_id, code.name)
+            stop.wait(1.0)
+    return 0
 
 
 def _my_shares(picker: TaskPicker, mine: list[int], shares: np.ndarray) -> None:

@@ -175,6 +175,11 @@ BAD_INPUTS: list[tuple[str, Callable[..., None], str]] = [
         lambda b, make: (setattr(b, "episodes", 1), setattr(b, "successes", 2)),
         "successes: 2 exceeds episodes (1)",
     ),
+    (
+        "a demonstration that ends a training episode",
+        lambda b, make: (setattr(b, "demonstration", True), setattr(b, "episodes", 1)),
+        "episodes: 1: a demonstration ends no training episode",
+    ),
 ]
 
 
@@ -274,6 +279,27 @@ def test_ingest_client_pushes_and_reads_stats(server, make_transitions):
         ack = client.push(make_transitions(6), seq=1, policy_version=1, task_id=TASK, env_steps=6)
         assert (ack.stored, ack.head) == (6, 6)
         assert client.stats().env_steps == 6
+
+
+def test_a_demonstration_is_stored_marked_and_counted_once_per_sampler(server, redis_client, make_transitions):
+    """A demonstration's rows come back marked from Redis, beside unmarked rows of a policy's
+    episode; the run counts it once for its sampler, its retry included, and its env steps."""
+    from buffer.client import ReplaySampler
+
+    with IngestClient(server.address, sampler_id=3, run_id=RUN, push_timeout_sec=5.0) as client:
+        tags = dict(policy_version=0, task_id=TASK, env_steps=5)
+        for seq in (1, 1):  # a retry of the same push: stored and counted once
+            client.push(make_transitions(5), seq=seq, demonstration=True, **tags)
+        client.push(make_transitions(5, first_id=100), seq=2, episodes=1, successes=1, **tags)
+        stats = client.stats()
+    assert (stats.env_steps, stats.episodes, dict(stats.demo_episodes_by_sampler)) == (10, 1, {3: 1})
+    records = server.servicer.storage.read_window(0)
+    assert records["demo"].tolist() == [1] * 5 + [0] * 3 and records["valid"].tolist() == [1] * 8
+    replay = ReplaySampler(redis_client, RUN, SCHEMA, CONFIG, seed=0)
+    replay.wait_for(10, timeout_sec=5.0)
+    batch = replay.sample(200)
+    assert batch.demo is not None and batch.demo.any() and not batch.demo.all()
+    np.testing.assert_array_equal(batch.demo, batch.transitions.reward < 100)  # exactly the demonstration's rows
 
 
 def test_a_restarted_service_reports_the_env_steps_acked_before_it(redis_client, make_transitions):

@@ -89,6 +89,16 @@ BAD_CONFIGS: list[tuple[list[str], str]] = [
         ["sim.reward=shaped", "sim.task=MetaWorld-push-v3"],
         "sampler.her_k (4) must be 0 with sim.reward 'shaped': a shaped reward cannot be recomputed",
     ),
+    (["sampler.demo_episodes=-1"], "sampler.demo_episodes (-1) must be >= 0 (0 = no demonstrations)"),
+    (["learner.demo_bc_coef=-0.5"], "learner.demo_bc_coef (-0.5) must be >= 0 (0 = demonstrations are plain"),
+    (
+        ["sampler.demo_episodes=2"],
+        "sampler.demo_episodes (2) must be 0 for a run with FetchReach-v4: only Meta-World tasks have a scripted",
+    ),
+    (
+        ["sampler.demo_episodes=2", 'sim.tasks=["MetaWorld-push-v3","FetchPush-v4","FetchSlide-v4"]'],
+        "sampler.demo_episodes (2) must be 0 for a run with FetchPush-v4, FetchSlide-v4: only Meta-World",
+    ),
     (
         ["sim.task=FetchRaech-v4"],
         "sim.task ('FetchRaech-v4') must be a registered task; did you mean 'FetchReach-v4'? valid: FetchPickAndPlace",
@@ -112,6 +122,9 @@ def test_each_cross_field_check_names_field_and_value(overrides, message):
         ["aggregator.tau=1", "target_success=0", "sampler.her_k=0", "learner.max_grad_staleness=0"],
         ["sim.reward=shaped", "sim.task=MetaWorld-push-v3", "sampler.her_k=0"],
         ["sim.reward=shaped", "sampler.her_k=0", 'sim.tasks=["MetaWorld-push-v3","MetaWorld-door-open-v3"]'],
+        ["sampler.demo_episodes=2", "sim.task=MetaWorld-push-v3", "learner.demo_bc_coef=0"],
+        ["sampler.demo_episodes=1", 'sim.tasks=["MetaWorld-reach-v3","MetaWorld-push-v3"]'],
+        ["sampler.demo_episodes=0", "learner.demo_bc_coef=0"],  # a Fetch task: no demonstrations asked
     ],
 )
 def test_boundary_values_validate(overrides):

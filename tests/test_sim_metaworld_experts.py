@@ -5,22 +5,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from metaworld import policies
 
+from foundation.config_experience import EXPERT_TASKS
+from sim.metaworld_experts import EXPERTS, ExpertPolicy, scripted_expert
 from sim.registry import get_task, goal_reward, goal_success, make_env
 
-EXPERTS = {
-    "MetaWorld-reach-v3": policies.SawyerReachV3Policy,
-    "MetaWorld-push-v3": policies.SawyerPushV3Policy,
-    "MetaWorld-pick-place-v3": policies.SawyerPickPlaceV3Policy,
-    "MetaWorld-door-open-v3": policies.SawyerDoorOpenV3Policy,
-    "MetaWorld-drawer-open-v3": policies.SawyerDrawerOpenV3Policy,
-    "MetaWorld-drawer-close-v3": policies.SawyerDrawerCloseV3Policy,
-    "MetaWorld-button-press-topdown-v3": policies.SawyerButtonPressTopdownV3Policy,
-    "MetaWorld-peg-insert-side-v3": policies.SawyerPegInsertionSideV3Policy,
-    "MetaWorld-window-open-v3": policies.SawyerWindowOpenV3Policy,
-    "MetaWorld-window-close-v3": policies.SawyerWindowCloseV3Policy,
-}
 # Starts every expert solves within the training horizon: Meta-World's peg-insert-side expert
 # misses some (13 of seeds 0-19 within 150 steps, 15 within 500), the others none.
 SEEDS = (0, 2)
@@ -29,13 +18,13 @@ SEEDS = (0, 2)
 def _expert_episode(name: str, seed: int) -> tuple[list[bool], list[bool], list[float]]:
     """Meta-World's flags, the goal env's, and the goal env's rewards over one training-horizon
     episode of the task's scripted expert (which reads Meta-World's flat 39-d observation)."""
-    env, expert = make_env(name), EXPERTS[name]()
+    env = make_env(name)
+    expert = ExpertPolicy(name, env.action_space)
     theirs, ours, rewards = [], [], []
     try:
         obs, _ = env.reset(seed=seed)
         for _ in range(get_task(name).max_episode_steps):
-            flat = np.concatenate([obs["observation"], obs["desired_goal"]])
-            obs, reward, _, truncated, info = env.step(np.clip(expert.get_action(flat), -1.0, 1.0))
+            obs, reward, _, truncated, info = env.step(expert.act(obs))
             theirs.append(bool(info["success"]))
             reached = goal_success(env, obs["achieved_goal"][None], obs["desired_goal"][None])[0]
             assert bool(info["is_success"]) == reached
@@ -51,7 +40,24 @@ def _expert_episode(name: str, seed: int) -> tuple[list[bool], list[bool], list[
 
 def test_every_mt10_task_has_an_expert_here():
     assert sorted(EXPERTS) == sorted(n for n in EXPERTS if get_task(n).family == "metaworld")
-    assert len(EXPERTS) == 10
+    assert len(EXPERTS) == 10 and tuple(EXPERTS) == EXPERT_TASKS
+
+
+def test_a_task_without_an_expert_is_named_and_the_expert_reads_the_raw_observation():
+    with pytest.raises(ValueError, match="FetchPush-v4 has no scripted expert; tasks with one: MetaWorld-reach-v3"):
+        scripted_expert("FetchPush-v4")
+    env = make_env("MetaWorld-reach-v3")
+    try:
+        obs, _ = env.reset(seed=0)
+        expert = ExpertPolicy("MetaWorld-reach-v3", env.action_space)
+        raw = np.concatenate([obs["observation"], obs["desired_goal"]])
+        padded = {**obs, "observation": np.concatenate([obs["observation"], [0.0, 1.0]])}  # a multi-task run's
+        np.testing.assert_array_equal(expert.act(padded), np.clip(expert.expert.get_action(raw), -1, 1))
+        far = obs["desired_goal"] + 10.0  # the expert asks for more than the env can move
+        wanted = expert.expert.get_action(np.concatenate([obs["observation"], far]))
+        assert np.abs(wanted).max() > 1.0 and np.abs(expert.act({**obs, "desired_goal": far})).max() == 1.0
+    finally:
+        env.close()
 
 
 @pytest.mark.parametrize("name", list(EXPERTS))

@@ -6,6 +6,7 @@ import json
 import pathlib
 import subprocess
 import sys
+import threading
 
 import numpy as np
 import pytest
@@ -59,6 +60,26 @@ def test_sync_mode_stores_n_step_rows(tmp_path):
     sums = {-(a + 0.5 * b + 0.25 * c) for a in (0, 1) for b in (0, 1) for c in (0, 1)}  # r in {0, -1}
     rewards = set(np.round(run.replay.sample(500).reward.numpy(), 4).tolist())
     assert rewards <= sums and rewards - {0.0, -1.0}, rewards  # some rows sum more than one reward
+
+
+@pytest.mark.e2e
+def test_sync_mode_stores_the_demonstrations_marked_before_its_random_warm_up(tmp_path):
+    """sampler.demo_episodes 2: both expert episodes of MetaWorld-reach-v3 (100 steps each, 1 + 2
+    HER rows a step) stored marked, their env steps counted; the warm-up's episodes come after."""
+    from fleet.launch.sync import SyncRun
+    from foundation.config import with_overrides
+
+    overrides = ['sim.task="MetaWorld-reach-v3"', "sampler.demo_episodes=2", "sampler.her_k=2", f'run_dir="{tmp_path}"']
+    run = SyncRun(with_overrides(RunConfig(), overrides).validate(), started_at=0.0)
+    try:
+        run.demonstrate(threading.Event())
+        assert (run.demo_episodes, run.env_steps, run.demo_env_steps, run.episodes) == (2, 200, 200, 0)
+        assert run.inserted == run.replay.size == 3 * 200
+        assert run.replay.sample(64).demo.all()
+        run.collect()  # a random warm-up episode: unmarked rows
+        assert run.replay.size == 900 and 0.5 < run.replay.sample(900).demo.mean() < 0.9
+    finally:
+        run.close()
 
 
 @pytest.mark.parametrize(

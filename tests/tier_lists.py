@@ -103,6 +103,10 @@ SLOW: dict[str, tuple[str, ...]] = {
         "test_a_few_hundred_tqc_steps_learn_to_move_toward_the_goal",
         "test_gradients_written_into_reused_buffers_equal_fresh_ones_as_the_task_mix_changes",
     ),
+    "test_sampler_demos.py": (
+        "test_a_restarted_sampler_stores_only_the_rest_of_its_share",
+        "test_a_sampler_stores_its_share_marked_each_episode_the_experts_success",
+    ),
     "test_sampler_policy.py": (
         "test_random_action_repeat_holds_each_uniform_action_and_keeps_the_share_of_random_steps",
     ),

@@ -1,5 +1,6 @@
 """`fleetrl train --mode sync`: the fleet's parts in one process that alternates.
 
+    demonstrate first        sampler/demos.py: every sampler.demo_episodes expert episode, marked
     collect one episode      foundation.acting.rollout + sampler.worker.episode_rows (HER)
     store it                 an in-memory ring (no Redis, no gRPC)
     train what is owed       learner.gradients.compute_gradients + aggregator.core.AggregatorCore
@@ -36,12 +37,14 @@ from foundation.wire import Transitions
 from learner.algorithm import Batch
 from learner.gradients import Hyperparams, compute_gradients
 from nets.models import GROUPS, SACModel
+from sampler.demos import demo_plan, demonstrate
 from sampler.evaluator import eval_envs, next_interval_sec, scores
 from sampler.worker import TRAIN_SEEDS_FROM, episode_rows
 from sim.registry import get_task, make_env
 from sim.tasks import TaskSet
 
 log = logging.getLogger("fleetrl.sync")
+PROGRESS_METRICS = ("loss/", "demo/", "alpha")  # the learner's figures each progress.jsonl row carries
 
 
 class MemoryReplay:
@@ -52,8 +55,9 @@ class MemoryReplay:
         self._columns: dict[str, np.ndarray] = {}
         self._rng = np.random.default_rng(seed)
 
-    def add(self, transitions: Transitions) -> None:
-        columns = transitions.columns()
+    def add(self, transitions: Transitions, demonstration: bool = False) -> None:
+        """Store rows; `demonstration`: an expert episode's, marked demo in every batch drawn."""
+        columns = {**transitions.columns(), "demo": np.full(len(transitions), float(demonstration), np.float32)}
         if not self._columns:
             self._columns = {k: np.zeros((self.capacity, *v.shape[1:]), np.float32) for k, v in columns.items()}
         slots = (self._next + np.arange(len(transitions))) % self.capacity
@@ -65,7 +69,7 @@ class MemoryReplay:
     def sample(self, n: int) -> Batch:
         rows = self._rng.integers(0, self.size, n)
         c = {name: values[rows] for name, values in self._columns.items()}
-        return Batch.from_numpy(c["obs"], c["goal"], c["action"], c["reward"], c["next_obs"], c["done"])
+        return Batch.from_numpy(c["obs"], c["goal"], c["action"], c["reward"], c["next_obs"], c["done"], demo=c["demo"])
 
 
 def run_sync(config: RunConfig, started_at: float, stop: threading.Event) -> Summary:
@@ -111,7 +115,9 @@ class SyncRun:
         self.scoring = Policy()  # deterministic, on the version being scored
         self.summary = Summary(str(self.run_dir), task.name, False, config.target_success, "", 0.0, mode="sync")
         self.env_steps = self.episodes = self.successes = 0
+        self.demo_episodes = self.demo_env_steps = 0  # demonstrations: not the random warm-up's steps
         self.train_sec = 0.0
+        self.metrics: dict[str, float] = {}  # the newest update's (learner/gradients.py)
         self._evals = open(self.run_dir / "evals.jsonl", "a")  # noqa: SIM115 - closed by close()
         self._progress = open(self.run_dir / "progress.jsonl", "a")  # noqa: SIM115
 
@@ -120,6 +126,7 @@ class SyncRun:
 
     def loop(self, stop: threading.Event) -> str:
         c, next_eval, next_progress = self.config, 0.0, 5.0
+        self.demonstrate(stop)
         while not stop.is_set():
             if self.age() >= next_eval:  # the evaluator's schedule, on this process's time
                 curve = self.score(stop)
@@ -140,10 +147,24 @@ class SyncRun:
     def _refresh(self, policy: Policy) -> None:
         policy.refresh(WeightsSnapshot(self.core.version, self.core.weights(ACTOR_GROUPS), self.spec))
 
+    def demonstrate(self, stop: threading.Event) -> None:
+        """Every demonstration of the run (sampler.demo_episodes), stored marked as the fleet's
+        samplers store them, before the random warm-up."""
+        for demo in demo_plan(self.config, tasks=1):
+            if stop.is_set():
+                return
+            episode, _ = demonstrate(self.env, self.task, demo, self.rng)
+            transitions = episode_rows(self.config, self.env, episode, self.rng)
+            self.replay.add(transitions, demonstration=True)
+            self.inserted += len(transitions)
+            self.env_steps, self.demo_env_steps = self.env_steps + len(episode), self.demo_env_steps + len(episode)
+            self.demo_episodes += 1
+
     def collect(self) -> None:
         """One episode, relabeled and stored, as a sampler does."""
         self._refresh(self.policy)
-        acting = self.policy if self.env_steps >= self.config.sampler.random_steps else None
+        warm = self.env_steps - self.demo_env_steps >= self.config.sampler.random_steps
+        acting = self.policy if warm else None
         seed = int(self.seeds.integers(TRAIN_SEEDS_FROM, 2**31))
         episode, success = rollout(self.env, acting, seed=seed, rng=self.rng)
         transitions = episode_rows(self.config, self.env, episode, self.rng)  # HER, or the shaped reward's rows
@@ -161,6 +182,7 @@ class SyncRun:
             for group, flat in self.core.views(GROUPS).items():
                 self.model.set_flat(group, flat)
             result = compute_gradients(self.model, self.replay.sample(batch_size), self.hp)
+            self.metrics = result.metrics
             self.core.submit(self.core.version, result.grads, result.norm_stats, "learner-0", batch_size)
             self.sampled += batch_size
         self.train_sec += time.monotonic() - start
@@ -191,9 +213,11 @@ class SyncRun:
 
     def log_progress(self) -> None:
         wall, version = self.age(), self.core.version
-        row = {"wall_sec": round(wall, 3), "env_steps": self.env_steps, "version": version}
+        row: dict[str, object] = {"wall_sec": round(wall, 3), "env_steps": self.env_steps, "version": version}
         row |= {"env_steps_per_sec": round(self.env_steps / wall, 3), "updates_per_sec": round(version / wall, 3)}
         row |= {"train_success": self.successes / max(self.episodes, 1), "train_share": round(self.train_sec / wall, 3)}
+        row |= {"demo_episodes": self.demo_episodes} if self.demo_episodes else {}
+        row["learner"] = {k: round(v, 6) for k, v in self.metrics.items() if k.startswith(PROGRESS_METRICS)}
         self._progress.write(json.dumps(row) + "\n")
         self._progress.flush()
         log.info("sync %.0fs: env steps %d, version %d", wall, self.env_steps, version)
@@ -209,7 +233,7 @@ class SyncRun:
         s.stop_reason, s.wall_sec = reason, self.age()
         s.started_unix = time.time() - s.wall_sec
         s.final_version, s.final_env_steps = self.core.version, self.env_steps
-        s.transitions_stored = self.replay.size
+        s.transitions_stored, s.demo_episodes = self.replay.size, self.demo_episodes
         s.updates_per_sec = round(self.core.version / s.wall_sec, 2)
         s.train_success = self.successes / self.episodes if self.episodes else None
         s.code = code_provenance()

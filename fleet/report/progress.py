@@ -59,6 +59,7 @@ class Snapshot:
     restarts: int
     rejected_by_learner: tuple[tuple[str, int], ...] = ()  # learners whose pushes were refused
     env_steps_by_task: tuple[tuple[int, int], ...] = ()  # registry task id -> env steps acked
+    demo_episodes: int = 0  # expert demonstrations stored (sampler.demo_episodes), every sampler's
     roles: tuple[int, int] = (0, 0)  # (running now, started): processes the launcher watches
 
     @classmethod
@@ -81,6 +82,7 @@ class Snapshot:
             restarts=restarts,
             rejected_by_learner=tuple(sorted(ag.rejected_by_learner.items())),
             env_steps_by_task=tuple(sorted(buf.env_steps_by_task.items())),
+            demo_episodes=sum(buf.demo_episodes_by_sampler.values()),
             roles=roles,
         )
 
@@ -202,6 +204,7 @@ class Progress:
             **({"eval_task_success": dict(snap.curve.tasks)} if snap.curve and snap.curve.tasks else {}),
             "eval_version": snap.curve.version if snap.curve else None,
             "train_success": snap.train_success if snap.train_episodes else None,
+            **({"demo_episodes": snap.demo_episodes} if snap.demo_episodes else {}),
             "restarts": snap.restarts,
         }
         self._jsonl.write(json.dumps(row) + "\n")
@@ -220,7 +223,9 @@ class Progress:
         return (
             f"{s.wall_sec:6.1f}s env_steps {s.env_steps} ({r.env_steps_per_sec:.0f}/s) transitions {s.transitions} "
             f"({r.transitions_per_sec:.0f}/s) version {s.version} ({r.updates_per_sec:.1f}/s) "
-            f"eval {_eval_text(s.curve)} train {s.train_success:.2f} roles {s.roles[0]}/{s.roles[1]} "
+            f"eval {_eval_text(s.curve)} train {s.train_success:.2f} "
+            + (f"demonstrations {s.demo_episodes} " if s.demo_episodes else "")
+            + f"roles {s.roles[0]}/{s.roles[1]} "
             f"restarts {s.restarts}"
             + "".join(f" {name} rejected {n}" for name, n in s.rejected_by_learner)
             + f" | {self.goal()}"

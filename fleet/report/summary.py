@@ -70,6 +70,7 @@ class Summary:
     # final (the final score) success.
     task_success: dict = field(default_factory=dict)
     task_env_steps: dict = field(default_factory=dict)  # a multi-task run: env steps acked per task
+    demo_episodes: int = 0  # expert demonstrations stored in the buffer (sampler.demo_episodes per task)
     code: dict = field(
         default_factory=dict
     )  # which code ran: version, git commit, libraries (fleet/report/provenance.py)
@@ -184,6 +185,7 @@ def _add_progress(summary: Summary, progress: Progress, run: Ending) -> None:
         summary.final_version = last.version
         summary.final_env_steps = last.env_steps
         summary.transitions_stored = last.transitions
+        summary.demo_episodes = last.demo_episodes
         summary.best_success = progress.best_success
         summary.train_success = last.train_success if last.train_episodes else None
         first = progress.first.version if progress.first is not None else 0  # a resumed run starts late

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1e\x66oundation/proto/fleetrl.proto\x12\nfleetrl.v1\"B\n\x06Tensor\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x03\x12\x0c\n\x04\x64\x61ta\x18\x04 \x01(\x0c\"\xf6\x01\n\x0fTransitionBatch\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x12\n\nsampler_id\x18\x02 \x01(\r\x12\x0b\n\x03seq\x18\x03 \x01(\x04\x12\x16\n\x0epolicy_version\x18\x04 \x01(\x04\x12\x0f\n\x07task_id\x18\x05 \x01(\r\x12\x17\n\x0fnum_transitions\x18\x06 \x01(\r\x12#\n\x07\x63olumns\x18\x07 \x03(\x0b\x32\x12.fleetrl.v1.Tensor\x12\x11\n\tenv_steps\x18\x08 \x01(\x04\x12\x10\n\x08\x65pisodes\x18\t \x01(\r\x12\x11\n\tsuccesses\x18\n \x01(\r\x12\x13\n\x0bincarnation\x18\x0b \x01(\x04\"G\n\x07PushAck\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x0e\n\x06stored\x18\x02 \x01(\r\x12\x11\n\tduplicate\x18\x03 \x01(\x08\x12\x0c\n\x04head\x18\x04 \x01(\x04\"\x14\n\x12\x42ufferStatsRequest\"\xbb\x02\n\x0b\x42ufferStats\x12\x0c\n\x04head\x18\x01 \x01(\x04\x12\x11\n\tenv_steps\x18\x02 \x01(\x04\x12\x0f\n\x07\x62\x61tches\x18\x03 \x01(\x04\x12\x10\n\x08rejected\x18\x04 \x01(\x04\x12\x12\n\nduplicates\x18\x05 \x01(\x04\x12\x15\n\roldest_window\x18\x06 \x01(\x04\x12\x15\n\rnewest_window\x18\x07 \x01(\x04\x12\x10\n\x08\x65pisodes\x18\x08 \x01(\x04\x12\x15\n\rtrain_success\x18\t \x01(\x01\x12\x46\n\x11\x65nv_steps_by_task\x18\n \x03(\x0b\x32+.fleetrl.v1.BufferStats.EnvStepsByTaskEntry\x1a\x35\n\x13\x45nvStepsByTaskEntry\x12\x0b\n\x03key\x18\x01 \x01(\r\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\"\xa0\x02\n\tGradients\x12\x12\n\nlearner_id\x18\x01 \x01(\r\x12\x14\n\x0c\x62\x61se_version\x18\x02 \x01(\x04\x12#\n\x07tensors\x18\x03 \x03(\x0b\x32\x12.fleetrl.v1.Tensor\x12\x33\n\x07metrics\x18\x04 \x03(\x0b\x32\".fleetrl.v1.Gradients.MetricsEntry\x12\x12\n\nbatch_size\x18\x05 \x01(\r\x12\x13\n\x0bincarnation\x18\x06 \x01(\x04\x12\x0b\n\x03seq\x18\x07 \x01(\x04\x12)\n\x06shared\x18\x08 \x01(\x0b\x32\x19.fleetrl.v1.SharedSegment\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"R\n\x0bGradientAck\x12\x0f\n\x07\x61pplied\x18\x01 \x01(\x08\x12\x0f\n\x07version\x18\x02 \x01(\x04\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x11\n\tduplicate\x18\x04 \x01(\x08\"\xac\x01\n\x0cWatchRequest\x12\x12\n\nsubscriber\x18\x01 \x01(\t\x12\x1a\n\rafter_version\x18\x02 \x01(\x04H\x00\x88\x01\x01\x12\x0e\n\x06groups\x18\x03 \x03(\t\x12\x18\n\x10min_interval_sec\x18\x04 \x01(\x01\x12\x15\n\rshared_memory\x18\x05 \x01(\x08\x12\x19\n\x11shared_memory_key\x18\x06 \x01(\x06\x42\x10\n\x0e_after_version\"z\n\x07Weights\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12#\n\x07tensors\x18\x02 \x03(\x0b\x32\x12.fleetrl.v1.Tensor\x12\x0e\n\x06layout\x18\x03 \x01(\t\x12)\n\x06shared\x18\x04 \x01(\x0b\x32\x19.fleetrl.v1.SharedSegment\"*\n\rSharedSegment\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0b\n\x03key\x18\x02 \x01(\x06\"\x18\n\x16\x41ggregatorStatsRequest\"\xf6\x03\n\x0f\x41ggregatorStats\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12\x19\n\x11gradients_applied\x18\x02 \x01(\x04\x12\x17\n\x0fgradients_stale\x18\x03 \x01(\x04\x12\x1a\n\x12gradients_rejected\x18\x04 \x01(\x04\x12\x13\n\x0bsubscribers\x18\x05 \x01(\r\x12)\n\tlast_eval\x18\x06 \x01(\x0b\x32\x16.fleetrl.v1.EvalReport\x12\x11\n\tenv_steps\x18\x07 \x01(\x04\x12*\n\nlast_curve\x18\x08 \x01(\x0b\x32\x16.fleetrl.v1.EvalReport\x12)\n\tlast_full\x18\t \x01(\x0b\x32\x16.fleetrl.v1.EvalReport\x12O\n\x13rejected_by_learner\x18\n \x03(\x0b\x32\x32.fleetrl.v1.AggregatorStats.RejectedByLearnerEntry\x12\x15\n\rsteps_skipped\x18\x0b \x01(\x04\x12\x19\n\x11gradients_clipped\x18\x0c \x01(\x04\x12\x1b\n\x13gradients_duplicate\x18\r \x01(\x04\x1a\x38\n\x16RejectedByLearnerEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\"\t\n\x07\x45valAck\"\xb6\x02\n\nEvalReport\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12\x10\n\x08\x65pisodes\x18\x02 \x01(\r\x12\x14\n\x0csuccess_rate\x18\x03 \x01(\x01\x12\x13\n\x0bmean_return\x18\x04 \x01(\x01\x12\x11\n\tenv_steps\x18\x05 \x01(\x04\x12\x10\n\x08wall_sec\x18\x06 \x01(\x01\x12\x11\n\tevaluator\x18\x07 \x01(\t\x12\x0c\n\x04kind\x18\x08 \x01(\t\x12=\n\x0ctask_success\x18\t \x03(\x0b\x32\'.fleetrl.v1.EvalReport.TaskSuccessEntry\x12!\n\x05\x61\x63tor\x18\n \x01(\x0b\x32\x12.fleetrl.v1.Tensor\x1a\x32\n\x10TaskSuccessEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x32\x8a\x01\n\x0cReplayIngest\x12\x38\n\x04Push\x12\x1b.fleetrl.v1.TransitionBatch\x1a\x13.fleetrl.v1.PushAck\x12@\n\x05Stats\x12\x1e.fleetrl.v1.BufferStatsRequest\x1a\x17.fleetrl.v1.BufferStats2\xde\x02\n\nAggregator\x12?\n\rPushGradients\x12\x15.fleetrl.v1.Gradients\x1a\x17.fleetrl.v1.GradientAck\x12I\n\x13PushGradientsStream\x12\x15.fleetrl.v1.Gradients\x1a\x17.fleetrl.v1.GradientAck(\x01\x30\x01\x12?\n\x0cWatchWeights\x12\x18.fleetrl.v1.WatchRequest\x1a\x13.fleetrl.v1.Weights0\x01\x12H\n\x05Stats\x12\".fleetrl.v1.AggregatorStatsRequest\x1a\x1b.fleetrl.v1.AggregatorStats\x12\x39\n\nReportEval\x12\x16.fleetrl.v1.EvalReport\x1a\x13.fleetrl.v1.EvalAckb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1e\x66oundation/proto/fleetrl.proto\x12\nfleetrl.v1\"B\n\x06Tensor\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x03\x12\x0c\n\x04\x64\x61ta\x18\x04 \x01(\x0c\"\x8d\x02\n\x0fTransitionBatch\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x12\n\nsampler_id\x18\x02 \x01(\r\x12\x0b\n\x03seq\x18\x03 \x01(\x04\x12\x16\n\x0epolicy_version\x18\x04 \x01(\x04\x12\x0f\n\x07task_id\x18\x05 \x01(\r\x12\x17\n\x0fnum_transitions\x18\x06 \x01(\r\x12#\n\x07\x63olumns\x18\x07 \x03(\x0b\x32\x12.fleetrl.v1.Tensor\x12\x11\n\tenv_steps\x18\x08 \x01(\x04\x12\x10\n\x08\x65pisodes\x18\t \x01(\r\x12\x11\n\tsuccesses\x18\n \x01(\r\x12\x13\n\x0bincarnation\x18\x0b \x01(\x04\x12\x15\n\rdemonstration\x18\x0c \x01(\x08\"G\n\x07PushAck\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x0e\n\x06stored\x18\x02 \x01(\r\x12\x11\n\tduplicate\x18\x03 \x01(\x08\x12\x0c\n\x04head\x18\x04 \x01(\x04\"\x14\n\x12\x42ufferStatsRequest\"\xcf\x03\n\x0b\x42ufferStats\x12\x0c\n\x04head\x18\x01 \x01(\x04\x12\x11\n\tenv_steps\x18\x02 \x01(\x04\x12\x0f\n\x07\x62\x61tches\x18\x03 \x01(\x04\x12\x10\n\x08rejected\x18\x04 \x01(\x04\x12\x12\n\nduplicates\x18\x05 \x01(\x04\x12\x15\n\roldest_window\x18\x06 \x01(\x04\x12\x15\n\rnewest_window\x18\x07 \x01(\x04\x12\x10\n\x08\x65pisodes\x18\x08 \x01(\x04\x12\x15\n\rtrain_success\x18\t \x01(\x01\x12\x46\n\x11\x65nv_steps_by_task\x18\n \x03(\x0b\x32+.fleetrl.v1.BufferStats.EnvStepsByTaskEntry\x12T\n\x18\x64\x65mo_episodes_by_sampler\x18\x0b \x03(\x0b\x32\x32.fleetrl.v1.BufferStats.DemoEpisodesBySamplerEntry\x1a\x35\n\x13\x45nvStepsByTaskEntry\x12\x0b\n\x03key\x18\x01 \x01(\r\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\x1a<\n\x1a\x44\x65moEpisodesBySamplerEntry\x12\x0b\n\x03key\x18\x01 \x01(\r\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\"\xa0\x02\n\tGradients\x12\x12\n\nlearner_id\x18\x01 \x01(\r\x12\x14\n\x0c\x62\x61se_version\x18\x02 \x01(\x04\x12#\n\x07tensors\x18\x03 \x03(\x0b\x32\x12.fleetrl.v1.Tensor\x12\x33\n\x07metrics\x18\x04 \x03(\x0b\x32\".fleetrl.v1.Gradients.MetricsEntry\x12\x12\n\nbatch_size\x18\x05 \x01(\r\x12\x13\n\x0bincarnation\x18\x06 \x01(\x04\x12\x0b\n\x03seq\x18\x07 \x01(\x04\x12)\n\x06shared\x18\x08 \x01(\x0b\x32\x19.fleetrl.v1.SharedSegment\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"R\n\x0bGradientAck\x12\x0f\n\x07\x61pplied\x18\x01 \x01(\x08\x12\x0f\n\x07version\x18\x02 \x01(\x04\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x11\n\tduplicate\x18\x04 \x01(\x08\"\xac\x01\n\x0cWatchRequest\x12\x12\n\nsubscriber\x18\x01 \x01(\t\x12\x1a\n\rafter_version\x18\x02 \x01(\x04H\x00\x88\x01\x01\x12\x0e\n\x06groups\x18\x03 \x03(\t\x12\x18\n\x10min_interval_sec\x18\x04 \x01(\x01\x12\x15\n\rshared_memory\x18\x05 \x01(\x08\x12\x19\n\x11shared_memory_key\x18\x06 \x01(\x06\x42\x10\n\x0e_after_version\"z\n\x07Weights\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12#\n\x07tensors\x18\x02 \x03(\x0b\x32\x12.fleetrl.v1.Tensor\x12\x0e\n\x06layout\x18\x03 \x01(\t\x12)\n\x06shared\x18\x04 \x01(\x0b\x32\x19.fleetrl.v1.SharedSegment\"*\n\rSharedSegment\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0b\n\x03key\x18\x02 \x01(\x06\"\x18\n\x16\x41ggregatorStatsRequest\"\xf6\x03\n\x0f\x41ggregatorStats\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12\x19\n\x11gradients_applied\x18\x02 \x01(\x04\x12\x17\n\x0fgradients_stale\x18\x03 \x01(\x04\x12\x1a\n\x12gradients_rejected\x18\x04 \x01(\x04\x12\x13\n\x0bsubscribers\x18\x05 \x01(\r\x12)\n\tlast_eval\x18\x06 \x01(\x0b\x32\x16.fleetrl.v1.EvalReport\x12\x11\n\tenv_steps\x18\x07 \x01(\x04\x12*\n\nlast_curve\x18\x08 \x01(\x0b\x32\x16.fleetrl.v1.EvalReport\x12)\n\tlast_full\x18\t \x01(\x0b\x32\x16.fleetrl.v1.EvalReport\x12O\n\x13rejected_by_learner\x18\n \x03(\x0b\x32\x32.fleetrl.v1.AggregatorStats.RejectedByLearnerEntry\x12\x15\n\rsteps_skipped\x18\x0b \x01(\x04\x12\x19\n\x11gradients_clipped\x18\x0c \x01(\x04\x12\x1b\n\x13gradients_duplicate\x18\r \x01(\x04\x1a\x38\n\x16RejectedByLearnerEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\"\t\n\x07\x45valAck\"\xb6\x02\n\nEvalReport\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12\x10\n\x08\x65pisodes\x18\x02 \x01(\r\x12\x14\n\x0csuccess_rate\x18\x03 \x01(\x01\x12\x13\n\x0bmean_return\x18\x04 \x01(\x01\x12\x11\n\tenv_steps\x18\x05 \x01(\x04\x12\x10\n\x08wall_sec\x18\x06 \x01(\x01\x12\x11\n\tevaluator\x18\x07 \x01(\t\x12\x0c\n\x04kind\x18\x08 \x01(\t\x12=\n\x0ctask_success\x18\t \x03(\x0b\x32\'.fleetrl.v1.EvalReport.TaskSuccessEntry\x12!\n\x05\x61\x63tor\x18\n \x01(\x0b\x32\x12.fleetrl.v1.Tensor\x1a\x32\n\x10TaskSuccessEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x32\x8a\x01\n\x0cReplayIngest\x12\x38\n\x04Push\x12\x1b.fleetrl.v1.TransitionBatch\x1a\x13.fleetrl.v1.PushAck\x12@\n\x05Stats\x12\x1e.fleetrl.v1.BufferStatsRequest\x1a\x17.fleetrl.v1.BufferStats2\xde\x02\n\nAggregator\x12?\n\rPushGradients\x12\x15.fleetrl.v1.Gradients\x1a\x17.fleetrl.v1.GradientAck\x12I\n\x13PushGradientsStream\x12\x15.fleetrl.v1.Gradients\x1a\x17.fleetrl.v1.GradientAck(\x01\x30\x01\x12?\n\x0cWatchWeights\x12\x18.fleetrl.v1.WatchRequest\x1a\x13.fleetrl.v1.Weights0\x01\x12H\n\x05Stats\x12\".fleetrl.v1.AggregatorStatsRequest\x1a\x1b.fleetrl.v1.AggregatorStats\x12\x39\n\nReportEval\x12\x16.fleetrl.v1.EvalReport\x1a\x13.fleetrl.v1.EvalAckb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,6 +33,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_BUFFERSTATS_ENVSTEPSBYTASKENTRY']._loaded_options = None
   _globals['_BUFFERSTATS_ENVSTEPSBYTASKENTRY']._serialized_options = b'8\001'
+  _globals['_BUFFERSTATS_DEMOEPISODESBYSAMPLERENTRY']._loaded_options = None
+  _globals['_BUFFERSTATS_DEMOEPISODESBYSAMPLERENTRY']._serialized_options = b'8\001'
   _globals['_GRADIENTS_METRICSENTRY']._loaded_options = None
   _globals['_GRADIENTS_METRICSENTRY']._serialized_options = b'8\001'
   _globals['_AGGREGATORSTATS_REJECTEDBYLEARNERENTRY']._loaded_options = None
@@ -42,41 +44,43 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TENSOR']._serialized_start=46
   _globals['_TENSOR']._serialized_end=112
   _globals['_TRANSITIONBATCH']._serialized_start=115
-  _globals['_TRANSITIONBATCH']._serialized_end=361
-  _globals['_PUSHACK']._serialized_start=363
-  _globals['_PUSHACK']._serialized_end=434
-  _globals['_BUFFERSTATSREQUEST']._serialized_start=436
-  _globals['_BUFFERSTATSREQUEST']._serialized_end=456
-  _globals['_BUFFERSTATS']._serialized_start=459
-  _globals['_BUFFERSTATS']._serialized_end=774
-  _globals['_BUFFERSTATS_ENVSTEPSBYTASKENTRY']._serialized_start=721
-  _globals['_BUFFERSTATS_ENVSTEPSBYTASKENTRY']._serialized_end=774
-  _globals['_GRADIENTS']._serialized_start=777
-  _globals['_GRADIENTS']._serialized_end=1065
-  _globals['_GRADIENTS_METRICSENTRY']._serialized_start=1019
-  _globals['_GRADIENTS_METRICSENTRY']._serialized_end=1065
-  _globals['_GRADIENTACK']._serialized_start=1067
-  _globals['_GRADIENTACK']._serialized_end=1149
-  _globals['_WATCHREQUEST']._serialized_start=1152
-  _globals['_WATCHREQUEST']._serialized_end=1324
-  _globals['_WEIGHTS']._serialized_start=1326
-  _globals['_WEIGHTS']._serialized_end=1448
-  _globals['_SHAREDSEGMENT']._serialized_start=1450
-  _globals['_SHAREDSEGMENT']._serialized_end=1492
-  _globals['_AGGREGATORSTATSREQUEST']._serialized_start=1494
-  _globals['_AGGREGATORSTATSREQUEST']._serialized_end=1518
-  _globals['_AGGREGATORSTATS']._serialized_start=1521
-  _globals['_AGGREGATORSTATS']._serialized_end=2023
-  _globals['_AGGREGATORSTATS_REJECTEDBYLEARNERENTRY']._serialized_start=1967
-  _globals['_AGGREGATORSTATS_REJECTEDBYLEARNERENTRY']._serialized_end=2023
-  _globals['_EVALACK']._serialized_start=2025
-  _globals['_EVALACK']._serialized_end=2034
-  _globals['_EVALREPORT']._serialized_start=2037
-  _globals['_EVALREPORT']._serialized_end=2347
-  _globals['_EVALREPORT_TASKSUCCESSENTRY']._serialized_start=2297
-  _globals['_EVALREPORT_TASKSUCCESSENTRY']._serialized_end=2347
-  _globals['_REPLAYINGEST']._serialized_start=2350
-  _globals['_REPLAYINGEST']._serialized_end=2488
-  _globals['_AGGREGATOR']._serialized_start=2491
-  _globals['_AGGREGATOR']._serialized_end=2841
+  _globals['_TRANSITIONBATCH']._serialized_end=384
+  _globals['_PUSHACK']._serialized_start=386
+  _globals['_PUSHACK']._serialized_end=457
+  _globals['_BUFFERSTATSREQUEST']._serialized_start=459
+  _globals['_BUFFERSTATSREQUEST']._serialized_end=479
+  _globals['_BUFFERSTATS']._serialized_start=482
+  _globals['_BUFFERSTATS']._serialized_end=945
+  _globals['_BUFFERSTATS_ENVSTEPSBYTASKENTRY']._serialized_start=830
+  _globals['_BUFFERSTATS_ENVSTEPSBYTASKENTRY']._serialized_end=883
+  _globals['_BUFFERSTATS_DEMOEPISODESBYSAMPLERENTRY']._serialized_start=885
+  _globals['_BUFFERSTATS_DEMOEPISODESBYSAMPLERENTRY']._serialized_end=945
+  _globals['_GRADIENTS']._serialized_start=948
+  _globals['_GRADIENTS']._serialized_end=1236
+  _globals['_GRADIENTS_METRICSENTRY']._serialized_start=1190
+  _globals['_GRADIENTS_METRICSENTRY']._serialized_end=1236
+  _globals['_GRADIENTACK']._serialized_start=1238
+  _globals['_GRADIENTACK']._serialized_end=1320
+  _globals['_WATCHREQUEST']._serialized_start=1323
+  _globals['_WATCHREQUEST']._serialized_end=1495
+  _globals['_WEIGHTS']._serialized_start=1497
+  _globals['_WEIGHTS']._serialized_end=1619
+  _globals['_SHAREDSEGMENT']._serialized_start=1621
+  _globals['_SHAREDSEGMENT']._serialized_end=1663
+  _globals['_AGGREGATORSTATSREQUEST']._serialized_start=1665
+  _globals['_AGGREGATORSTATSREQUEST']._serialized_end=1689
+  _globals['_AGGREGATORSTATS']._serialized_start=1692
+  _globals['_AGGREGATORSTATS']._serialized_end=2194
+  _globals['_AGGREGATORSTATS_REJECTEDBYLEARNERENTRY']._serialized_start=2138
+  _globals['_AGGREGATORSTATS_REJECTEDBYLEARNERENTRY']._serialized_end=2194
+  _globals['_EVALACK']._serialized_start=2196
+  _globals['_EVALACK']._serialized_end=2205
+  _globals['_EVALREPORT']._serialized_start=2208
+  _globals['_EVALREPORT']._serialized_end=2518
+  _globals['_EVALREPORT_TASKSUCCESSENTRY']._serialized_start=2468
+  _globals['_EVALREPORT_TASKSUCCESSENTRY']._serialized_end=2518
+  _globals['_REPLAYINGEST']._serialized_start=2521
+  _globals['_REPLAYINGEST']._serialized_end=2659
+  _globals['_AGGREGATOR']._serialized_start=2662
+  _globals['_AGGREGATOR']._serialized_end=3012
 # @@protoc_insertion_point(module_scope)

@@ -19,7 +19,7 @@ class Tensor(_message.Message):
     def __init__(self, name: _Optional[str] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., data: _Optional[bytes] = ...) -> None: ...
 
 class TransitionBatch(_message.Message):
-    __slots__ = ("run_id", "sampler_id", "seq", "policy_version", "task_id", "num_transitions", "columns", "env_steps", "episodes", "successes", "incarnation")
+    __slots__ = ("run_id", "sampler_id", "seq", "policy_version", "task_id", "num_transitions", "columns", "env_steps", "episodes", "successes", "incarnation", "demonstration")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     SAMPLER_ID_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
@@ -31,6 +31,7 @@ class TransitionBatch(_message.Message):
     EPISODES_FIELD_NUMBER: _ClassVar[int]
     SUCCESSES_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    DEMONSTRATION_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     sampler_id: int
     seq: int
@@ -42,7 +43,8 @@ class TransitionBatch(_message.Message):
     episodes: int
     successes: int
     incarnation: int
-    def __init__(self, run_id: _Optional[str] = ..., sampler_id: _Optional[int] = ..., seq: _Optional[int] = ..., policy_version: _Optional[int] = ..., task_id: _Optional[int] = ..., num_transitions: _Optional[int] = ..., columns: _Optional[_Iterable[_Union[Tensor, _Mapping]]] = ..., env_steps: _Optional[int] = ..., episodes: _Optional[int] = ..., successes: _Optional[int] = ..., incarnation: _Optional[int] = ...) -> None: ...
+    demonstration: bool
+    def __init__(self, run_id: _Optional[str] = ..., sampler_id: _Optional[int] = ..., seq: _Optional[int] = ..., policy_version: _Optional[int] = ..., task_id: _Optional[int] = ..., num_transitions: _Optional[int] = ..., columns: _Optional[_Iterable[_Union[Tensor, _Mapping]]] = ..., env_steps: _Optional[int] = ..., episodes: _Optional[int] = ..., successes: _Optional[int] = ..., incarnation: _Optional[int] = ..., demonstration: _Optional[bool] = ...) -> None: ...
 
 class PushAck(_message.Message):
     __slots__ = ("seq", "stored", "duplicate", "head")
@@ -61,8 +63,15 @@ class BufferStatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class BufferStats(_message.Message):
-    __slots__ = ("head", "env_steps", "batches", "rejected", "duplicates", "oldest_window", "newest_window", "episodes", "train_success", "env_steps_by_task")
+    __slots__ = ("head", "env_steps", "batches", "rejected", "duplicates", "oldest_window", "newest_window", "episodes", "train_success", "env_steps_by_task", "demo_episodes_by_sampler")
     class EnvStepsByTaskEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: int
+        value: int
+        def __init__(self, key: _Optional[int] = ..., value: _Optional[int] = ...) -> None: ...
+    class DemoEpisodesBySamplerEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
         VALUE_FIELD_NUMBER: _ClassVar[int]
@@ -79,6 +88,7 @@ class BufferStats(_message.Message):
     EPISODES_FIELD_NUMBER: _ClassVar[int]
     TRAIN_SUCCESS_FIELD_NUMBER: _ClassVar[int]
     ENV_STEPS_BY_TASK_FIELD_NUMBER: _ClassVar[int]
+    DEMO_EPISODES_BY_SAMPLER_FIELD_NUMBER: _ClassVar[int]
     head: int
     env_steps: int
     batches: int
@@ -89,7 +99,8 @@ class BufferStats(_message.Message):
     episodes: int
     train_success: float
     env_steps_by_task: _containers.ScalarMap[int, int]
-    def __init__(self, head: _Optional[int] = ..., env_steps: _Optional[int] = ..., batches: _Optional[int] = ..., rejected: _Optional[int] = ..., duplicates: _Optional[int] = ..., oldest_window: _Optional[int] = ..., newest_window: _Optional[int] = ..., episodes: _Optional[int] = ..., train_success: _Optional[float] = ..., env_steps_by_task: _Optional[_Mapping[int, int]] = ...) -> None: ...
+    demo_episodes_by_sampler: _containers.ScalarMap[int, int]
+    def __init__(self, head: _Optional[int] = ..., env_steps: _Optional[int] = ..., batches: _Optional[int] = ..., rejected: _Optional[int] = ..., duplicates: _Optional[int] = ..., oldest_window: _Optional[int] = ..., newest_window: _Optional[int] = ..., episodes: _Optional[int] = ..., train_success: _Optional[float] = ..., env_steps_by_task: _Optional[_Mapping[int, int]] = ..., demo_episodes_by_sampler: _Optional[_Mapping[int, int]] = ...) -> None: ...
 
 class Gradients(_message.Message):
     __slots__ = ("learner_id", "base_version", "tensors", "metrics", "batch_size", "incarnation", "seq", "shared")

@@ -41,12 +41,17 @@ def critic_loss(model: SACModel, batch: Batch, objective: Objective) -> torch.Te
     return ((q1[:rows] - target) ** 2).mean() + ((q2[:rows] - target) ** 2).mean()
 
 
+def value(model: SACModel, obs_goal: torch.Tensor, action: torch.Tensor, task: torch.Tensor | None) -> torch.Tensor:
+    """min_j Q_j(s,g,a), the critics read on their running statistics."""
+    with running_statistics(model.critic):
+        q1, q2 = model.critic(obs_goal, action, task)
+    return torch.min(q1, q2)
+
+
 def actor_loss(model: SACModel, batch: Batch, objective: Objective) -> ActorLoss:
     """J_pi against the smaller critic read on its running statistics, and SAC's J_a."""
     action, log_prob = model.actor.sample(batch.obs_goal, batch.task)
-    with running_statistics(model.critic):
-        q1, q2 = model.critic(batch.obs_goal, action, batch.task)
-    return policy_loss(model, batch, objective, log_prob, torch.min(q1, q2))
+    return policy_loss(model, batch, objective, log_prob, value(model, batch.obs_goal, action, batch.task))
 
 
 @dataclass(frozen=True)
@@ -58,3 +63,8 @@ class CrossQ:
 
     def actor_loss(self, model: SACModel, batch: Batch, objective: Objective) -> ActorLoss:
         return actor_loss(model, batch, objective)
+
+    def value(
+        self, model: SACModel, obs_goal: torch.Tensor, action: torch.Tensor, task: torch.Tensor | None
+    ) -> torch.Tensor:
+        return value(model, obs_goal, action, task)

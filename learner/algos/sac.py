@@ -57,11 +57,16 @@ def policy_loss(
     return ActorLoss(actor, alpha)
 
 
+def value(model: SACModel, obs_goal: torch.Tensor, action: torch.Tensor, task: torch.Tensor | None) -> torch.Tensor:
+    """min_j Q_j(s,g,a): the smaller of the two critics."""
+    q1, q2 = model.critic(obs_goal, action, task)
+    return torch.min(q1, q2)
+
+
 def actor_loss(model: SACModel, batch: Batch, objective: Objective) -> ActorLoss:
     """J_pi against the smaller of the two critics, and J_a."""
     action, log_prob = model.actor.sample(batch.obs_goal, batch.task)
-    q1, q2 = model.critic(batch.obs_goal, action, batch.task)
-    return policy_loss(model, batch, objective, log_prob, torch.min(q1, q2))
+    return policy_loss(model, batch, objective, log_prob, value(model, batch.obs_goal, action, batch.task))
 
 
 @dataclass(frozen=True)
@@ -73,3 +78,8 @@ class SAC:
 
     def actor_loss(self, model: SACModel, batch: Batch, objective: Objective) -> ActorLoss:
         return actor_loss(model, batch, objective)
+
+    def value(
+        self, model: SACModel, obs_goal: torch.Tensor, action: torch.Tensor, task: torch.Tensor | None
+    ) -> torch.Tensor:
+        return value(model, obs_goal, action, task)

@@ -56,11 +56,17 @@ def critic_loss(model: SACModel, batch: Batch, objective: Objective, drop: int) 
     return quantile_huber_loss(q1, target) + quantile_huber_loss(q2, target)
 
 
+def value(model: SACModel, obs_goal: torch.Tensor, action: torch.Tensor, task: torch.Tensor | None) -> torch.Tensor:
+    """mean_{i,m} Z_i^m(s,g,a): TQC's value, the mean of every quantile of both critics (the
+    truncation of the targets, not a min, curbs its overestimation)."""
+    z1, z2 = model.critic(obs_goal, action, task)
+    return torch.cat([z1, z2], dim=1).mean(1)
+
+
 def actor_loss(model: SACModel, batch: Batch, objective: Objective) -> ActorLoss:
     """J_pi against the mean of every quantile of both critics, and SAC's J_a."""
     action, log_prob = model.actor.sample(batch.obs_goal, batch.task)
-    z1, z2 = model.critic(batch.obs_goal, action, batch.task)
-    return policy_loss(model, batch, objective, log_prob, torch.cat([z1, z2], dim=1).mean(1))
+    return policy_loss(model, batch, objective, log_prob, value(model, batch.obs_goal, action, batch.task))
 
 
 @dataclass(frozen=True)
@@ -74,3 +80,8 @@ class TQC:
 
     def actor_loss(self, model: SACModel, batch: Batch, objective: Objective) -> ActorLoss:
         return actor_loss(model, batch, objective)
+
+    def value(
+        self, model: SACModel, obs_goal: torch.Tensor, action: torch.Tensor, task: torch.Tensor | None
+    ) -> torch.Tensor:
+        return value(model, obs_goal, action, task)

@@ -30,10 +30,12 @@ class FakeBatchSource(BatchSource):
     """A BatchSource whose k-th sampled batch has reward k in every row (obs 3, goal 2, act 2).
 
     `fail_after`: sample() raises ConnectionError once it has served that many batches.
+    `demo_every`: every that many-th row of a batch is marked an expert demonstration's (0: none).
     `calls`: every call, in order. Thread-safe: a prefetch thread calls it too.
     """
 
     fail_after: int | None = None
+    demo_every: int = 0
     calls: list[Call] = field(default_factory=list)
     _granted: int = 0  # wait_to_sample() answers not yet used by a sample()
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -68,7 +70,8 @@ class FakeBatchSource(BatchSource):
             next_obs=np.full((n, 3), 0.75, np.float32),
             done=np.zeros(n, np.float32),
         )
-        return SampledBatch(rows, np.full(n, version, np.int64), np.zeros(n, np.int64))
+        demo = np.arange(n) % self.demo_every == 0 if self.demo_every else np.zeros(n, bool)
+        return SampledBatch(rows, np.full(n, version, np.int64), np.zeros(n, np.int64), demo)
 
     def assert_calls(self, *, samples: int, batch_size: int, version: int = 0) -> None:
         """At least `samples` batches were sampled, every call of `batch_size` rows, every sample
@@ -119,6 +122,7 @@ class FakeIngestClient:
     ) -> None:
         self.schema, self.task_ids, self.reject, self.n_step = schema, task_ids, reject, n_step
         self.run_id, self.sampler_id, self.incarnation = "fake-run", 0, 1
+        self.earlier_demos = 0  # demonstrations of this sampler stored before this incarnation (stats())
         self.rate_limited_sec = 0.0
         self.closed = False
         self.pushes: list[Pushed] = []
@@ -150,6 +154,7 @@ class FakeIngestClient:
         env_steps: int,
         episodes: int = 0,
         successes: int = 0,
+        demonstration: bool = False,
         max_retry_sec: float | None = None,
         should_stop: Callable[[], bool] = lambda: False,
     ) -> pb.PushAck:
@@ -161,6 +166,7 @@ class FakeIngestClient:
             incarnation=self.incarnation,
             episodes=episodes,
             successes=successes,
+            demonstration=demonstration,
             **tags,
         )
         try:
@@ -202,6 +208,18 @@ class FakeIngestClient:
         with self._lock:
             self.violations.append(message)
         raise AssertionError(message)
+
+    def stats(self, wait_for_ready: bool = False, timeout_sec: float | None = None) -> pb.BufferStats:
+        """The run's counters as the service reports them, from the batches stored here and
+        `earlier_demos` (demonstrations a previous incarnation of this sampler stored)."""
+        stored = self.stored()
+        demos = self.earlier_demos + sum(b.demonstration for b in stored)
+        return pb.BufferStats(
+            head=sum(b.num_transitions for b in stored),
+            env_steps=sum(b.env_steps for b in stored),
+            batches=len(stored),
+            demo_episodes_by_sampler={self.sampler_id: demos} if demos else {},
+        )
 
     def stored(self) -> list[pb.TransitionBatch]:
         """The batches stored (each seq once), in seq order."""
