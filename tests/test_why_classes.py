@@ -1,0 +1,126 @@
+"""`fleetrl evaluate --why`'s classifiers (sim/failures.py) on synthetic traces, one row per
+class and per boundary: no MuJoCo."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from sim.failures import (
+    CLASSIFIERS,
+    LIFT_M,
+    SUCCESS,
+    EpisodeTrace,
+    StatePath,
+    Verdict,
+    goal_line,
+)
+
+TABLE_Z = 0.42
+START = np.array([1.30, 0.75, TABLE_Z])
+FAR_ABOVE = (0.0, 0.0, 0.30)  # the grip site well clear of the object (every trace's default)
+OPEN, HOLDING, SHUT = 0.10, 0.048, 0.0  # the two finger joints summed: open, around the 5 cm block, on nothing
+
+
+def trace(
+    goal: tuple[float, float, float],
+    obj: list[tuple[float, float, float]],
+    grip: list[tuple[float, float, float]] | None = None,
+    gap: list[float] | None = None,
+    touch: list[bool] | None = None,
+    success: bool = False,
+) -> EpisodeTrace:
+    """An episode of len(obj) rows; every position an offset from the object's start (START)."""
+    rows = len(obj)
+    grip = grip or [FAR_ABOVE] * rows
+    gap = gap or [SHUT] * rows
+    states = StatePath(
+        grip=START + np.array(grip),
+        obj=START + np.array(obj),
+        fingers=np.repeat(np.array(gap)[:, None] / 2, 2, axis=1),
+        touch=np.array(touch or [False] * rows),
+    )
+    return EpisodeTrace(seed=7, goal=START + np.array(goal), table_z=TABLE_Z, success=success, states=states)
+
+
+STILL = [(0.0, 0.0, 0.0)] * 3
+AIR_GOAL = (0.20, 0.0, 0.25)
+TABLE_GOAL = (0.20, 0.0, 0.0)
+AT_OBJECT = [(0.0, 0.0, 0.0)] * 3
+BESIDE = [(0.045, 0.0, 0.0)] * 3  # within a block width of its centre, no finger on it
+CLOSING = [OPEN, OPEN, SHUT]
+HELD = [OPEN, HOLDING, HOLDING, HOLDING]
+HIT = [False, True, True]
+LIFTED = [(0.0, 0.0, 0.0), (0.0, 0.0, 0.10), (0.10, 0.0, 0.20)]
+ALONG = [(0.0, 0.0, 0.0), (0.05, 0.0, 0.0), (0.10, 0.0, 0.011)]  # pushed, tipped onto an edge: 1.1 cm up
+
+PICK_AND_PLACE = [
+    ("a success is success", trace(TABLE_GOAL, STILL, success=True), SUCCESS),
+    ("untouched, the gripper far", trace(TABLE_GOAL, STILL), "never_reached"),
+    ("the fingers shut on nothing beside it", trace(AIR_GOAL, STILL, BESIDE, CLOSING), "closed_off_object"),
+    ("shut beside it, goal on the table", trace(TABLE_GOAL, STILL, BESIDE, CLOSING), "closed_off_object"),
+    ("shut on nothing far above it", trace(TABLE_GOAL, STILL, gap=CLOSING), "never_reached"),
+    ("pushed, fingers shut from the start", trace(AIR_GOAL, ALONG, AT_OBJECT, touch=HIT), "pushed_not_lifted"),
+    ("hovered over it, never closed", trace(AIR_GOAL, STILL, AT_OBJECT, [OPEN] * 3), "pushed_not_lifted"),
+    ("pushed near a table goal", trace(TABLE_GOAL, [(0, 0, 0), (0.13, 0, 0)], touch=HIT[1:]), "stopped_short"),
+    ("pushed wide of a table goal", trace(TABLE_GOAL, [(0, 0, 0), (0.0, 0.2, 0)], touch=HIT[1:]), "missed_on_table"),
+    ("lifted to near the goal", trace(AIR_GOAL, [*LIFTED, (0.15, 0, 0.20)], gap=HELD), "stopped_short"),
+    ("lifted, then back on the table", trace(AIR_GOAL, [*LIFTED, (0.10, 0, 0.0)]), "dropped"),
+    ("lifted, then fell off the table", trace(AIR_GOAL, [*LIFTED, (0.10, 0, -0.40)]), "dropped"),
+    ("lifted and held away from the goal", trace(AIR_GOAL, [*LIFTED, (-0.10, 0, 0.20)]), "held_away"),
+    ("just over the lift line: lifted", trace(TABLE_GOAL, [(0, 0, 0), (0, 0, LIFT_M + 1e-3), (0, 0.2, 0)]), "dropped"),
+]  # fmt: skip
+EPISODE = {case: episode for case, episode, _ in PICK_AND_PLACE}
+LABEL = {case: label for case, _, label in PICK_AND_PLACE}
+
+
+@pytest.mark.parametrize("case,episode,label", PICK_AND_PLACE, ids=[row[0] for row in PICK_AND_PLACE])
+def test_pick_and_place_failures_get_their_class(case, episode, label):
+    assert CLASSIFIERS["FetchPickAndPlace-v4"].classify(episode) == label
+
+
+PUSH_GOAL = (0.20, 0.0, 0.0)
+LINE = [
+    ("a success is success", trace(PUSH_GOAL, STILL, success=True), SUCCESS, SUCCESS),
+    ("untouched and never moved", trace(PUSH_GOAL, STILL), "never_reached", "never_hit"),
+    ("short along the line", trace(PUSH_GOAL, [(0, 0, 0), (0.10, 0.02, 0)]), "stopped_short", "too_soft"),
+    ("past along the line", trace(PUSH_GOAL, [(0, 0, 0), (0.30, -0.03, 0)]), "pushed_past", "too_hard"),
+    ("off the line", trace(PUSH_GOAL, [(0, 0, 0), (0.18, 0.12, 0)]), "off_line", "off_line"),
+    ("touched, never moved: short", trace(PUSH_GOAL, STILL, touch=HIT), "stopped_short", "too_soft"),
+    ("moved, no contact seen: touched", trace(PUSH_GOAL, [(0, 0, 0), (0.02, 0, 0)]), "stopped_short", "too_soft"),
+    ("a goal at its start: all lateral", trace((0, 0, 0), [(0, 0, 0), (0.0, 0.08, 0)]), "off_line", "off_line"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("case,episode,push,slide", LINE, ids=[row[0] for row in LINE])
+def test_push_and_slide_failures_are_judged_against_the_start_to_goal_line(case, episode, push, slide):
+    assert CLASSIFIERS["FetchPush-v4"].classify(episode) == push
+    assert CLASSIFIERS["FetchSlide-v4"].classify(episode) == slide
+
+
+def test_the_goal_line_measures_short_past_and_off_in_metres():
+    line = goal_line(trace(PUSH_GOAL, [(0, 0, 0), (0.30, -0.03, 0.5)]))  # height plays no part
+    assert line.along_m == pytest.approx(0.10) and line.lateral_m == pytest.approx(0.03)
+    line = goal_line(trace((0.0, -0.4, 0.0), [(0, 0, 0), (0.05, -0.1, 0)]))  # any direction
+    assert line.along_m == pytest.approx(-0.3) and line.lateral_m == pytest.approx(0.05)
+
+
+def test_every_label_a_classifier_gives_is_a_row_of_its_table():
+    for task, cases in (("FetchPickAndPlace-v4", PICK_AND_PLACE), ("FetchPush-v4", LINE), ("FetchSlide-v4", LINE)):
+        names = [c.name for c in CLASSIFIERS[task].classes]
+        assert names[0] == SUCCESS and len(set(names)) == len(names)
+        assert {CLASSIFIERS[task].classify(row[1]) for row in cases} <= set(names)
+    labels = {row[2] for row in PICK_AND_PLACE}
+    assert labels == {c.name for c in CLASSIFIERS["FetchPickAndPlace-v4"].classes}  # every class has a row here
+
+
+def test_a_verdict_keeps_the_goal_and_the_figures_its_rule_read():
+    verdict = Verdict.of(EPISODE["pushed, fingers shut from the start"], "pushed_not_lifted")
+    row = verdict.to_dict()
+    assert row["goal"] == pytest.approx(tuple(START + AIR_GOAL)) and row["goal_in_air"] is True
+    assert row["goal_height_m"] == pytest.approx(0.25) and row["max_lift_m"] == pytest.approx(0.011)
+    assert set(row) >= {"seed", "label", "object_start", "final_distance_m", "along_m", "lateral_m"}
+    assert json.loads(json.dumps(row))["label"] == "pushed_not_lifted"
+    assert Verdict.of(EPISODE["untouched, the gripper far"], "never_reached").goal_in_air is False
