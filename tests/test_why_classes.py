@@ -1,13 +1,16 @@
 """`fleetrl evaluate --why`'s classifiers (sim/failures.py) on synthetic traces, one row per
-class and per boundary: no MuJoCo."""
+class and per boundary, and its table (fleet/report/why.py) on synthetic verdicts: no MuJoCo."""
 
 from __future__ import annotations
 
 import json
+import pathlib
 
 import numpy as np
 import pytest
 
+from fleet.report.why import WhySetting, class_table, counts, document
+from sampler.why import Diagnosis
 from sim.failures import (
     CLASSIFIERS,
     LIFT_M,
@@ -116,6 +119,11 @@ def test_every_label_a_classifier_gives_is_a_row_of_its_table():
     assert labels == {c.name for c in CLASSIFIERS["FetchPickAndPlace-v4"].classes}  # every class has a row here
 
 
+def _verdicts() -> list[Verdict]:
+    cases = ("a success is success", "the fingers shut on nothing beside it", "pushed, fingers shut from the start")
+    return [Verdict.of(EPISODE[case], LABEL[case]) for case in (*cases, "pushed near a table goal")]
+
+
 def test_a_verdict_keeps_the_goal_and_the_figures_its_rule_read():
     verdict = Verdict.of(EPISODE["pushed, fingers shut from the start"], "pushed_not_lifted")
     row = verdict.to_dict()
@@ -124,3 +132,35 @@ def test_a_verdict_keeps_the_goal_and_the_figures_its_rule_read():
     assert set(row) >= {"seed", "label", "object_start", "final_distance_m", "along_m", "lateral_m"}
     assert json.loads(json.dumps(row))["label"] == "pushed_not_lifted"
     assert Verdict.of(EPISODE["untouched, the gripper far"], "never_reached").goal_in_air is False
+
+
+def test_the_pick_and_place_table_splits_every_class_by_goal_height():
+    table = counts("FetchPickAndPlace-v4", _verdicts())
+    assert list(table) == [c.name for c in CLASSIFIERS["FetchPickAndPlace-v4"].classes]  # zeros included
+    assert table[SUCCESS] == {"goal_in_air": 0, "goal_on_table": 1, "all": 1}
+    assert table["closed_off_object"] == {"goal_in_air": 1, "goal_on_table": 0, "all": 1}
+    assert table["pushed_not_lifted"]["goal_in_air"] == 1 and table["dropped"]["all"] == 0
+    text = class_table("FetchPickAndPlace-v4", _verdicts())
+    assert "goal in air" in text and "goal on table" in text
+    assert "success" in text.splitlines()[1] and "1 (50%)" in text.splitlines()[1]  # 1 of the 2 table goals
+    assert text.count(": ") == len(table)  # every class's rule under the table
+
+
+def test_a_push_table_has_one_column_and_the_json_holds_every_episode():
+    verdicts = [Verdict.of(row[1], CLASSIFIERS["FetchPush-v4"].classify(row[1])) for row in LINE]
+    assert counts("FetchPush-v4", verdicts)["off_line"] == {"all": 2}
+    assert "goal in air" not in class_table("FetchPush-v4", verdicts)
+    diagnosis = Diagnosis(pathlib.Path("run/checkpoints/ckpt_0000000005.pt"), 5, {"FetchPush-v4": verdicts})
+    setting = WhySetting("run", "swa", first_seed=100, episodes=len(verdicts))
+    doc = json.loads(json.dumps(document(diagnosis, setting, {"FetchPush-v4": "run/why/x.png"})))
+    assert setting.stem(diagnosis) == "ckpt_0000000005_swa"  # a weight average's files beside the live actor's
+    assert (doc["checkpoint"], doc["version"], doc["weights"], doc["first_seed"]) == (
+        "ckpt_0000000005.pt",
+        5,
+        "swa",
+        100,
+    )
+    push = doc["tasks"]["FetchPush-v4"]
+    assert [e["label"] for e in push["episodes"]] == [v.label for v in verdicts]
+    assert push["success_rate"] == 1 / len(LINE) and push["classes"]["off_line"]["all"] == 2
+    assert push["classes"]["never_reached"]["rule"] and doc["thresholds"]["success_m"] == 0.05
