@@ -53,10 +53,12 @@ class EpisodeTrace:
 
 
 class GoalLine(NamedTuple):
-    """Where the object ended against the line from its start to the goal, on the table plane."""
+    """Where the object ended: against the line from its start to the goal on the table plane,
+    and above the table."""
 
     along_m: float  # past the goal (+) or short of it (-), along the line
     lateral_m: float  # off the line, either side
+    end_height_m: float  # above its resting height; below zero it fell off the table
 
 
 def final_distance(trace: EpisodeTrace) -> float:
@@ -98,17 +100,18 @@ def missed_closing(trace: EpisodeTrace) -> bool:
 
 
 def goal_line(trace: EpisodeTrace) -> GoalLine:
-    """The object's end against the start-to-goal line (x, y only). A goal at the start gives
-    no direction: all the error is then lateral."""
+    """The object's end against the start-to-goal line (x, y only), and its height. A goal at the
+    start gives no direction: all the error is then lateral."""
     start, end, goal = trace.states.obj[0, :2], trace.states.obj[-1, :2], trace.goal[:2]
+    height = float(trace.states.obj[-1, 2] - trace.table_z)
     span = float(np.linalg.norm(goal - start))
     moved = end - start
     if span < 1e-9:
-        return GoalLine(0.0, float(np.linalg.norm(moved)))
+        return GoalLine(0.0, float(np.linalg.norm(moved)), height)
     unit = (goal - start) / span
     along = float(moved @ unit)
     lateral = float(np.linalg.norm(moved - along * unit))
-    return GoalLine(along - span, lateral)
+    return GoalLine(along - span, lateral, height)
 
 
 def _line_class(trace: EpisodeTrace, short: str, past: str) -> str:
@@ -133,7 +136,7 @@ def classify_pick_and_place(trace: EpisodeTrace) -> str:
         return "stopped_short"
     if not lifted:
         return "missed_on_table"
-    return "dropped" if trace.states.obj[-1, 2] - trace.table_z <= LIFT_M else "held_away"
+    return "dropped" if goal_line(trace).end_height_m <= LIFT_M else "held_away"
 
 
 def classify_push(trace: EpisodeTrace) -> str:

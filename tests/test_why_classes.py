@@ -104,8 +104,9 @@ def test_push_and_slide_failures_are_judged_against_the_start_to_goal_line(case,
 
 
 def test_the_goal_line_measures_short_past_and_off_in_metres():
-    line = goal_line(trace(PUSH_GOAL, [(0, 0, 0), (0.30, -0.03, 0.5)]))  # height plays no part
+    line = goal_line(trace(PUSH_GOAL, [(0, 0, 0), (0.30, -0.03, -0.4)]))  # off the table: the line is x, y
     assert line.along_m == pytest.approx(0.10) and line.lateral_m == pytest.approx(0.03)
+    assert line.end_height_m == pytest.approx(-0.4)
     line = goal_line(trace((0.0, -0.4, 0.0), [(0, 0, 0), (0.05, -0.1, 0)]))  # any direction
     assert line.along_m == pytest.approx(-0.3) and line.lateral_m == pytest.approx(0.05)
 
@@ -129,7 +130,8 @@ def test_a_verdict_keeps_the_goal_and_the_figures_its_rule_read():
     row = verdict.to_dict()
     assert row["goal"] == pytest.approx(tuple(START + AIR_GOAL)) and row["goal_in_air"] is True
     assert row["goal_height_m"] == pytest.approx(0.25) and row["max_lift_m"] == pytest.approx(0.011)
-    assert set(row) >= {"seed", "label", "object_start", "final_distance_m", "along_m", "lateral_m"}
+    assert set(row) >= {"seed", "label", "object_start", "final_distance_m", "along_m", "lateral_m", "end_height_m"}
+    assert row["end_height_m"] == pytest.approx(0.011)
     assert json.loads(json.dumps(row))["label"] == "pushed_not_lifted"
     assert Verdict.of(EPISODE["untouched, the gripper far"], "never_reached").goal_in_air is False
 

@@ -188,6 +188,7 @@ def _label_panels(task: str, top: Axes, rules: Axes) -> None:
 
         rules.axvline(0.0, color="0.5", linestyle=":", linewidth=1)
         rules.add_patch(Circle((0.0, 0.0), SUCCESS_M, fill=False, color="0.5", linestyle="--"))
+        rules.set_aspect("equal", adjustable="datalim")  # metres alike on both axes: the circle is round
         rules.set_xlabel("object's end past the goal along the start-to-goal line (m)")
         rules.set_ylabel("off the line (m)")
         rules.set_title(f"where the object ended: short < 0 < past (dashed: {SUCCESS_M * 100:g} cm)")
