@@ -47,6 +47,8 @@ CASES = [
     ("evaluate/empty", ["evaluate", "{empty}"], "evaluate", "{empty}: no config.json there"),
     ("evaluate/no-checkpoint", ["evaluate", "{started}"], "evaluate", "no checkpoint in {started}/checkpoints"),
     ("evaluate/set", ["evaluate", "{started}", "--set", "x=1"], "evaluate", "unrecognized arguments: --set"),
+    ("evaluate/out", ["evaluate", "{started}", "--out", "{root}"], "evaluate", "--out is read only with --why"),
+    ("evaluate/why-out", ["evaluate", "{started}", "--why", "--out", "{spec}"], "evaluate", "--out {spec}: a file"),
     ("deploy-check/missing", ["deploy-check", "{missing}"], "deploy-check", "{missing}: does not exist"),
     ("deploy-check/empty", ["deploy-check", "{empty}"], "deploy-check", "{empty}: no config.json there"),
     ("deploy-check/no-checkpoint", ["deploy-check", "{started}"], "deploy-check", "no checkpoint in {started}"),

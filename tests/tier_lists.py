@@ -116,4 +116,5 @@ SLOW: dict[str, tuple[str, ...]] = {
         "test_same_seed_gives_identical_episodes",
     ),
     "test_sim_registry.py": ("test_check_env_passes_nominal", "test_dims_match_the_real_env"),
+    "test_why.py": ALL,
 }

@@ -189,6 +189,13 @@ def _add_evaluate(sub: Any) -> None:
         default="live",
         help="the live actor, or a weight average the checkpoint holds (aggregator.swa)",
     )
+    evaluate.add_argument(
+        "--why",
+        action="store_true",
+        help="classify every failed episode by what happened (Push, PickAndPlace, Slide): a table, its JSON and "
+        "a plot in RUN_DIR/why/",
+    )
+    evaluate.add_argument("--out", metavar="DIR", help="--why: write the JSON and plot here (default: RUN_DIR/why/)")
 
 
 def _add_deploy_check(sub: Any) -> None:

@@ -126,10 +126,15 @@ def config(args: argparse.Namespace) -> int:
 
 
 def evaluate(args: argparse.Namespace) -> int:
-    """Score the run's newest checkpoint (or --checkpoint) on held-out episodes."""
+    """Score the run's newest checkpoint (or --checkpoint) on held-out episodes; --why classifies the failures."""
     from sampler.evaluator import score_checkpoint
 
     run_dir = existing_run_dir(args.run_dir)
+    why_out = None
+    if args.why or args.out:
+        from fleet.cli.why import out_dir
+
+        why_out = out_dir(args, run_dir)  # a bad --out is refused before any episode runs
     if args.episodes < 1:
         raise ConfigError(f"--episodes: {args.episodes} < 1", field="--episodes")
     if args.first_seed is not None and args.first_seed < 0:
@@ -138,6 +143,10 @@ def evaluate(args: argparse.Namespace) -> int:
     if args.first_seed is not None:
         run_config = dataclasses.replace(run_config, eval=dataclasses.replace(run_config.eval, seed=args.first_seed))
     source = _checkpoint(args.checkpoint) if args.checkpoint else last_checkpoint_dir(run_dir)
+    if why_out is not None:  # --why
+        from fleet.cli.why import why
+
+        return why(args, run_dir, run_config, source, why_out)  # every failure classified (fleet/cli/why.py)
     version, result = score_checkpoint(source, run_config, args.episodes, args.weights)
     outcome = {
         "run_dir": str(run_dir),

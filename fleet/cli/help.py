@@ -40,7 +40,10 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "fleet slurm": ("fleetrl fleet slurm fleet.yaml --submit",),
     "fleet check": ("fleetrl fleet check fleet.yaml",),
     "fleet render": ("fleetrl fleet render fleet.yaml --out k8s", "kubectl apply -f k8s"),
-    "evaluate": ("fleetrl evaluate runs/FetchPush-v4-X --episodes 100 --first-seed 100000",),
+    "evaluate": (
+        "fleetrl evaluate runs/FetchPush-v4-X --episodes 100 --first-seed 100000",
+        "fleetrl evaluate runs/FetchPickAndPlace-v4-X --why --episodes 100",
+    ),
     "report": ("fleetrl report runs/a runs/b --out compare.html",),
     "deploy-check": (
         "fleetrl deploy-check runs/FetchPush-v4-X --hz 120 --delay-ms 10",
