@@ -127,9 +127,12 @@ class _Node:
             f'save ""\nappendonly {"yes" if appendonly else "no"}\nappendfsync no\ndaemonize no\n'
         )
         if auth.redis_password:
-            # The run's own ACL user; the default user (no password) is switched off.
+            # The run's own ACL user; the default user (no password) is switched off: no client
+            # logs in as it. It keeps every permission all the same: Redis 7.0 replays an
+            # append-only file's MULTI/EXEC blocks (a Lua script's writes) as the default user and
+            # drops those it may not run, so a kept node would come back without them.
             name, secret = auth.redis_user, auth.redis_password
-            text += f"protected-mode yes\nuser default off\nuser {name} on >{secret} ~* &* +@all\n"
+            text += f"protected-mode yes\nuser default off ~* &* +@all\nuser {name} on >{secret} ~* &* +@all\n"
             text += f"masteruser {name}\nmasterauth {secret}\n"
         else:
             text += "protected-mode no\n"
