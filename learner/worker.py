@@ -157,7 +157,7 @@ def run_learner(
             agg.watch(f"learner-{learner_id}", LEARNER_GROUPS, shared_memory=config.learner.shared_memory) as weights,
         ):
             replay = _replay(
-                config, learner_id, redis_client, tasks, _seed_process(config, learner_id, agg.incarnation)
+                config, learner_id, redis_client, tasks, seed_learner_process(config, learner_id, agg.incarnation)
             )
             with agg.watch(f"learner-{learner_id}-start") as everything:  # the target critics, once
                 snapshot = _wait(lambda: everything.wait_newer_than(-1, timeout=1.0), stop, heartbeat)
@@ -192,7 +192,7 @@ def run_learner(
     return pushed
 
 
-def _seed_process(config: RunConfig, learner_id: int, incarnation: int) -> int:
+def seed_learner_process(config: RunConfig, learner_id: int, incarnation: int) -> int:
     """Seeds torch (the policy's sampling noise) and returns the replay's seed, both streams of
     this learner *process*: a restarted or resumed learner (a new incarnation) draws neither its
     previous life's batches nor its noise again (torch starts every process on one fixed seed)."""
