@@ -4,7 +4,8 @@
     summary = fleet.run()           # blocks: progress display, stop rule, clean shutdown
 
 Topology (one comment per edge):
-    launcher -> LocalRedisCluster       starts >= 3 primaries on loopback, forms the cluster
+    launcher -> LocalRedisCluster       starts >= 3 primaries on loopback, forms the cluster (buffer.durable:
+                                        in <run_dir>/redis, and a resumed run's from there)
     buffer   -> Redis Cluster           ingest writes time windows (hash-tagged keys)
     sampler  -> buffer (gRPC Push)      transition batches, retried until acked
     sampler  -> aggregator (Watch)      actor weights, conflated to one per weights_interval_sec
@@ -278,9 +279,8 @@ class LocalFleet:
     def _resumed_text(self) -> str:
         assert self.history is not None
         carried = self.history.carried
-        buffer = (
-            "the buffer as it was" if not carried.env_steps else f"an empty buffer (+{carried.env_steps} env steps)"
-        )
+        kept = self.history.buffer_kept
+        buffer = "the buffer as it was" if kept else f"an empty buffer (+{carried.env_steps} env steps before)"
         return f"{carried.wall_sec:.0f} s of wall-clock before this start, {buffer}"
 
     def _snapshot(self, ingest: IngestClient, agg: AggregatorClient, dog: Watchdog) -> Snapshot | None:
