@@ -156,9 +156,7 @@ def run_learner(
             AggregatorClient(endpoints.aggregator, security=security) as agg,
             agg.watch(f"learner-{learner_id}", LEARNER_GROUPS, shared_memory=config.learner.shared_memory) as weights,
         ):
-            replay = _replay(
-                config, learner_id, redis_client, tasks, seed_learner_process(config, learner_id, agg.incarnation)
-            )
+            replay = _replay(config, learner_id, redis_client, tasks, agg.incarnation)
             with agg.watch(f"learner-{learner_id}-start") as everything:  # the target critics, once
                 snapshot = _wait(lambda: everything.wait_newer_than(-1, timeout=1.0), stop, heartbeat)
             if snapshot is None:
@@ -203,14 +201,15 @@ def seed_learner_process(config: RunConfig, learner_id: int, incarnation: int) -
     return int(replay_seed)
 
 
-def _replay(config: RunConfig, learner_id: int, redis_client, tasks: TaskSet, seed: int) -> ReplaySampler:
-    """This learner's replay: the run's windows in a local replica, sampled as learner.* says."""
+def _replay(config: RunConfig, learner_id: int, redis_client, tasks: TaskSet, incarnation: int) -> ReplaySampler:
+    """This learner's replay: the run's windows in a local replica, sampled as learner.* says,
+    with this process's streams (seed_learner_process)."""
     return ReplaySampler(
         redis_client,
         config.run_id,
         tasks.schema(),
         config.buffer,
-        seed=seed,
+        seed=seed_learner_process(config, learner_id, incarnation),
         refresh_interval_sec=config.learner.buffer_refresh_sec,
         sampling=config.learner.replay_sampling,
         half_life=config.learner.recency_half_life,
