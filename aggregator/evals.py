@@ -3,10 +3,13 @@
 problem, actor = check_eval_report(request, core)   # "field: what is wrong", or None
 feed_swa(core, request, actor, learner_metrics)     # under the servicer's lock
 row = eval_row(request, core.swa)                   # one line of <run_dir>/evals.jsonl
+newest = newest_reports(run_dir / "evals.jsonl")    # at start: {"curve": ..., "full": ...} scored before
 """
 
 from __future__ import annotations
 
+import json
+import pathlib
 import time
 
 import numpy as np
@@ -75,6 +78,34 @@ def eval_row(request: pb.EvalReport, swa: LayeredSWA | None) -> dict:
     if request.kind == "swa_curve" and swa is not None:
         row["swa_versions"] = swa.versions
     return row
+
+
+def newest_reports(path: pathlib.Path) -> dict[str, pb.EvalReport]:
+    """The newest "curve" and "full" score an evals.jsonl holds (the highest version; the later
+    line of two), as the reports that made them. A restarted or resumed aggregator answers Stats
+    with them at once, so the learners' and samplers' task shares (foundation/task_schedule.py)
+    and the launcher's progress go on from the run's last scores, not from none. A torn line is
+    left out."""
+    newest: dict[str, pb.EvalReport] = {}
+    lines = path.read_text(errors="replace").splitlines() if path.exists() else []
+    for line in lines:
+        try:
+            row = json.loads(line)
+            report = pb.EvalReport(
+                version=int(row["version"]),
+                episodes=int(row["episodes"]),
+                success_rate=float(row["success_rate"]),
+                mean_return=float(row.get("mean_return", 0.0)),
+                env_steps=int(row.get("env_steps", 0)),
+                evaluator=str(row.get("evaluator", "")),
+                kind=str(row.get("kind", "")),
+                task_success={str(k): float(v) for k, v in (row.get("task_success") or {}).items()},
+            )
+        except (ValueError, TypeError, KeyError, AttributeError):
+            continue
+        if report.kind in ("curve", "full") and report.version >= newest.get(report.kind, report).version:
+            newest[report.kind] = report
+    return newest
 
 
 def expert_shares(metrics: dict[str, float]) -> list[np.ndarray] | None:

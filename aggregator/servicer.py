@@ -27,7 +27,7 @@ import numpy as np
 
 from aggregator.core import AggregatorCore, GradientError
 from aggregator.dedup import PushDedup
-from aggregator.evals import check_eval_report, eval_row, feed_swa
+from aggregator.evals import check_eval_report, eval_row, feed_swa, newest_reports
 from aggregator.persistence import Checkpointer
 from aggregator.segments import GradientSegments, WeightsCache
 from foundation.checkpoint import VersionLease, save_checkpoint
@@ -63,8 +63,9 @@ class AggregatorServicer(pb_grpc.AggregatorServicer):
         self.counts: Counter[str] = Counter()
         self.rejected_by_field: Counter[str] = Counter()
         self.subscribers = 0
-        self.last_eval = pb.EvalReport()
-        self.last_by_kind: dict[str, pb.EvalReport] = {}  # "curve" and "full": newest of each
+        # "curve" and "full": the newest of each, the run's earlier ones after a restart or resume
+        self.last_by_kind: dict[str, pb.EvalReport] = newest_reports(run_dir / "evals.jsonl") if run_dir else {}
+        self.last_eval = max(self.last_by_kind.values(), key=lambda r: r.version, default=pb.EvalReport())
         self.metrics: dict[str, float] = {}
         self.rejected_by_learner: Counter[str] = Counter()
         self.dedup: PushDedup[pb.GradientAck] = PushDedup()

@@ -302,10 +302,16 @@ class TemporalStorage:
             self.client.srem(self.layout.evict_key, *evict)
 
     def _commit_positions(
-        self, start: int, n: int, key: PushKey | None, counted: tuple[int, int, int] = (0, 0, -1)
+        self,
+        start: int,
+        n: int,
+        key: PushKey | None,
+        counted: tuple[int, int, int] = (0, 0, -1),
+        stalled_ms: int | None = None,
     ) -> tuple[int, int]:
         """`counted`: (env_steps, task_id, demonstration's sampler id or -1) of the batch, added
-        to the run's counters when this call commits it."""
+        to the run's counters when this call commits it; `stalled_ms`: age past which a
+        reservation is skipped (the config's)."""
         layout = self.layout
         seq = key.seq if key is not None else 0
         dedup = layout.dedup_key(key.sampler_id, key.incarnation) if key is not None else layout.dedup_key(0, 0)
@@ -322,7 +328,17 @@ class TemporalStorage:
                     layout.evict_key,
                     layout.counters_key,
                 ],
-                args=[start, n, seq, _now_ms(), self.stalled_ms, layout.window_size, first, last, *counted],
+                args=[
+                    start,
+                    n,
+                    seq,
+                    _now_ms(),
+                    self.stalled_ms if stalled_ms is None else stalled_ms,
+                    layout.window_size,
+                    first,
+                    last,
+                    *counted,
+                ],  # fmt: skip
             )
         )
         return state, committed
@@ -335,10 +351,12 @@ class TemporalStorage:
             pipe.execute()
             self.client.srem(self.layout.evict_key, *evict)
 
-    def advance(self) -> int:
+    def advance(self, abandon: bool = False) -> int:
         """Advance the committed head past stalled reservations (readers call this, so a run
-        whose last writer died does not stall); returns the committed head."""
-        return self._commit_positions(-1, 0, None)[1]
+        whose last writer died does not stall); returns the committed head. `abandon`: every
+        reservation still unwritten is skipped, for a buffer no writer of which lives (a resumed
+        run's, before its ingest service starts)."""
+        return self._commit_positions(-1, 0, None, stalled_ms=0 if abandon else None)[1]
 
     def snapshot(self) -> Snapshot:
         """Committed head, oldest live window and the skipped ranges, read together (one slot)."""

@@ -113,6 +113,9 @@ class BufferConfig:
     rate_tolerance_rows: int = config_field(
         0, "stored rows samplers may run ahead of (and learners behind) that ratio; 0 = the samplers' warm-up"
     )
+    durable: bool = config_field(
+        True, "fleetrl train keeps its Redis data in <run_dir>/redis, so --resume finds the buffer as it was"
+    )
 
     def checks(self) -> list[Check]:
         """(ok, field, limit) of every check on this section's fields; RunConfig.validate runs them."""

@@ -16,6 +16,7 @@ import threading
 from dataclasses import dataclass
 
 import grpc
+import numpy as np
 import torch
 
 from aggregator.client import AggregatorClient, GradientPush, PendingPush, WeightsWatcher
@@ -157,7 +158,7 @@ def run_learner(
             AggregatorClient(endpoints.aggregator, security=security) as agg,
             agg.watch(f"learner-{learner_id}", LEARNER_GROUPS, shared_memory=config.learner.shared_memory) as weights,
         ):
-            replay = _replay(config, learner_id, redis_client, tasks)
+            replay = _replay(config, learner_id, redis_client, tasks, agg.incarnation)
             with agg.watch(f"learner-{learner_id}-start") as everything:  # the target critics, once
                 snapshot = _wait(lambda: everything.wait_newer_than(-1, timeout=1.0), stop, heartbeat)
             if snapshot is None:
@@ -191,14 +192,26 @@ def run_learner(
     return pushed
 
 
-def _replay(config: RunConfig, learner_id: int, redis_client, tasks: TaskSet) -> ReplaySampler:
-    """This learner's replay: the run's windows in a local replica, sampled as learner.* says."""
+def seed_learner_process(config: RunConfig, learner_id: int, incarnation: int) -> int:
+    """Seeds torch (the policy's sampling noise) and returns the replay's seed, both streams of
+    this learner *process*: a restarted or resumed learner (a new incarnation) draws neither its
+    previous life's batches nor its noise again (torch starts every process on one fixed seed)."""
+    replay_seed, torch_seed = np.random.SeedSequence([config.aggregator.seed, learner_id, incarnation]).generate_state(
+        2
+    )
+    torch.manual_seed(int(torch_seed))
+    return int(replay_seed)
+
+
+def _replay(config: RunConfig, learner_id: int, redis_client, tasks: TaskSet, incarnation: int) -> ReplaySampler:
+    """This learner's replay: the run's windows in a local replica, sampled as learner.* says,
+    with this process's streams (seed_learner_process)."""
     return ReplaySampler(
         redis_client,
         config.run_id,
         tasks.schema(),
         config.buffer,
-        seed=config.aggregator.seed + 7919 * (learner_id + 1),
+        seed=seed_learner_process(config, learner_id, incarnation),
         refresh_interval_sec=config.learner.buffer_refresh_sec,
         sampling=config.learner.replay_sampling,
         half_life=config.learner.recency_half_life,

@@ -620,6 +620,27 @@ def test_eval_reports_show_in_stats_and_append_to_evals_jsonl(server, client, tm
     assert rows[0]["mean_return"] == -12.5 and rows[0]["evaluator"] == "evaluator-0"
 
 
+def test_a_restarted_aggregator_answers_stats_with_the_run_s_newest_scores(tmp_path):
+    """A restarted or resumed aggregator's Stats carry the newest curve and full score of the
+    run's evals.jsonl, so task shares and progress go on from them; a weight average's score and
+    a torn line are left out."""
+    rows = [
+        {"version": 4, "episodes": 10, "success_rate": 0.4, "kind": "curve"},
+        {"version": 6, "episodes": 10, "success_rate": 0.6, "kind": "curve", "task_success": {"FetchPush-v4": 0.6}},
+        {"version": 5, "episodes": 50, "success_rate": 0.5, "env_steps": 900, "kind": "full"},
+        {"version": 7, "episodes": 10, "success_rate": 0.9, "kind": "swa_curve"},
+    ]
+    torn = '{"version": 9, "episodes": 10, "succ'
+    (tmp_path / "evals.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows) + torn)
+    with AggregatorServer(make_core(), CONFIG, run_dir=tmp_path) as srv:
+        with AggregatorClient(srv.address, timeout_sec=5.0) as agg:
+            stats = agg.stats()
+    assert (stats.last_curve.version, stats.last_curve.success_rate) == (6, 0.6)
+    assert dict(stats.last_curve.task_success) == {"FetchPush-v4": 0.6}
+    assert (stats.last_full.version, stats.last_full.episodes, stats.last_full.env_steps) == (5, 50, 900)
+    assert stats.last_eval.version == 6
+
+
 def test_versions_and_weights_survive_a_restart_on_the_same_run_dir(tmp_path):
     with AggregatorServer(make_core(), CONFIG, run_dir=tmp_path) as first:
         core = first.servicer.core

@@ -129,6 +129,16 @@ def test_a_stalled_reservation_is_skipped_and_its_late_retry_is_stored_elsewhere
     assert ids_in(store, 0)[-3:] == [10, 11, 12]  # positions 5..7
 
 
+def test_a_resumed_run_abandons_the_reservations_its_dead_writers_left_at_once(redis_client, make_transitions):
+    store = storage(redis_client)  # stalled_write_timeout_sec 30 s
+    store._reserve_positions(3, PushKey(1, 11, 1))  # the whole fleet died after reserving [0, 3)
+    store.write(make_transitions(2, first_id=50), task_id=0, policy_version=0)
+    assert store.advance() == 0  # within the timeout, readers still wait for it
+    assert store.advance(abandon=True) == 5  # every writer is known dead: skipped now
+    assert store.snapshot().skipped == ((0, 3),)
+    assert store.write(make_transitions(1, first_id=9), task_id=0, policy_version=0).committed == 6
+
+
 def test_a_retried_key_is_stored_once_even_through_a_new_storage_object(redis_client, make_transitions):
     first = storage(redis_client)
     key = PushKey(2, 99, 1)

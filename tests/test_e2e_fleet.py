@@ -238,9 +238,10 @@ def test_watchdog_restarts_killed_roles_and_training_continues(tmp_path: pathlib
     assert any(e.startswith("aggregator exited") for e in events)
     resumed_at = _resumed_versions(run_dir)
     assert resumed_at and resumed_at[0] > before, "a restarted aggregator reused a version already broadcast"
-    # --resume continues the stopped run: weights, optimizer and version from its last checkpoint.
-    final = summary["final_version"]
-    again = _train(run_dir, "--resume", str(run_dir), "--max-wall-sec", "25", "--target-success", "1.0")
+    # --resume continues the stopped run: weights, optimizer and version from its last checkpoint;
+    # its wall-clock budget counts the whole run, so 25 s more than the stopped life's.
+    final, budget = summary["final_version"], str(round(summary["wall_sec"] + 25))
+    again = _train(run_dir, "--resume", str(run_dir), "--max-wall-sec", budget, "--target-success", "1.0")
     out, _ = again.communicate(timeout=120)
     assert _resumed_versions(run_dir)[-1] >= final, out[-3000:]  # a clean stop resumes where it ended
     assert json.loads((run_dir / "summary.json").read_text())["final_version"] > final

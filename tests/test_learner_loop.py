@@ -94,3 +94,19 @@ def test_a_learner_whose_weights_fall_behind_its_acks_waits_for_newer_weights(mo
         learner.stop()
     assert [p.base_version for p in agg.pushes] == [0, 0, 0, 3, 3, 3]
     assert not agg.violations, agg.violations
+
+
+def test_a_learner_process_draws_its_batches_and_noise_from_its_incarnation():
+    """A restarted or resumed learner (a new incarnation) draws neither its previous life's
+    batches nor its noise again; the same incarnation gives the same streams."""
+    import torch
+
+    config = RunConfig()
+    with torch.random.fork_rng():
+        draws = {}
+        for name, incarnation in (("first", 11), ("again", 11), ("restarted", 12)):
+            replay_seed = worker.seed_learner_process(config, 0, incarnation)
+            draws[name] = (replay_seed, torch.rand(4))
+    assert draws["first"][0] == draws["again"][0] and torch.equal(draws["first"][1], draws["again"][1])
+    assert draws["first"][0] != draws["restarted"][0]
+    assert not torch.equal(draws["first"][1], draws["restarted"][1])

@@ -21,7 +21,7 @@ from fleet.launch.cluster_admin import LocalClusterError
 from fleet.launch.local_cluster import LocalRedisCluster
 from fleet.launch.watchdog import Watchdog
 from foundation.config import WatchdogConfig
-from foundation.transport import connect, parse_addresses
+from foundation.transport import Security, connect, parse_addresses
 from tests.conftest import wait_until
 from tests.helpers import poll_until
 
@@ -298,3 +298,57 @@ def test_join_forms_running_nodes_by_name_with_the_password_from_the_environment
         assert main(["redis-cluster", "--join", by_name]) == 0
         assert "cluster of 3 nodes ok" in capsys.readouterr().out
         assert cluster_admin.cluster_ok(nodes.nodes, auth)
+
+
+# Two writes in one script: the append-only file holds them as a MULTI/EXEC block, as it holds
+# the buffer's reserve and commit scripts.
+_TWO_WRITES = "redis.call('INCRBY', KEYS[1], ARGV[1]); redis.call('HSET', KEYS[2], 'seq', ARGV[1])"
+
+
+@pytest.mark.parametrize("passwords", [(None, None), ("first", "second")], ids=["open", "new password"])
+def test_a_kept_cluster_killed_whole_starts_again_on_other_ports_with_its_data(tmp_path, passwords):
+    """data_dir: every node SIGKILLed at once (no shutdown, no save), then started on ports none
+    of them had, and (as each `fleetrl train` makes one) another password: the same node ids
+    hold the same slots and every acked write, string values grown by SETRANGE (the buffer's
+    windows) and a script's writes included."""
+    data = tmp_path / "redis"
+    auths = [Security(redis_user="fleetrl", redis_password=p) if p else Security() for p in passwords]
+    window = b"".join(i.to_bytes(4, "little") for i in range(4096))
+    with LocalRedisCluster(appendonly=True, data_dir=data, auth=auths[0]) as first:
+        client = first.client()
+        for i in range(64):
+            client.setrange(f"{{w{i}}}:window", 0, window[: 256 * (1 + i % 16)])
+            client.eval(_TWO_WRITES, 2, "{run}:head", "{run}:dedup", i)
+        client.close()
+        ids = [cluster_admin.node_client(h, p, auths[0]).execute_command("CLUSTER", "MYID") for h, p in first.nodes]
+        old_ports = {p for _, p in first.nodes}
+        for pid in first.pids:
+            os.kill(pid, signal.SIGKILL)
+    ports = []
+    for _ in range(3):
+        ports.append(local_cluster.free_port_pair(old_ports | set(ports)))
+    again = LocalRedisCluster(appendonly=True, data_dir=data, ports=ports, auth=auths[1])
+    assert again.kept_nodes()
+    with again:
+        assert [cluster_admin.node_client(h, p, auths[1]).execute_command("CLUSTER", "MYID")
+                for h, p in again.nodes] == ids  # fmt: skip
+        client = again.client()
+        assert [client.getrange(f"{{w{i}}}:window", 0, -1) for i in range(64)] == [
+            window[: 256 * (1 + i % 16)] for i in range(64)
+        ]
+        assert (int(client.get("{run}:head")), client.hget("{run}:dedup", "seq")) == (sum(range(64)), b"63")
+        client.close()
+    assert sorted(p.name for p in data.iterdir()) == ["node0", "node1", "node2"]  # kept after close
+
+
+def test_a_data_dir_holding_another_cluster_shape_is_refused_naming_the_folder(tmp_path):
+    data = tmp_path / "redis"
+    with LocalRedisCluster(appendonly=True, data_dir=data):
+        pass
+    with pytest.raises(LocalClusterError, match=f"{data} holds the cluster state of nodes"):
+        LocalRedisCluster(appendonly=True, data_dir=data, replicas=1).start()
+
+
+def test_a_data_dir_without_appendonly_is_refused():
+    with pytest.raises(ValueError, match="data_dir .* with appendonly"):
+        LocalRedisCluster(data_dir=Path("kept"))

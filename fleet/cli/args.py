@@ -72,8 +72,8 @@ def _add_train(sub: Any) -> None:
     train.add_argument(
         "--resume",
         metavar="RUN_DIR",
-        help="continue a stopped or crashed run: its config, weights, optimizer and version (the local replay "
-        "buffer starts empty)",
+        help="continue a stopped or crashed run: its config, weights, optimizer, version and replay buffer (with "
+        "buffer.durable; off, the buffer starts empty); --max-wall-sec and max_env_steps count the whole run",
     )
     train.add_argument("--samplers", type=int, help="shorthand for --set sampler.num_samplers=N")
     train.add_argument("--learners", type=int, help="shorthand for --set learner.num_learners=N")

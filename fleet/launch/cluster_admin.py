@@ -133,6 +133,27 @@ def assign_and_meet(conns: list[redis.Redis], nodes: list[tuple[str, int]]) -> N
         conns[0].execute_command("CLUSTER", "MEET", host, port)
 
 
+def slots_assigned(conns: list[redis.Redis]) -> bool:
+    """True when any of these nodes has slots assigned in its view of the cluster: nodes that
+    restarted from their nodes.conf hold a formed cluster (none: a cluster never formed)."""
+    return any(int(cluster_info(conn).get("cluster_slots_assigned", 0)) for conn in conns)
+
+
+def meet_all(conns: list[redis.Redis], nodes: list[tuple[str, int]]) -> None:
+    """MEET every node with every other at the address it has now.
+
+    Nodes restarted from their nodes.conf keep their ids, slots, roles and config epochs, but
+    the file holds the addresses of their last start. Keeping the ports would fail whenever one
+    of them has been taken since (a reboot, another run); instead each node meets the others
+    where they are now: a handshake answered under a node id the node knows updates that node's
+    address (Redis moves a known node, it does not add one). Every pair meets, so no node
+    waits on gossip from a node that cannot reach it yet."""
+    for i, conn in enumerate(conns):
+        for j, (host, port) in enumerate(nodes):
+            if i != j:
+                conn.execute_command("CLUSTER", "MEET", host, port)
+
+
 def form_cluster(nodes: list[tuple[str, int]], auth: Security, timeout_sec: float = 60.0, replicas: int = 0) -> None:
     """Join running, empty cluster-enabled nodes (on any hosts) into one cluster: split the
     slots evenly over the primaries (the first len(nodes) / (1 + replicas) nodes), give each its

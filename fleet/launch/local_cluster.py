@@ -13,9 +13,12 @@ health checks by address).
 The cluster is formed from Python (CLUSTER ADDSLOTSRANGE, SET-CONFIG-EPOCH, MEET) rather than
 with `redis-cli --cluster create`: it needs only redis-server, it skips redis-cli's fixed
 one-second settle sleeps, and every failure surfaces as a Python exception naming the node.
-By default nodes are primaries only, with no persistence: the data is a replay buffer that a
-restart refills, not state worth an fsync. `replicas=1` gives each primary a replica that takes
-over when it fails; `appendonly` persists every node.
+By default nodes are primaries only, with no persistence, in a temporary directory removed at
+close: a throwaway replay buffer. `replicas=1` gives each primary a replica that takes over when
+it fails; `appendonly` persists every node in an append-only file (see `_Node` for its fsync).
+`data_dir` keeps the nodes in `<data_dir>/node<i>/` (appendonly, kept after close): started
+again on the same folder, the nodes load their data and their nodes.conf and form the same
+cluster again, on whatever ports they get this time (`meet_all`, fleet/launch/cluster_admin.py).
 
 Under a watchdog (`supervise`), a node that exits or stops answering is restarted on its port
 with its own directory and nodes.conf, so it rejoins the cluster under its node id: as the
@@ -43,7 +46,9 @@ from fleet.launch.cluster_admin import (
     assign_and_meet,
     cluster_info,
     may_restart,
+    meet_all,
     node_client,
+    slots_assigned,
 )
 from fleet.launch.watchdog import Watchdog, role_spec
 from foundation.config import WatchdogConfig
@@ -92,13 +97,12 @@ def _log_tail(path: Path) -> str:
 
 
 class _Node:
-    """One redis-server child process with its own directory and log."""
+    """One redis-server child process in its own directory (`directory`, made if missing), with its log."""
 
     def __init__(
         self,
         binary: str,
-        root: Path,
-        index: int,
+        directory: Path,
         port: int,
         auth: Security,
         host: str,
@@ -107,26 +111,35 @@ class _Node:
     ) -> None:
         self.host = host
         self.port = port
-        self.dir = root / f"node{index}-{port}"
-        self.dir.mkdir()
+        self.dir = directory
+        self.dir.mkdir(parents=True, exist_ok=True)
         self.log = self.dir / "redis.log"
         self.conf = conf = self.dir / "redis.conf"
+        # appendfsync no: Redis write()s the append-only file before it replies, every time, so
+        # an acked write outlives any process crash, the whole fleet's included. With everysec
+        # Redis postpones that write (up to 2 s) while its last fsync is still running, replies
+        # meanwhile, and a SIGKILL then loses acked writes: 143 of 320 SETRANGEs in five kills under
+        # a disk busy with fsyncs; none with "no". A machine that stops dead loses what the
+        # kernel had not written back yet (vm.dirty_expire_centisecs, 30 s by default).
         text = (
             f"port {port}\nbind {host}\ncluster-announce-ip {host}\ndir {self.dir}\n"
             f"cluster-enabled yes\ncluster-config-file nodes.conf\ncluster-node-timeout {node_timeout_ms}\n"
-            f'save ""\nappendonly {"yes" if appendonly else "no"}\ndaemonize no\n'
+            f'save ""\nappendonly {"yes" if appendonly else "no"}\nappendfsync no\ndaemonize no\n'
         )
         if auth.redis_password:
-            # The run's own ACL user; the default user (no password) is switched off.
+            # The run's own ACL user; the default user (no password) is switched off: no client
+            # logs in as it. It keeps every permission all the same: Redis 7.0 replays an
+            # append-only file's MULTI/EXEC blocks (a Lua script's writes) as the default user and
+            # drops those it may not run, so a kept node would come back without them.
             name, secret = auth.redis_user, auth.redis_password
-            text += f"protected-mode yes\nuser default off\nuser {name} on >{secret} ~* &* +@all\n"
+            text += f"protected-mode yes\nuser default off ~* &* +@all\nuser {name} on >{secret} ~* &* +@all\n"
             text += f"masteruser {name}\nmasterauth {secret}\n"
         else:
             text += "protected-mode no\n"
         conf.write_text(text)
         conf.chmod(0o600)  # it holds the password
         self.argv = (binary, str(conf))
-        with open(self.log, "wb") as log:
+        with open(self.log, "ab") as log:  # a kept directory keeps its earlier lives' logs
             self.process = subprocess.Popen(
                 [*parent_death_prefix(), *self.argv],
                 stdout=log,
@@ -137,16 +150,18 @@ class _Node:
         self.conn = node_client(host, port, auth)
 
     def wait_ping(self, deadline: float) -> bool:
-        """True once our server answers; False if it exited (e.g. the port was taken) or timed out."""
+        """True once our server answers with its data loaded; False if it exited (e.g. the port
+        was taken) or timed out."""
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 return False
             try:
                 # Check the pid too: a foreign server that won the port race would answer PING.
-                if self.conn.info("server").get("process_id") == self.process.pid:
+                ours = self.conn.info("server").get("process_id") == self.process.pid
+                if ours and not int(self.conn.info("persistence").get("loading", 0)):
                     return True
                 time.sleep(0.01)
-            except redis.ConnectionError:
+            except redis.ConnectionError:  # BusyLoadingError (an append-only file loading) too
                 time.sleep(0.01)
         return False
 
@@ -159,7 +174,8 @@ class LocalRedisCluster:
     """`num_primaries` redis-server processes on free loopback ports, formed into one cluster.
 
     Start with `start()` or `with`; stop with `close()` (terminate, wait, kill), which also
-    removes the temporary directory. Children also get SIGTERM if this process dies.
+    removes the temporary directory (a `data_dir` is kept). Children also get SIGTERM if this
+    process dies.
     """
 
     def __init__(
@@ -175,13 +191,19 @@ class LocalRedisCluster:
         form: bool = True,
         replicas: int = 0,
         node_timeout_ms: int = 5000,
+        data_dir: Path | None = None,
     ) -> None:
         """`host`: the address the nodes bind and announce (others must reach it); `ports`:
         fixed ports, one per node, primaries first (default: free ones); `appendonly`: persist
         to disk; `form` False: start the nodes only (this host's share of a cluster over several
         hosts); `replicas`: replicas per primary (a replica takes over when its primary fails,
-        after `node_timeout_ms`)."""
+        after `node_timeout_ms`); `data_dir`: keep the nodes there, persisted (appendonly), and
+        start the cluster they hold when they hold one."""
         total = num_primaries * (1 + replicas)
+        if data_dir is not None and not (form and appendonly):
+            raise ValueError(
+                f"data_dir ({data_dir}) keeps a cluster formed here with appendonly: nothing else survives"
+            )
         if replicas < 0 or (replicas and not form):
             raise ValueError(f"replicas ({replicas}) must be >= 0, and only for a cluster formed here")
         if ports is not None and len(ports) != total:
@@ -193,8 +215,10 @@ class LocalRedisCluster:
         self.startup_timeout_sec = startup_timeout_sec
         self._binary = redis_server
         self.host, self.ports, self.appendonly = host, ports, appendonly
+        self.data_dir = None if data_dir is None else Path(data_dir)
         self.auth = auth or Security()  # with a redis_password: nodes require the run's ACL user
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
+        self._root: Path | None = None  # where the node directories are: data_dir or the temporary one
         self._nodes: list[_Node] = []
 
     def __enter__(self) -> LocalRedisCluster:
@@ -248,17 +272,25 @@ class LocalRedisCluster:
 
     def start(self) -> LocalRedisCluster:
         """Start the processes and form the cluster; on any failure everything is stopped."""
-        if self._tmp is not None:
+        if self._root is not None:
             raise RuntimeError("LocalRedisCluster.start() called twice")
         binary = self._binary or shutil.which("redis-server")
         if binary is None:
             raise LocalClusterError(f"redis-server is not on PATH; {INSTALL_HINT}")
-        self._tmp = tempfile.TemporaryDirectory(prefix="fleetrl-redis-")
+        if self.data_dir is None:
+            self._tmp = tempfile.TemporaryDirectory(prefix="fleetrl-redis-")
+            self._root = Path(self._tmp.name)
+        else:
+            self._root = self.data_dir
         try:
+            kept = self.kept_nodes()  # before the nodes start: a node writes its nodes.conf at once
             deadline = time.monotonic() + self.startup_timeout_sec
             for index in range(self.num_primaries * (1 + self.replicas)):
                 self._nodes.append(self._start_node(binary, index, deadline))
-            if self.form:
+            if kept and slots_assigned([n.conn for n in self._nodes]):
+                meet_all([n.conn for n in self._nodes], self.nodes)  # the cluster they hold, on today's ports
+                self._wait_cluster_ok(deadline)
+            elif self.form:
                 self._form_cluster()
                 self._wait_cluster_ok(deadline)
                 self._attach_replicas(deadline)
@@ -266,6 +298,30 @@ class LocalRedisCluster:
             self.close()
             raise
         return self
+
+    def kept_nodes(self) -> bool:
+        """True when `data_dir` holds this cluster's nodes from an earlier start (each node's
+        nodes.conf); False for a new one. LocalClusterError naming the folder when it holds
+        another number of nodes, or only some of them."""
+        if self.data_dir is None or not self.data_dir.is_dir():
+            return False
+        total = self.num_primaries * (1 + self.replicas)
+        found = sorted(p.parent.name for p in self.data_dir.glob("node*/nodes.conf"))
+        expected = [self._node_dir(i, 0).name for i in range(total)]
+        if found and found != sorted(expected):
+            raise LocalClusterError(
+                f"{self.data_dir} holds the cluster state of nodes {found}, this cluster has {expected} "
+                f"({self.num_primaries} primaries, {self.replicas} replicas each): start it as it was, "
+                "or remove the folder to start with an empty buffer"
+            )
+        return bool(found)
+
+    def _node_dir(self, index: int, port: int) -> Path:
+        """A kept node's folder is named by its index alone: it may get another port next time."""
+        if self.data_dir is not None:
+            return self.data_dir / f"node{index}"
+        assert self._root is not None
+        return self._root / f"node{index}-{port}"
 
     def close(self, timeout_sec: float = 5.0) -> None:
         """Stop every node (SIGTERM, wait, SIGKILL) and remove the directory. Idempotent."""
@@ -280,15 +336,13 @@ class LocalRedisCluster:
             raise RuntimeError("LocalRedisCluster is not running: call start() or use `with`")
 
     def _start_node(self, binary: str, index: int, deadline: float) -> _Node:
-        assert self._tmp is not None
         taken = {n.port for n in self._nodes}
         logs = []
         attempts = 1 if self.ports else _PORT_ATTEMPTS
         for _ in range(attempts):
             port = self.ports[index] if self.ports else free_port_pair(taken, self.host)
-            node = _Node(
-                binary, Path(self._tmp.name), index, port, self.auth, self.host, self.appendonly, self.node_timeout_ms
-            )
+            directory = self._node_dir(index, port)
+            node = _Node(binary, directory, port, self.auth, self.host, self.appendonly, self.node_timeout_ms)
             if node.wait_ping(deadline):
                 return node
             node.stop(1.0)

@@ -4,7 +4,8 @@
     summary = fleet.run()           # blocks: progress display, stop rule, clean shutdown
 
 Topology (one comment per edge):
-    launcher -> LocalRedisCluster       starts >= 3 primaries on loopback, forms the cluster
+    launcher -> LocalRedisCluster       starts >= 3 primaries on loopback, forms the cluster (buffer.durable:
+                                        in <run_dir>/redis, and a resumed run's from there)
     buffer   -> Redis Cluster           ingest writes time windows (hash-tagged keys)
     sampler  -> buffer (gRPC Push)      transition batches, retried until acked
     sampler  -> aggregator (Watch)      actor weights, conflated to one per weights_interval_sec
@@ -36,6 +37,7 @@ from fleet.launch.spec import FleetHost
 from fleet.launch.spec_model import FleetSpec, HostSpec, Workers
 from fleet.launch.spec_plan import stale_gradient_warning
 from fleet.launch.watchdog import RoleSpec, Watchdog
+from fleet.report.lives import RunHistory
 from fleet.report.progress import Progress, Snapshot
 from fleet.report.provenance import write_code_json
 from fleet.report.summary import INTERRUPTED, Ending, Summary, final_score, stop_reason, write_summary
@@ -100,6 +102,7 @@ class LocalFleet:
         self.num_redis_primaries = num_redis_primaries
         self.redis_replicas = redis_replicas
         self._stop = threading.Event()
+        self.history: RunHistory | None = None  # the run's lives, once run() starts
         self.cpu = CpuMeter()
         self._cpu_sampled = -CPU_SAMPLE_SEC
         # A local run needs no set-up: without a token or Redis password given, one is made.
@@ -125,10 +128,18 @@ class LocalFleet:
 
     def make_cluster(self) -> LocalRedisCluster:
         """The run's local Redis Cluster on ports chosen now (the roles' spec names them before
-        it starts); its nodes require the run's ACL user and password."""
+        it starts); its nodes require the run's ACL user and password. With buffer.durable the
+        nodes keep their data in <run_dir>/redis, and a resumed run's nodes start from it."""
         ports = [free_port_pair() for _ in range(self.num_redis_primaries * (1 + self.redis_replicas))]
+        durable = self.config.buffer.durable
         return LocalRedisCluster(
-            self.num_redis_primaries, auth=self.security, ports=ports, replicas=self.redis_replicas
+            self.num_redis_primaries,
+            auth=self.security,
+            ports=ports,
+            replicas=self.redis_replicas,
+            appendonly=durable,
+            data_dir=self.run_dir / "redis" if durable else None,
+            startup_timeout_sec=READY_TIMEOUT_SEC,  # a large buffer's append-only files take a while to load
         )
 
     def spec(self, cluster: LocalRedisCluster) -> FleetSpec:
@@ -184,6 +195,8 @@ class LocalFleet:
             if role.name.split("-")[0] in kinds:
                 dog.start(role)
         cluster.start()
+        if self.history is not None and self.history.life and self.history.buffer_kept:
+            self._abandon_earlier_writes(cluster)
         cluster.supervise(dog, self.config.watchdog)  # a node that dies or hangs is restarted and rejoins
         for role in roles:
             if role.name == "buffer" or (learners and role.name.startswith("learner-")):
@@ -192,6 +205,17 @@ class LocalFleet:
         self._wait_ready(dog, "aggregator", aggregator)
         self._wait_ready(dog, "buffer", buffer)
         return buffer, aggregator
+
+    def _abandon_earlier_writes(self, cluster: LocalRedisCluster) -> None:
+        """A resumed run's kept buffer, before its ingest service starts: no writer of the earlier
+        lives lives, so their reservations still unwritten never will be; readers skip them now,
+        not buffer.stalled_write_timeout_sec after they were made."""
+        from buffer.storage import TemporalStorage
+        from sim.tasks import TaskSet
+
+        c = self.config
+        with closing(cluster.client()) as client:
+            TemporalStorage(client, c.run_id, TaskSet.for_run(c).schema(), c.buffer).advance(abandon=True)
 
     def roles(self, spec: FleetSpec, max_restarts: int | None) -> list[RoleSpec]:
         """Every role process of the run: here, those of the spec's one host (the chaos soak's
@@ -209,11 +233,14 @@ class LocalFleet:
         # launcher stops watching, shuts down in order and still writes the summary.
         self._stop = stop_event()
         self.prepare()
-        progress = Progress(self.config, self.run_dir, self.started_at)
+        cluster = self.make_cluster()
+        self.history = RunHistory.begin(self.run_dir, buffer_kept=cluster.kept_nodes())
+        progress = Progress(self.config, self.run_dir, self.started_at, self.history.life)
         for line in self.notes():
             progress.note(line)
+        if self.history.life:
+            progress.note(f"resuming: life {self.history.life} of this run, {self._resumed_text()}")
         try:
-            cluster = self.make_cluster()
             events = self.run_dir / "events.jsonl"  # every restart: what, when, why
             # every role (and Redis) started or restarted meanwhile inherits the rest's CPUs;
             # learners pin themselves to theirs (taskset in their argv, fleet/launch/spec.py)
@@ -238,9 +265,31 @@ class LocalFleet:
             final = None if self._stop.is_set() else final_score(self.config, self.run_dir, progress)
         finally:
             progress.close()
-        wall_sec = time.monotonic() - self.started_at
-        cpu = self.cpu.report(wall_sec, len(os.sched_getaffinity(0)))
-        return write_summary(self.config, self.run_dir, progress, Ending(reason, wall_sec, restarts, cpu, final))
+        life_sec = time.monotonic() - self.started_at
+        cpu = self.cpu.report(life_sec, len(os.sched_getaffinity(0)))  # this life's processes
+        ending = Ending(reason, self._wall_sec(), restarts, cpu, final)
+        return write_summary(self.config, self.run_dir, progress, ending, history=self.history)
+
+    def _wall_sec(self) -> float:
+        """The run's wall-clock seconds: this life's since the command started, and the earlier
+        lives' (fleet/report/lives.py); budgets (max_wall_sec) and the summary count them all."""
+        earlier = self.history.carried.wall_sec if self.history is not None else 0.0
+        return earlier + time.monotonic() - self.started_at
+
+    def _resumed_text(self) -> str:
+        assert self.history is not None
+        carried = self.history.carried
+        kept = self.history.buffer_kept
+        buffer = "the buffer as it was" if kept else f"an empty buffer (+{carried.env_steps} env steps before)"
+        return f"{carried.wall_sec:.0f} s of wall-clock before this start, {buffer}"
+
+    def _snapshot(self, ingest: IngestClient, agg: AggregatorClient, dog: Watchdog) -> Snapshot | None:
+        """One poll of both services, counting the whole run (the earlier lives' wall-clock, and
+        their env steps where this life's buffer started empty)."""
+        snap = Snapshot.take(ingest, agg, self._wall_sec(), dog.restarts, _roles(dog))
+        if snap is None or self.history is None:
+            return snap
+        return self.history.carried.onto(snap)
 
     def _stop_workers(self, dog: Watchdog, progress: Progress, buffer: str, aggregator: str) -> None:
         """Stop the samplers, learners and evaluator, then read the services once more: the
@@ -252,7 +301,7 @@ class LocalFleet:
             IngestClient(buffer, sampler_id=0, run_id=c.run_id, security=self.security) as ingest,
             AggregatorClient(aggregator, security=self.security) as agg,
         ):
-            snap = Snapshot.take(ingest, agg, time.monotonic() - self.started_at, dog.restarts, _roles(dog))
+            snap = self._snapshot(ingest, agg, dog)
         if snap is not None:
             progress.update(snap)
 
@@ -279,11 +328,10 @@ class LocalFleet:
                 if ended:
                     return ended
                 self._sample_cpu(dog)
-                wall_sec = time.monotonic() - self.started_at
-                snap = Snapshot.take(ingest, agg, wall_sec, dog.restarts, _roles(dog))
+                snap = self._snapshot(ingest, agg, dog)
                 if snap is not None:
                     progress.update(snap)
-                reason = stop_reason(c, progress, snap, wall_sec)
+                reason = stop_reason(c, progress, snap, self._wall_sec())
                 if reason is not None:
                     return reason
                 self._stop.wait(0.25)

@@ -95,8 +95,11 @@ class Rates:
 
 
 class Progress:
-    def __init__(self, config: RunConfig, run_dir: pathlib.Path, started_at: float) -> None:
+    def __init__(self, config: RunConfig, run_dir: pathlib.Path, started_at: float, life: int | None = None) -> None:
+        """`life`: which start of the run this is (fleet/report/lives.py), named on every
+        progress.jsonl line; a resumed run's best scores so far come from its evals.jsonl."""
         self.config = config
+        self.life = life
         self.console = Console(stderr=True)
         self.writer = ScalarWriter(run_dir / "tb" / "fleet")
         self._jsonl = open(run_dir / "progress.jsonl", "a")  # noqa: SIM115 - closed in close()
@@ -112,6 +115,10 @@ class Progress:
         self._seen: dict[str, EvalPoint | None] = {"curve": None, "full": None}
         self._rejected: dict[str, int] = {}  # learner -> rejections last reported
         self._live: Live | None = None
+        if life:
+            for row in read_jsonl(run_dir / "evals.jsonl"):
+                self._count_score(row.get("kind", ""), float(row.get("success_rate", 0.0)),
+                                  int(row.get("episodes", 0)), dict(row.get("task_success") or {}))  # fmt: skip
         if self.console.is_terminal:
             self._live = Live(self._table(), console=self.console, refresh_per_second=4, transient=False)
             self._live.start()
@@ -165,13 +172,7 @@ class Progress:
             if point is None or point == self._seen[kind]:
                 continue
             self._seen[kind] = point
-            complete = point.episodes >= self.config.eval.episodes  # early-stopped full scores never count
-            if kind == "curve" or complete:
-                self.best_success = max(self.best_success, point.success)
-                for task, rate in point.tasks:
-                    self.best_task_success[task] = max(self.best_task_success.get(task, 0.0), rate)
-            if kind == "curve" and point.tasks:
-                self.last_task_success = dict(point.tasks)
+            complete = self._count_score(kind, point.success, point.episodes, dict(point.tasks))
             self.writer.add_scalar(f"eval/{kind}_success", point.success, point.env_steps)
             for task, rate in point.tasks:
                 self.writer.add_scalar(f"eval/{kind}_success/{task}", rate, point.env_steps)
@@ -182,6 +183,18 @@ class Progress:
             )
             if kind == "full" and complete and self.target is None and point.success >= self.config.target_success:
                 self.target = snap
+
+    def _count_score(self, kind: str, success: float, episodes: int, tasks: dict[str, float]) -> bool:
+        """Count one score in the best (a curve score, or a complete full score: an early-stopped
+        one never counts) and the last per-task curve; returns whether a full score is complete."""
+        complete = episodes >= self.config.eval.episodes
+        if kind == "curve" or (kind == "full" and complete):
+            self.best_success = max(self.best_success, success)
+            for task, rate in tasks.items():
+                self.best_task_success[task] = max(self.best_task_success.get(task, 0.0), rate)
+        if kind == "curve" and tasks:
+            self.last_task_success = dict(tasks)
+        return complete
 
     def _record_rejections(self, snap: Snapshot) -> None:
         """Name a learner as soon as the aggregator refuses its pushes, and again as they mount."""
@@ -206,6 +219,7 @@ class Progress:
             "train_success": snap.train_success if snap.train_episodes else None,
             **({"demo_episodes": snap.demo_episodes} if snap.demo_episodes else {}),
             "restarts": snap.restarts,
+            **({"life": self.life} if self.life is not None else {}),
         }
         self._jsonl.write(json.dumps(row) + "\n")
         self._jsonl.flush()
@@ -269,6 +283,22 @@ class Progress:
             self._write_jsonl(self.last)
         self._jsonl.close()
         self.writer.close()
+
+
+def read_jsonl(path: pathlib.Path) -> list[dict]:
+    """A JSONL file's objects; a missing file is empty, a torn line (a process killed while
+    writing it) is left out."""
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(row, dict):
+            rows.append(row)
+    return rows
 
 
 def _eval_text(point: EvalPoint | None) -> str:

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from fleet.report.lives import RunHistory
 from fleet.report.progress import Progress, Snapshot
 from fleet.report.provenance import code_provenance
 from foundation.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint
@@ -53,9 +54,13 @@ class Summary:
     final_success_episodes: int = 0
     final_success_version: int | None = None
     train_success: float | None = None  # last 100 training episodes at the end
-    updates_per_sec: float = 0.0  # final_version / wall_sec
+    updates_per_sec: float = 0.0  # versions made / wall-clock seconds, of this life
     restarts: int = 0
-    started_unix: float = 0.0  # epoch seconds at the command's start (report plots count from here)
+    started_unix: float = 0.0  # epoch seconds at the run's first start (report plots count from here)
+    resumes: int = 0  # starts after the first (`fleetrl train --resume`): the run's interruptions
+    # Each start of the run: when, how it ended, its own wall-clock seconds and the run's env steps
+    # and version when it ended (fleet/report/lives.py). wall_sec and the counts are the whole run's.
+    lives: list[dict] = field(default_factory=list)
     cpu: dict = field(default_factory=dict)  # foundation.cpu.CpuMeter.report(): per role and group
     fleet_overhead_share: float | None = None  # aggregator+buffer+evaluator+redis+launcher CPU / machine
     counters: dict = field(default_factory=dict)  # each role's last heartbeat counters (heartbeats/*.json)
@@ -81,7 +86,7 @@ class Ending:
     """How a run ended, as its launcher saw it."""
 
     reason: str  # stop_reason's text, or INTERRUPTED
-    wall_sec: float  # from the command's start
+    wall_sec: float  # from the command's start, plus a resumed run's earlier lives (RunHistory)
     restarts: int = 0  # watchdog restarts
     cpu: dict = field(default_factory=dict)  # CpuMeter.report() of the roles this launcher watched
     final: tuple[int, EvalResult] | None = None  # final_score(): (version, result) of the last checkpoint
@@ -125,10 +130,16 @@ def final_score(config: RunConfig, run_dir: pathlib.Path, progress: Progress) ->
 
 
 def write_summary(
-    config: RunConfig, run_dir: pathlib.Path, progress: Progress, run: Ending, host_dir: pathlib.Path | None = None
+    config: RunConfig,
+    run_dir: pathlib.Path,
+    progress: Progress,
+    run: Ending,
+    host_dir: pathlib.Path | None = None,
+    history: RunHistory | None = None,
 ) -> Summary:
     """<run_dir>/summary.json from the progress seen and how the run ended; each role's last
-    heartbeat counters come from <host_dir>/heartbeats (default: the run directory's)."""
+    heartbeat counters come from <host_dir>/heartbeats (default: the run directory's). With the
+    run's `history` (fleet/report/lives.py), the summary lists its lives and records this one's end."""
     host_dir = run_dir if host_dir is None else host_dir
     summary = Summary(
         run_dir=str(run_dir),
@@ -138,7 +149,7 @@ def write_summary(
         stop_reason=run.reason,
         wall_sec=run.wall_sec,
         restarts=run.restarts,
-        started_unix=time.time() - run.wall_sec,
+        started_unix=time.time() - run.wall_sec if history is None else history.first_started_unix,
         cpu=run.cpu,
         fleet_overhead_share=run.cpu.get("overhead_share"),
         counters=last_counters(host_dir / "heartbeats"),
@@ -156,7 +167,10 @@ def write_summary(
             summary.task_success.setdefault(task, {})["final"] = rate
     if config.sim.tasks:
         _add_tasks(summary, config, progress)
-    _add_progress(summary, progress, run)
+    _add_progress(summary, progress, run, history.carried.wall_sec if history is not None else 0.0)
+    if history is not None:
+        summary.lives = history.lives(run.reason, progress.last)
+        summary.resumes = len(summary.lives) - 1
     (run_dir / "summary.json").write_text(json.dumps(asdict(summary), indent=2))
     return summary
 
@@ -174,8 +188,9 @@ def _add_tasks(summary: Summary, config: RunConfig, progress: Progress) -> None:
         summary.task_env_steps = {get_task(t).name: n for t, n in progress.last.env_steps_by_task}
 
 
-def _add_progress(summary: Summary, progress: Progress, run: Ending) -> None:
-    """When the target was reached, and the last snapshot's counts and whole-run rates."""
+def _add_progress(summary: Summary, progress: Progress, run: Ending, earlier_sec: float) -> None:
+    """When the target was reached, and the last snapshot's counts and this life's rates
+    (`earlier_sec`: the wall-clock of a resumed run's earlier lives, in run.wall_sec)."""
     target, last = progress.target, progress.last
     if target is not None and target.full is not None:
         summary.wall_sec_to_target = target.wall_sec
@@ -189,7 +204,7 @@ def _add_progress(summary: Summary, progress: Progress, run: Ending) -> None:
         summary.best_success = progress.best_success
         summary.train_success = last.train_success if last.train_episodes else None
         first = progress.first.version if progress.first is not None else 0  # a resumed run starts late
-        summary.updates_per_sec = round((last.version - first) / max(run.wall_sec, 1e-9), 2)
+        summary.updates_per_sec = round((last.version - first) / max(run.wall_sec - earlier_sec, 1e-9), 2)
 
 
 def last_counters(heartbeats: pathlib.Path) -> dict:

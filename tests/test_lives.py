@@ -1,0 +1,83 @@
+"""A run's lives: a resumed run's progress and summary count the whole run, however its earlier
+lives ended (a clean stop, or killed whole with no summary written)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from fleet.report import summary as summary_module
+from fleet.report.lives import KILLED, RunHistory
+from fleet.report.progress import EvalPoint, Progress, Snapshot
+from fleet.report.summary import Ending, write_summary
+from foundation.config import RunConfig, with_overrides
+
+CONFIG = with_overrides(RunConfig(), ["eval.episodes=50", "target_success=0.9"])
+
+
+@pytest.fixture(autouse=True)
+def _no_git(monkeypatch):
+    monkeypatch.setattr(summary_module, "code_provenance", dict)  # the summary's code: no git process here
+
+
+def _snap(wall: float, env_steps: int, version: int, curve: EvalPoint | None = None) -> Snapshot:
+    return Snapshot(wall, env_steps, 5 * env_steps, version, curve, None, 0.0, 0, 0)
+
+
+def _life(run_dir, buffer_kept: bool, snaps: list[Snapshot], ended: str | None) -> RunHistory:
+    """One start of the launcher: its snapshots as the launcher takes them (the run's wall-clock,
+    the earlier lives' counts carried), then its summary, or none when `ended` is None (killed)."""
+    history = RunHistory.begin(run_dir, buffer_kept=buffer_kept)
+    progress = Progress(CONFIG, run_dir, started_at=0.0, life=history.life)
+    for snap in snaps:
+        progress.update(history.carried.onto(snap))
+    progress.close()  # its last progress.jsonl line, as the 5-second line a killed launcher left
+    if ended is not None:
+        write_summary(CONFIG, run_dir, progress, Ending(ended, snaps[-1].wall_sec), history=history)
+    return history
+
+
+def test_a_run_killed_whole_and_resumed_on_its_kept_buffer_counts_both_lives(tmp_path):
+    _life(tmp_path, False, [_snap(1.0, 100, 5), _snap(30.0, 3000, 120)], ended=None)
+    (tmp_path / "evals.jsonl").write_text(json.dumps({"version": 100, "episodes": 10, "success_rate": 0.8,
+                                                      "kind": "curve"}) + "\n")  # fmt: skip
+    history = RunHistory.begin(tmp_path, buffer_kept=True)  # the durable buffer kept its counters
+    assert (history.life, history.carried.wall_sec, history.carried.env_steps) == (1, 30.0, 0)
+    progress = Progress(CONFIG, tmp_path, started_at=0.0, life=history.life)
+    assert progress.best_success == 0.8  # the earlier life's best score
+    progress.update(_snap(31.0, 3000, 131, curve=EvalPoint(131, 0.5, 3000, 10)))
+    progress.update(_snap(50.0, 5000, 400))
+    progress.close()
+    summary = write_summary(CONFIG, tmp_path, progress, Ending("max_wall_sec 50 reached", 50.0), history=history)
+    assert summary.resumes == 1 and summary.best_success == 0.8
+    assert (summary.wall_sec, summary.final_env_steps, summary.final_version) == (50.0, 5000, 400)
+    first, second = summary.lives
+    assert (first["ended"], first["wall_sec"], first["env_steps_at_end"], first["version_at_end"]) == (
+        KILLED, 30.0, 3000, 120
+    )  # fmt: skip
+    assert (second["ended"], second["wall_sec"], second["version_at_end"]) == ("max_wall_sec 50 reached", 20.0, 400)
+    assert summary.started_unix == first["started_unix"]
+    assert summary.updates_per_sec == round((400 - 131) / 20.0, 2)  # this life's versions over its own seconds
+    rows = [json.loads(line) for line in (tmp_path / "progress.jsonl").read_text().splitlines()]
+    assert [r["life"] for r in rows] == [0, 0, 1, 1]
+
+
+def test_an_empty_buffer_after_a_resume_adds_the_earlier_lives_env_steps(tmp_path):
+    _life(tmp_path, False, [_snap(20.0, 2000, 80)], ended="max_wall_sec 20 reached")
+    history = _life(tmp_path, False, [_snap(25.0, 300, 90)], ended="interrupted (Ctrl-C or SIGTERM)")
+    assert (history.carried.env_steps, history.carried.transitions) == (2000, 10_000)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["final_env_steps"] == 2300 and summary["transitions_stored"] == 11_500
+    assert [life["ended"] for life in summary["lives"]] == [
+        "max_wall_sec 20 reached",
+        "interrupted (Ctrl-C or SIGTERM)",
+    ]
+    assert summary["resumes"] == 1
+
+
+def test_a_fresh_run_has_one_life_and_no_resume(tmp_path):
+    _life(tmp_path, False, [_snap(5.0, 500, 10)], ended="max_wall_sec 5 reached")
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["resumes"] == 0 and len(summary["lives"]) == 1
+    assert summary["lives"][0]["wall_sec"] == 5.0
