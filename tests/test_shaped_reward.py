@@ -93,3 +93,33 @@ def test_a_sparse_run_still_relabels_with_her():
 def test_the_learner_clips_returns_only_for_the_sparse_reward():
     assert Hyperparams.for_run(RunConfig(), act_dim=4).objective.clip_return
     assert not Hyperparams.for_run(with_overrides(RunConfig(), SHAPED), act_dim=4).objective.clip_return
+
+
+def test_pushs_shaped_reward_is_flat_until_the_hand_nears_the_puck():
+    """What docs/presets.md ("Meta-World push") says of the shaped reward: about 0.05 a step while
+    the hand is far from the puck, whatever it does, against about 1,000 over an episode of
+    Meta-World's scripted expert; so the shaped reward leaves exploration the same search."""
+    from sim.metaworld_experts import ExpertPolicy
+
+    env = make_env("MetaWorld-push-v3", reward="shaped")
+    rng = np.random.default_rng(0)
+    try:
+        for seed in (0, 1):
+            returns = {}
+            for who in ("expert", "random", "still"):
+                expert = ExpertPolicy("MetaWorld-push-v3", env.action_space)
+                obs, _ = env.reset(seed=seed)
+                rewards = []
+                for _ in range(150):
+                    if who == "expert":
+                        action = expert.act(obs)
+                    else:
+                        action = rng.uniform(-1, 1, 4) if who == "random" else np.zeros(4)
+                    obs, reward, _, _, _ = env.step(action)
+                    rewards.append(reward)
+                returns[who] = (sum(rewards), max(rewards))
+            assert returns["expert"][0] > 900 and returns["expert"][1] == pytest.approx(10.0)
+            assert returns["random"][0] < 10 and returns["still"][0] < 10
+            assert returns["random"][1] < 0.1 and returns["still"][1] < 0.1
+    finally:
+        env.close()
