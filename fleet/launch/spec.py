@@ -40,7 +40,7 @@ import yaml
 from fleet.launch.cluster_admin import cluster_ok, form_cluster, nodes_answer
 from fleet.launch.local_cluster import LocalRedisCluster
 from fleet.launch.spec_checks import check_config_tasks, check_fleet
-from fleet.launch.spec_model import FleetSpec, host_spec
+from fleet.launch.spec_model import FleetSpec, SlurmSettings, VolumeSettings, host_spec
 from fleet.launch.spec_schema import check_schema, key_lines, where
 from fleet.launch.watchdog import RoleSpec, Watchdog, role_spec
 from fleet.launch.winddown import Judge, StopBoard, watch, wind_down
@@ -79,7 +79,9 @@ def parse_spec(raw: Any, source: str = "fleet spec", lines: dict[tuple[Any, ...]
             raise ConfigError(f"{where(source, ('config', key), lines)}: {err}", field=key) from err
     hosts = tuple(host_spec(name, body) for name, body in raw["hosts"].items())
     replicas = int(raw.get("redis_replicas", 0))
-    spec = FleetSpec(run_id, str(raw.get("run_dir", f"runs/{run_id}")), overrides, hosts, replicas)
+    slurm, kubernetes = SlurmSettings(**raw.get("slurm") or {}), VolumeSettings(**raw.get("kubernetes") or {})
+    run_dir = str(raw.get("run_dir", f"runs/{run_id}"))
+    spec = FleetSpec(run_id, run_dir, overrides, hosts, replicas, slurm, kubernetes)
     check_fleet(spec, source, lines)
     return spec
 
