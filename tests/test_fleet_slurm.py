@@ -85,7 +85,9 @@ def test_the_batch_script_runs_one_task_per_host_on_as_many_nodes(tmp_path: path
     assert cpus_needed(spec.host("services")) == 2 and cpus_needed(spec.host("sim")) == 4
 
 
-def test_the_stop_board_first_reason_wins_and_a_gone_cluster_ends_every_wait(clean_redis_cluster) -> None:
+def test_the_stop_board_first_reason_wins_an_earlier_fleets_flags_are_history_and_a_gone_cluster_ends_every_wait(
+    clean_redis_cluster,
+) -> None:
     board = StopBoard(clean_redis_cluster.addresses, clean_redis_cluster.auth, "sl")
     try:
         assert board.reason() is None and board.finished() is False
@@ -96,11 +98,24 @@ def test_the_stop_board_first_reason_wins_and_a_gone_cluster_ends_every_wait(cle
         assert board.hosts_with_workers_stopped() == {"sim"}
         board.finish()
         assert wait_on_board(board.finished, 5.0, lambda: False) == "done"
-        board.reset()
-        assert board.reason() is None and board.hosts_with_workers_stopped() == set()
-        assert wait_on_board(board.finished, 0.3, lambda: False) == "timed out"
+        assert board.fleets_seen() == 1
     finally:
         board.close()
+    # The next fleet on the kept cluster (a requeued job): the flags above are an earlier fleet's.
+    again, other_host = (StopBoard(clean_redis_cluster.addresses, clean_redis_cluster.auth, "sl") for _ in range(2))
+    try:
+        assert again.reason() is None and again.hosts_with_workers_stopped() == set()
+        assert wait_on_board(again.finished, 0.3, lambda: False) == "timed out"
+        assert again.fleets_seen() == 2  # the cluster kept the earlier fleet's data
+        assert other_host.reason() is None  # joins the board now, before this fleet's stop
+        again.request("evaluation success 0.95")
+        again.request("SIGTERM on services")
+        assert other_host.reason() == again.reason() == "evaluation success 0.95"
+        other_host.workers_stopped("sim")
+        assert again.hosts_with_workers_stopped() == {"sim"}
+    finally:
+        again.close()
+        other_host.close()
     gone = StopBoard("127.0.0.1:1", clean_redis_cluster.auth, "sl")  # nothing listens there
     assert gone.reason() is None
     assert wait_on_board(gone.finished, 30.0, lambda: False) == "board gone"
