@@ -124,6 +124,7 @@ def test_render_writes_the_manifests_and_lists_them(tmp_path, capsys):
     assert paths.split() == sorted(str(p) for p in (tmp_path / "k8s").iterdir()) and len(paths.split()) == 9
     assert "kubectl -n default create secret generic big-secrets --from-literal=token=" in steps
     assert f"kubectl apply -f {tmp_path / 'k8s'}\n" in steps
+    assert "kubectl -n default delete pvc -l fleetrl/redis=big-redis" in steps  # the kept Redis data, once done
 
 
 def test_render_takes_its_one_format_without_k8s(tmp_path, capsys):
