@@ -398,3 +398,12 @@ def test_kept_nodes_of_two_hosts_meet_again_on_their_data_and_half_of_them_is_re
         pytest.raises(LocalClusterError, match=r"hold a cluster from an earlier start, but .* start empty"),
     ):
         cluster_admin.form_cluster(a.nodes + b.nodes, auth, replicas=1)
+
+
+def test_a_relative_data_dir_is_where_the_nodes_keep_their_files(tmp_path, monkeypatch):
+    """`fleetrl train`'s default run directory is relative (runs/<task>-<time>): each node runs
+    in its own folder, so the folder is made absolute first."""
+    monkeypatch.chdir(tmp_path)
+    with LocalRedisCluster(appendonly=True, data_dir=Path("runs/x/redis")) as cluster:
+        assert cluster.data_dir == tmp_path / "runs" / "x" / "redis"
+    assert sorted(p.name for p in (tmp_path / "runs" / "x" / "redis").iterdir()) == ["node0", "node1", "node2"]

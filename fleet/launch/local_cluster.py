@@ -213,7 +213,7 @@ class LocalRedisCluster:
         self.startup_timeout_sec = startup_timeout_sec
         self._binary = redis_server
         self.host, self.ports, self.appendonly = host, ports, appendonly
-        self.data_dir = None if data_dir is None else Path(data_dir)
+        self.data_dir = None if data_dir is None else Path(data_dir).resolve()  # redis-server runs in it
         self.auth = auth or Security()  # with a redis_password: nodes require the run's ACL user
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
         self._root: Path | None = None  # where the node directories are: data_dir or the temporary one
