@@ -19,6 +19,7 @@ from fleet.launch.slurm import SbatchOptions, SlurmTask, cpus_needed, parse_node
 from fleet.launch.spec import parse_spec
 from fleet.launch.winddown import StopBoard, wait_on_board
 from foundation.config import ConfigError
+from foundation.transport import connect
 from tests.conftest import wait_until
 
 SPEC = {
@@ -111,7 +112,11 @@ def test_the_stop_board_first_reason_wins_an_earlier_fleets_flags_are_history_an
         assert board.fleets_seen() == 1
     finally:
         board.close()
-    # The next fleet on the kept cluster (a requeued job): the flags above are an earlier fleet's.
+    # The next fleet on the kept cluster (a requeued job): the flags above are an earlier fleet's,
+    # and a stop flag with no clock reading is no fleet's.
+    raw = connect(clean_redis_cluster.addresses, clean_redis_cluster.auth)
+    raw.set(board.stop_key, "a reason with no clock reading")
+    raw.close()
     again, other_host = (StopBoard(clean_redis_cluster.addresses, clean_redis_cluster.auth, "sl") for _ in range(2))
     try:
         assert again.reason() is None and again.hosts_with_workers_stopped() == set()

@@ -93,8 +93,12 @@ class StopBoard:
         return int(client.incr(self.clock_key))
 
     def _current(self, stamp: bytes | str | None) -> bool:
-        """Whether a flag's clock reading is this fleet's (after this host joined)."""
-        return stamp is not None and int(stamp) > (self.joined or 0)
+        """Whether a flag's clock reading is this fleet's (after this host joined); a flag with
+        none is not."""
+        try:
+            return stamp is not None and int(stamp) > (self.joined or 0)
+        except ValueError:
+            return False
 
     def request(self, reason: str) -> None:
         """Ask every host to stop; the first reason this fleet gives is the fleet's."""
@@ -142,7 +146,7 @@ class StopBoard:
 # reading than the asking host's join); an earlier fleet's is overwritten.
 _REQUEST = """
 local current = redis.call('GET', KEYS[1])
-if current and tonumber(string.match(current, '^(%d+)')) > tonumber(ARGV[2]) then return 0 end
+if current and (tonumber(string.match(current, '^(%d+) ')) or 0) > tonumber(ARGV[2]) then return 0 end
 redis.call('SET', KEYS[1], redis.call('INCR', KEYS[2]) .. ' ' .. ARGV[1])
 return 1
 """
