@@ -10,7 +10,7 @@ import yaml
 
 from fleet.cli.main import main
 from fleet.launch.spec import parse_spec
-from fleet.launch.spec_schema import HOST_SCHEMA, SCHEMA
+from fleet.launch.spec_schema import HOST_SCHEMA, KUBERNETES_SCHEMA, SCHEMA, SLURM_SCHEMA
 from tests.test_fleet_spec import README_SPEC
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -53,6 +53,11 @@ def test_check_prints_hosts_ports_and_derived_settings(tmp_path, capsys):
     assert "redis cluster: 3 nodes, 3 primaries, redis_replicas 0 (formed by redis-a" in out
     assert "results: summary.json, checkpoints, evals.jsonl and tb/ in runs/big/ on services" in out
     assert "stop: services (the aggregator's host) stops the whole fleet at target_success 0.9, max_wall_sec" in out
+    assert "redis data (buffer.durable): redis-a in runs/big/redis/redis-a, redis-b in runs/big/redis/redis-b;" in out
+    assert "under slurm: SIGUSR1 120 s before the end, requeue on (slurm.warning_sec, slurm.requeue)" in out
+    _, out, _ = _check(tmp_path, capsys, README_SPEC + "slurm: {warning_sec: 0, requeue: false}\n", "--set",
+                       "buffer.durable=false")  # fmt: skip
+    assert "redis data: none kept (buffer.durable false)" in out and "under slurm: no warning, requeue off" in out
 
 
 def test_check_derives_the_step_from_the_learners_and_warns_of_learners_that_would_all_be_stale(tmp_path, capsys):
@@ -119,6 +124,7 @@ def test_render_writes_the_manifests_and_lists_them(tmp_path, capsys):
     assert paths.split() == sorted(str(p) for p in (tmp_path / "k8s").iterdir()) and len(paths.split()) == 9
     assert "kubectl -n default create secret generic big-secrets --from-literal=token=" in steps
     assert f"kubectl apply -f {tmp_path / 'k8s'}\n" in steps
+    assert "kubectl -n default delete pvc -l fleetrl/redis=big-redis" in steps  # the kept Redis data, once done
 
 
 def test_render_takes_its_one_format_without_k8s(tmp_path, capsys):
@@ -133,7 +139,8 @@ def test_fleet_up_help_points_at_the_spec_doc_which_names_every_key(capsys):
         main(["fleet", "up", "--help"])
     assert "docs/fleet-spec.md" in capsys.readouterr().out
     doc = (REPO / "docs" / "fleet-spec.md").read_text()
-    keys = [*SCHEMA["properties"], *HOST_SCHEMA["properties"], "port", "count", "cpus"]
+    sections = [*SLURM_SCHEMA["properties"], *KUBERNETES_SCHEMA["properties"]]
+    keys = [*SCHEMA["properties"], *HOST_SCHEMA["properties"], *sections, "port", "count", "cpus"]
     assert [key for key in keys if f"`{key}`" not in doc] == []
 
 

@@ -155,3 +155,39 @@ def test_written_files_are_the_objects_as_plain_yaml(tmp_path):
 def test_a_run_id_kubernetes_cannot_take_as_a_name_is_refused():
     with pytest.raises(ConfigError, match="gives no Kubernetes name"):
         _objects(README_SPEC.replace("run_id: big", f"run_id: {'x' * 70}"))
+
+
+def test_the_redis_pods_and_the_run_directory_keep_their_data_on_claims_so_a_rescheduled_pod_resumes():
+    objects = _objects()
+    redis = _by(objects, "StatefulSet", "big-redis")["spec"]
+    claim = redis["volumeClaimTemplates"][0]
+    assert claim["metadata"]["name"] == "data" and "volumes" not in redis["template"]["spec"]  # no emptyDir
+    assert claim["spec"]["resources"]["requests"]["storage"] == "2Gi" and "storageClassName" not in claim["spec"]
+    assert redis["persistentVolumeClaimRetentionPolicy"]["whenDeleted"] == "Retain"
+    node = redis["template"]["spec"]["containers"][0]
+    assert node["volumeMounts"] == [{"name": "data", "mountPath": "/data"}]
+    command = node["command"]
+    assert command[command.index("--appendonly") + 1] == "yes" and "/data/nodes.conf" in command
+    assert _by(objects, "PersistentVolumeClaim", "big-run")["spec"]["resources"]["requests"]["storage"] == "10Gi"
+    # The aggregator's pod, wherever it is rescheduled: the run claim, where it resumes from its newest checkpoint.
+    services = _by(objects, "Job", "big-services")["spec"]["template"]["spec"]
+    assert {"name": "run", "persistentVolumeClaim": {"claimName": "big-run"}} in services["volumes"]
+    aggregator = next(c for c in services["containers"] if c["name"] == "aggregator")
+    assert {"name": "run", "mountPath": "/run/fleetrl"} in aggregator["volumeMounts"]
+    assert aggregator["command"][aggregator["command"].index("--run-dir") + 1] == "/run/fleetrl"
+
+
+def test_the_storage_class_and_sizes_come_from_the_spec_and_a_throwaway_buffer_takes_no_claim():
+    text = README_SPEC + "kubernetes: {storage_class: fast-ssd, run_volume_size: 50Gi, redis_volume_size: 8Gi}\n"
+    objects = _objects(text)
+    for obj in objects:
+        kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+    run = _by(objects, "PersistentVolumeClaim", "big-run")["spec"]
+    assert (run["storageClassName"], run["resources"]["requests"]["storage"]) == ("fast-ssd", "50Gi")
+    claim = _by(objects, "StatefulSet", "big-redis")["spec"]["volumeClaimTemplates"][0]["spec"]
+    assert (claim["storageClassName"], claim["resources"]["requests"]["storage"]) == ("fast-ssd", "8Gi")
+    throwaway = _by(_objects(**{"buffer.durable": "false"}), "StatefulSet", "big-redis")["spec"]
+    assert "volumeClaimTemplates" not in throwaway
+    assert throwaway["template"]["spec"]["volumes"] == [{"name": "data", "emptyDir": {}}]
+    command = throwaway["template"]["spec"]["containers"][0]["command"]
+    assert command[command.index("--appendonly") + 1] == "no"

@@ -54,7 +54,7 @@ def test_a_spec_gives_every_host_its_roles_with_the_fleets_addresses(monkeypatch
     "change,message",
     [
         ({"hosts": {}}, "hosts ({}) must be a non-empty mapping"),
-        ({"extra": 1}, "extra: unknown key (known: config, hosts, redis_replicas, run_dir, run_id)"),
+        ({"extra": 1}, "extra: unknown key (known: config, hosts, kubernetes, redis_replicas, run_dir, run_id, slurm)"),
         (
             {"hosts": {**SPEC["hosts"], "x": {"address": "1.2.3.4", "samplr": 1}}},
             "hosts.x.samplr: unknown key; did you mean 'sampler'?",
@@ -95,12 +95,42 @@ def test_a_spec_gives_every_host_its_roles_with_the_fleets_addresses(monkeypatch
         ({"redis_replicas": 1}, "redis_replicas: a Redis Cluster with redis_replicas 1 needs at least 6 nodes"),
         ({"config": {"sim.tsk": 1}}, "config.sim.tsk: unknown config field 'sim.tsk'; did you mean 'task'?"),
         ({"config": ["sim.task"]}, "config (['sim.task']) must be config overrides"),
+        ({"slurm": {"warning_sec": -1}}, "slurm.warning_sec (-1) must be >= 0: seconds before the job's end"),
+        ({"slurm": {"requeue": "later"}}, "slurm.requeue ('later') must be true or false"),
+        ({"slurm": {"warning": 60}}, "slurm.warning: unknown key; did you mean 'warning_sec'?"),
+        ({"kubernetes": {"run_volume_size": "10GB"}}, "kubernetes.run_volume_size ('10GB') must be a volume size"),
+        ({"kubernetes": {"storage_class": "Fast SSD"}}, "kubernetes.storage_class ('Fast SSD') must be a StorageClass"),
+        (
+            {"hosts": {**SPEC["hosts"], "sim-2": {"address": "a", "sampler": 1, "redis_dir": "/data/redis"}}},
+            "hosts.sim-2.redis_dir: host sim-2 runs no Redis node, so it keeps no Redis data",
+        ),
+        (
+            {
+                "hosts": {
+                    **SPEC["hosts"],
+                    "redis-b": {"address": "10.0.0.6", "redis": [7002], "redis_dir": "runs/big/redis/redis-a"},
+                }
+            },
+            "hosts.redis-b.redis_dir: runs/big/redis/redis-a is also hosts.redis-a's Redis folder",
+        ),
     ],
 )
 def test_a_wrong_spec_is_refused_naming_what_is_wrong(change, message):
     with pytest.raises(ConfigError) as err:
         parse_spec({**SPEC, **change})
     assert message in str(err.value)
+
+
+def test_slurm_kubernetes_and_redis_dir_have_defaults_and_take_the_specs_values():
+    spec = parse_spec(SPEC)
+    assert (spec.slurm.warning_sec, spec.slurm.requeue) == (120, True)
+    assert (spec.kubernetes.storage_class, spec.kubernetes.run_volume_size) == ("", "10Gi")
+    assert [spec.redis_dir(h) for h in spec.hosts if h.redis] == ["runs/big/redis/redis-a", "runs/big/redis/redis-b"]
+    hosts = {**SPEC["hosts"], "redis-b": {**SPEC["hosts"]["redis-b"], "redis_dir": "/scratch/redis-b"}}
+    given = {"slurm": {"warning_sec": 300, "requeue": False}, "kubernetes": {"storage_class": "fast-ssd"}}
+    spec = parse_spec({**SPEC, **given, "hosts": hosts})
+    assert (spec.slurm.warning_sec, spec.slurm.requeue, spec.kubernetes.storage_class) == (300, False, "fast-ssd")
+    assert spec.redis_dir(spec.host("redis-b")) == "/scratch/redis-b"
 
 
 def test_an_unknown_host_and_missing_secrets_are_named(monkeypatch):
@@ -187,6 +217,16 @@ hosts:
         ("sim.task: FetchPush-v4", "sim.tsk: FetchPush-v4", "fleet.yaml:2: config.sim.tsk: unknown config field"),
         ("run_id: big", "run_id: big\nredis_replicas: 1", "fleet.yaml:2: redis_replicas: a Redis Cluster with"),
         ("address: 10.0.0.8", "address: 10.0", "fleet.yaml:7: hosts.sim-1.address (10.0) must be the host name"),
+        (
+            "run_id: big",
+            "run_id: big\nslurm: {warning_sec: 70000}",
+            "fleet.yaml:2: slurm.warning_sec (70000) must be <=",
+        ),
+        (
+            "redis: [7002]",
+            "redis: [7002], redis_dir: ''",
+            "fleet.yaml:5: hosts.redis-b.redis_dir ('') must be a folder",
+        ),
     ],
 )
 def test_a_wrong_spec_file_is_refused_naming_its_line(tmp_path, old, new, message):

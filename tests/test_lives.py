@@ -81,3 +81,11 @@ def test_a_fresh_run_has_one_life_and_no_resume(tmp_path):
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["resumes"] == 0 and len(summary["lives"]) == 1
     assert summary["lives"][0]["wall_sec"] == 5.0
+
+
+def test_a_summary_written_twice_in_one_life_records_its_end_once(tmp_path):
+    """A signalled fleet's aggregator host writes summary.json at once and completes it after."""
+    history = _life(tmp_path, True, [_snap(5.0, 500, 10)], ended="interrupted (Ctrl-C or SIGTERM)")
+    history.lives("interrupted (Ctrl-C or SIGTERM)", _snap(6.0, 600, 11))
+    ends = [json.loads(line) for line in (tmp_path / "lives.jsonl").read_text().splitlines()]
+    assert [e["event"] for e in ends] == ["start", "end"]

@@ -352,3 +352,58 @@ def test_a_data_dir_holding_another_cluster_shape_is_refused_naming_the_folder(t
 def test_a_data_dir_without_appendonly_is_refused():
     with pytest.raises(ValueError, match="data_dir .* with appendonly"):
         LocalRedisCluster(data_dir=Path("kept"))
+
+
+def _identities(nodes: list[tuple[str, int]], auth: Security) -> list[tuple[bytes, str]]:
+    """(node id, role) of every node, in order."""
+    found = []
+    for host, port in nodes:
+        conn = cluster_admin.node_client(host, port, auth)
+        found.append((conn.execute_command("CLUSTER", "MYID"), _role(conn)))
+        conn.close()
+    return found
+
+
+def test_kept_nodes_of_two_hosts_meet_again_on_their_data_and_half_of_them_is_refused(tmp_path):
+    """What a requeued `fleet up` does: each host starts its nodes unformed on its redis_dir, the
+    first Redis host meets them again on other ports; the slots, roles and data are as they were.
+    A host whose folder is gone would join empty nodes to them: refused, naming both halves."""
+    auth = Security(redis_user="fleetrl", redis_password="pw")
+    kept = {"appendonly": True, "form": False, "auth": auth}
+    with (
+        LocalRedisCluster(3, data_dir=tmp_path / "a", **kept) as a,
+        LocalRedisCluster(3, data_dir=tmp_path / "b", **kept) as b,
+    ):
+        cluster_admin.form_cluster(a.nodes + b.nodes, auth, replicas=1)
+        client = connect(a.addresses, auth)
+        client.set("{run}:head", 4096)
+        client.close()
+        before = _identities(a.nodes + b.nodes, auth)
+        taken = {p for _, p in a.nodes + b.nodes}
+    ports: list[int] = []
+    for _ in range(6):
+        ports.append(local_cluster.free_port_pair(taken | set(ports)))
+    with (
+        LocalRedisCluster(3, data_dir=tmp_path / "a", ports=ports[:3], **kept) as a,
+        LocalRedisCluster(3, data_dir=tmp_path / "b", ports=ports[3:], **kept) as b,
+    ):
+        cluster_admin.form_cluster(a.nodes + b.nodes, auth, replicas=1)
+        assert _identities(a.nodes + b.nodes, auth) == before  # the same node ids in the same roles
+        client = connect(b.addresses, auth)
+        assert client.get("{run}:head") == b"4096"
+        client.close()
+    with (
+        LocalRedisCluster(3, data_dir=tmp_path / "a", **kept) as a,
+        LocalRedisCluster(3, data_dir=tmp_path / "gone", **kept) as b,
+        pytest.raises(LocalClusterError, match=r"hold a cluster from an earlier start, but .* start empty"),
+    ):
+        cluster_admin.form_cluster(a.nodes + b.nodes, auth, replicas=1)
+
+
+def test_a_relative_data_dir_is_where_the_nodes_keep_their_files(tmp_path, monkeypatch):
+    """`fleetrl train`'s default run directory is relative (runs/<task>-<time>): each node runs
+    in its own folder, so the folder is made absolute first."""
+    monkeypatch.chdir(tmp_path)
+    with LocalRedisCluster(appendonly=True, data_dir=Path("runs/x/redis")) as cluster:
+        assert cluster.data_dir == tmp_path / "runs" / "x" / "redis"
+    assert sorted(p.name for p in (tmp_path / "runs" / "x" / "redis").iterdir()) == ["node0", "node1", "node2"]

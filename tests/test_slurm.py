@@ -20,6 +20,7 @@ munge` (scripts/setup.sh installs them when it can); skipped with the reason oth
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pathlib
@@ -60,8 +61,9 @@ def _why_not() -> str | None:
 class Slurm:
     """munged, slurmctld and one slurmd per node namespace, with their own config and ports."""
 
-    def __init__(self, root: pathlib.Path, net: Network) -> None:
-        self.root, self.net = root, net
+    def __init__(self, root: pathlib.Path, net: Network, cred_expire_sec: int = 120) -> None:
+        """`cred_expire_sec`: also how long a requeued job waits before it may start again."""
+        self.root, self.net, self.cred_expire_sec = root, net, cred_expire_sec
         self.env = {**os.environ, "SLURM_CONF": str(root / "slurm.conf")}
         self.procs: dict[str, subprocess.Popen] = {}
 
@@ -84,7 +86,7 @@ class Slurm:
         (root / "slurm.conf").write_text(
             f"ClusterName=fleetrl\nSlurmctldHost={socket.gethostname()}({bridge})\n"
             f"SlurmctldPort={free_port()}\nSlurmdPort={free_port()}\nSlurmUser=root\nSlurmdUser=root\n"
-            f"AuthType=auth/munge\nCredType=cred/munge\nAuthInfo=socket={socket_path}\n"
+            f"AuthType=auth/munge\nCredType=cred/munge\nAuthInfo=socket={socket_path},cred_expire={self.cred_expire_sec}\n"
             f"StateSaveLocation={root}/state\nSlurmdSpoolDir={root}/spool/%n\nSlurmctldPidFile={root}/ctld.pid\n"
             f"SlurmdPidFile={root}/slurmd-%n.pid\nSlurmctldLogFile={root}/slurmctld.log\n"
             f"SlurmdLogFile={root}/slurmd-%n.log\n"
@@ -141,19 +143,27 @@ class Slurm:
                 proc.wait()
 
 
-@pytest.fixture(scope="module")
-def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Slurm]:
+@contextlib.contextmanager
+def slurm_cluster(tmp_path_factory: pytest.TempPathFactory, tag: int, cred_expire_sec: int = 120) -> Iterator[Slurm]:
+    """A started Slurm of two nodes on a network of its own (`tag` picks it: one per test module),
+    or the test skipped with the reason."""
     reason = _why_not()
     if reason is not None:
         pytest.skip(reason)
     root = tmp_path_factory.mktemp("slurm")
     os.chmod(root, 0o755)  # munged refuses a socket in a directory others cannot reach
-    with Network(f"{(os.getpid() + 2048) % 4096:03x}", NODES) as net:
-        cluster = Slurm(root, net)
+    with Network(f"{(os.getpid() + tag) % 4096:03x}", NODES) as net:
+        cluster = Slurm(root, net, cred_expire_sec)
         try:
             yield cluster.start()
         finally:
             cluster.close()
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Slurm]:
+    with slurm_cluster(tmp_path_factory, 2048) as cluster:
+        yield cluster
 
 
 def _submit(slurm: Slurm, tmp_path: pathlib.Path, config: dict) -> tuple[str, pathlib.Path]:

@@ -41,6 +41,7 @@ INTEGRATION: dict[str, tuple[str, ...]] = {
         "test_harden_pins_the_process_to_one_allowed_cpu",
         "test_samplers_the_buffer_and_the_evaluator_do_not_load_torch",
     ),
+    "test_fleet_slurm.py": ("test_the_batch_shell_turns_slurms_warning_into_a_clean_stop_of_the_step_and_a_requeue",),
     "test_provenance.py": ("test_the_commit_is_heads_and_a_changed_tracked_file_marks_it_dirty",),
     "test_role_cleanup.py": (
         "test_an_aggregator_that_cannot_bind_closes_its_tensorboard_writer",

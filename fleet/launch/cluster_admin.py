@@ -155,30 +155,62 @@ def meet_all(conns: list[redis.Redis], nodes: list[tuple[str, int]]) -> None:
 
 
 def form_cluster(nodes: list[tuple[str, int]], auth: Security, timeout_sec: float = 60.0, replicas: int = 0) -> None:
-    """Join running, empty cluster-enabled nodes (on any hosts) into one cluster: split the
+    """Join running cluster-enabled nodes (on any hosts) into one cluster. Empty nodes: split the
     slots evenly over the primaries (the first len(nodes) / (1 + replicas) nodes), give each its
     own config epoch, MEET them all, wait until every node says ok; replica i then follows
-    primary i mod primaries. A cluster already formed from exactly these nodes is left as it is."""
+    primary i mod primaries. Nodes that hold a cluster from an earlier start (their nodes.conf and
+    data kept: a restarted, requeued or rescheduled fleet) meet again where they are now, keeping
+    their slots and roles; LocalClusterError naming the nodes when only some of them hold it. A
+    cluster already formed from exactly these nodes is left as it is."""
     if cluster_ok(nodes, auth):
         return
-    count = len(nodes) // (1 + replicas)
     conns = [node_client(h, p, auth) for h, p in nodes]
-    deadline = time.monotonic() + timeout_sec
     try:
-        assign_and_meet(conns[:count], nodes[:count])
-        for host, port in nodes[count:]:  # replicas join empty, then follow a primary
-            conns[0].execute_command("CLUSTER", "MEET", host, port)
-        while not cluster_ok(nodes, auth):
-            if time.monotonic() > deadline:
-                raise LocalClusterError(f"cluster of {len(nodes)} nodes ({nodes}) not ok after {timeout_sec}s")
-            time.sleep(0.05)
-        for i, conn in enumerate(conns[count:]):
-            node_id = conns[i % count].execute_command("CLUSTER", "MYID")
-            conn.execute_command("CLUSTER", "REPLICATE", node_id.decode() if isinstance(node_id, bytes) else node_id)
-        while not all(c.info("replication").get("master_link_status") == "up" for c in conns[count:]):
-            if time.monotonic() > deadline:
-                raise LocalClusterError(f"replicas {nodes[count:]} not linked to their primaries after {timeout_sec}s")
-            time.sleep(0.05)
+        kept = [int(cluster_info(conn).get("cluster_slots_assigned", 0)) > 0 for conn in conns]
+        if any(kept):
+            _meet_kept(conns, nodes, kept, auth, timeout_sec)
+        else:
+            _form_empty(conns, nodes, auth, replicas, timeout_sec)
     finally:
         for conn in conns:
             conn.close()
+
+
+def _meet_kept(
+    conns: list[redis.Redis], nodes: list[tuple[str, int]], kept: list[bool], auth: Security, timeout_sec: float
+) -> None:
+    """Nodes restarted from their nodes.conf: every one met at its address now, until ok."""
+    empty = [node for node, held in zip(nodes, kept, strict=True) if not held]
+    if empty:
+        raise LocalClusterError(
+            f"nodes {[n for n in nodes if n not in empty]} hold a cluster from an earlier start, but {empty} "
+            "start empty (their data folder is gone or new): start every node on its kept folder (a host's "
+            "redis_dir), or remove every folder to start with an empty buffer"
+        )
+    meet_all(conns, nodes)
+    deadline = time.monotonic() + timeout_sec
+    while not cluster_ok(nodes, auth):
+        if time.monotonic() > deadline:
+            raise LocalClusterError(f"the kept cluster of {len(nodes)} nodes ({nodes}) not ok after {timeout_sec}s")
+        time.sleep(0.05)
+
+
+def _form_empty(
+    conns: list[redis.Redis], nodes: list[tuple[str, int]], auth: Security, replicas: int, timeout_sec: float
+) -> None:
+    count = len(nodes) // (1 + replicas)
+    deadline = time.monotonic() + timeout_sec
+    assign_and_meet(conns[:count], nodes[:count])
+    for host, port in nodes[count:]:  # replicas join empty, then follow a primary
+        conns[0].execute_command("CLUSTER", "MEET", host, port)
+    while not cluster_ok(nodes, auth):
+        if time.monotonic() > deadline:
+            raise LocalClusterError(f"cluster of {len(nodes)} nodes ({nodes}) not ok after {timeout_sec}s")
+        time.sleep(0.05)
+    for i, conn in enumerate(conns[count:]):
+        node_id = conns[i % count].execute_command("CLUSTER", "MYID")
+        conn.execute_command("CLUSTER", "REPLICATE", node_id.decode() if isinstance(node_id, bytes) else node_id)
+    while not all(c.info("replication").get("master_link_status") == "up" for c in conns[count:]):
+        if time.monotonic() > deadline:
+            raise LocalClusterError(f"replicas {nodes[count:]} not linked to their primaries after {timeout_sec}s")
+        time.sleep(0.05)

@@ -7,6 +7,8 @@
 What a spec becomes (docs/fleet-spec.md, "Kubernetes"):
 - the Redis nodes of every host: one StatefulSet (one pod per node, port 6379, bus 16379) with
   a headless Service, and a Job that forms them into one cluster (`fleetrl redis-cluster --join`);
+  with buffer.durable each pod keeps its append-only file and nodes.conf on a claim of its own
+  (`kubernetes.redis_volume_size`), so a rescheduled pod comes back as the same node with its data;
 - every host with services or workers: one Job of one pod (`completions: 1`), a container per
   role process; the kubelet restarts a container that fails (`restartPolicy: OnFailure`, in place
   of the watchdog, up to HOST_BACKOFF_LIMIT times), and one that exits 0 stays done, so when the
@@ -16,7 +18,9 @@ What a spec becomes (docs/fleet-spec.md, "Kubernetes"):
 - the run's config as a ConfigMap (config.json as a YAML block, one field a line); the fleet
   token and Redis password from the Secret `<run>-secrets` (keys `token`, `redis-password`),
   referenced by name, never written here;
-- the aggregator's run directory (checkpoints, evals.jsonl, tb/) on a PersistentVolumeClaim.
+- the aggregator's run directory (checkpoints, evals.jsonl, tb/) on a PersistentVolumeClaim
+  (`kubernetes.run_volume_size`, `kubernetes.storage_class`): a rescheduled aggregator pod
+  resumes from the newest checkpoint there, under a version past every one it broadcast.
 Nothing here has run on a cluster; the manifests are checked against the Kubernetes schemas.
 """
 
@@ -29,7 +33,7 @@ from typing import Any
 import yaml
 
 from fleet.launch.spec_checks import REDIS_BUS_OFFSET, redis_layout
-from fleet.launch.spec_model import FleetSpec, HostSpec
+from fleet.launch.spec_model import FleetSpec, HostSpec, VolumeSettings
 from foundation.config import ConfigError, RunConfig
 from foundation.transport import REDIS_PASSWORD_ENV, TOKEN_ENV
 
@@ -79,7 +83,7 @@ def manifests(
         raise ConfigError(f"hosts {[h.name for h in hosts]}: two give the same Kubernetes name")
     objects = [_meta(names, "ConfigMap", names.config, data={"config.json": config.to_json() + "\n"})]
     objects += _redis(spec, config, names, image)
-    objects.append(_run_volume(names))
+    objects.append(_run_volume(names, spec.kubernetes))
     for role in ("buffer", "aggregator"):
         owner = next(h for h in spec.hosts if role in h.services)
         objects.append(_service(names, role, owner, owner.services[role]))
@@ -137,6 +141,10 @@ def next_steps(spec: FleetSpec, config: RunConfig, out: str | pathlib.Path, name
         "   # every host's Job completes when the fleet stops"
     )
     steps.append(f"kubectl delete -f {out}   # the Redis nodes and the rest; the run volume's claim too")
+    if config.buffer.durable:
+        steps.append(
+            f"kubectl -n {namespace} delete pvc -l fleetrl/redis={names.redis}   # the Redis nodes' data (kept)"
+        )
     return steps
 
 
@@ -159,19 +167,14 @@ def _secret_env(names: Names, config: RunConfig) -> list[Obj]:
     return [{"name": var, "valueFrom": {"secretKeyRef": {"name": names.secret, "key": key}}} for var, key in keys]
 
 
-def _redis(spec: FleetSpec, config: RunConfig, names: Names, image: str) -> list[Obj]:
-    count = len(spec.redis_nodes)
-    selector = {"fleetrl/redis": names.redis}
-    ports = [{"name": "redis", "port": REDIS_PORT}, {"name": "bus", "port": REDIS_PORT + REDIS_BUS_OFFSET}]
-    headless = _meta(
-        names,
-        "Service",
-        names.redis,
-        spec={"clusterIP": "None", "publishNotReadyAddresses": True, "selector": selector, "ports": ports},
-    )
+def _redis_argv(config: RunConfig) -> list[str]:
+    """A Redis pod's command: a cluster node announcing its pod IP, its files under /data (with
+    buffer.durable an append-only file, written before each reply: fleet/launch/local_cluster.py)."""
+    durable = config.buffer.durable
     argv = ["redis-server", "--port", str(REDIS_PORT), "--cluster-enabled", "yes", "--cluster-config-file",
             "/data/nodes.conf", "--cluster-node-timeout", "5000", "--cluster-announce-ip", "$(POD_IP)",
-            "--dir", "/data", "--appendonly", "no", "--save", ""]  # fmt: skip
+            "--dir", "/data", "--appendonly", "yes" if durable else "no", "--appendfsync", "no",
+            "--save", ""]  # fmt: skip
     if config.security.enabled:  # the run's ACL user, the default user off (as fleet/launch/local_cluster.py does)
         user = config.security.redis_user
         argv += ["--protected-mode", "yes", "--user", "default", "off", "--user", user, "on",
@@ -179,6 +182,21 @@ def _redis(spec: FleetSpec, config: RunConfig, names: Names, image: str) -> list
                  "--masterauth", f"$({REDIS_PASSWORD_ENV})"]  # fmt: skip
     else:
         argv += ["--protected-mode", "no"]
+    return argv
+
+
+def _redis(spec: FleetSpec, config: RunConfig, names: Names, image: str) -> list[Obj]:
+    count = len(spec.redis_nodes)
+    selector = {"fleetrl/redis": names.redis}
+    durable = config.buffer.durable  # each node's append-only file and nodes.conf on a claim of its own
+    ports = [{"name": "redis", "port": REDIS_PORT}, {"name": "bus", "port": REDIS_PORT + REDIS_BUS_OFFSET}]
+    headless = _meta(
+        names,
+        "Service",
+        names.redis,
+        spec={"clusterIP": "None", "publishNotReadyAddresses": True, "selector": selector, "ports": ports},
+    )
+    argv = _redis_argv(config)
     probe = {"tcpSocket": {"port": REDIS_PORT}, "periodSeconds": 10}
     container = {
         "name": "redis",
@@ -193,19 +211,19 @@ def _redis(spec: FleetSpec, config: RunConfig, names: Names, image: str) -> list
         "livenessProbe": {**probe, "failureThreshold": 6},
         "volumeMounts": [{"name": "data", "mountPath": "/data"}],
     }
-    pod = {"containers": [container], "volumes": [{"name": "data", "emptyDir": {}}]}
-    stateful = _meta(
-        names,
-        "StatefulSet",
-        names.redis,
-        spec={
-            "serviceName": names.redis,
-            "replicas": count,
-            "podManagementPolicy": "Parallel",
-            "selector": {"matchLabels": selector},
-            "template": {"metadata": {"labels": selector}, "spec": pod},
-        },
-    )
+    pod = {"containers": [container], **({} if durable else {"volumes": [{"name": "data", "emptyDir": {}}]})}
+    body = {
+        "serviceName": names.redis,
+        "replicas": count,
+        "podManagementPolicy": "Parallel",
+        "selector": {"matchLabels": selector},
+        "template": {"metadata": {"labels": selector}, "spec": pod},
+    }
+    if durable:  # a claim per pod, kept when the pod is rescheduled and when the StatefulSet goes
+        claim = _claim(spec.kubernetes.redis_volume_size, spec.kubernetes.storage_class)
+        body["volumeClaimTemplates"] = [{"metadata": {"name": "data", "labels": selector}, "spec": claim}]
+        body["persistentVolumeClaimRetentionPolicy"] = {"whenDeleted": "Retain", "whenScaled": "Retain"}
+    stateful = _meta(names, "StatefulSet", names.redis, spec=body)
     return [headless, stateful, _redis_join(spec, config, names, image)]
 
 
@@ -226,11 +244,17 @@ def _redis_join(spec: FleetSpec, config: RunConfig, names: Names, image: str) ->
     return job
 
 
-def _run_volume(names: Names) -> Obj:
-    request = {"requests": {"storage": "10Gi"}}
-    return _meta(
-        names, "PersistentVolumeClaim", names.run_volume, spec={"accessModes": ["ReadWriteOnce"], "resources": request}
-    )
+def _claim(size: str, storage_class: str) -> Obj:
+    """A claim's spec: one node reads and writes it; "" takes the cluster's default StorageClass."""
+    claim: Obj = {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": size}}}
+    if storage_class:
+        claim["storageClassName"] = storage_class
+    return claim
+
+
+def _run_volume(names: Names, volumes: VolumeSettings) -> Obj:
+    claim = _claim(volumes.run_volume_size, volumes.storage_class)
+    return _meta(names, "PersistentVolumeClaim", names.run_volume, spec=claim)
 
 
 def _service(names: Names, role: str, owner: HostSpec, port: int) -> Obj:

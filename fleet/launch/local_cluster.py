@@ -198,12 +198,10 @@ class LocalRedisCluster:
         to disk; `form` False: start the nodes only (this host's share of a cluster over several
         hosts); `replicas`: replicas per primary (a replica takes over when its primary fails,
         after `node_timeout_ms`); `data_dir`: keep the nodes there, persisted (appendonly), and
-        start the cluster they hold when they hold one."""
+        start the cluster they hold (unformed: `form_cluster` meets them again over the hosts)."""
         total = num_primaries * (1 + replicas)
-        if data_dir is not None and not (form and appendonly):
-            raise ValueError(
-                f"data_dir ({data_dir}) keeps a cluster formed here with appendonly: nothing else survives"
-            )
+        if data_dir is not None and not appendonly:
+            raise ValueError(f"data_dir ({data_dir}) keeps nodes with appendonly: without it nothing survives")
         if replicas < 0 or (replicas and not form):
             raise ValueError(f"replicas ({replicas}) must be >= 0, and only for a cluster formed here")
         if ports is not None and len(ports) != total:
@@ -215,7 +213,7 @@ class LocalRedisCluster:
         self.startup_timeout_sec = startup_timeout_sec
         self._binary = redis_server
         self.host, self.ports, self.appendonly = host, ports, appendonly
-        self.data_dir = None if data_dir is None else Path(data_dir)
+        self.data_dir = None if data_dir is None else Path(data_dir).resolve()  # redis-server runs in it
         self.auth = auth or Security()  # with a redis_password: nodes require the run's ACL user
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
         self._root: Path | None = None  # where the node directories are: data_dir or the temporary one
@@ -287,7 +285,7 @@ class LocalRedisCluster:
             deadline = time.monotonic() + self.startup_timeout_sec
             for index in range(self.num_primaries * (1 + self.replicas)):
                 self._nodes.append(self._start_node(binary, index, deadline))
-            if kept and slots_assigned([n.conn for n in self._nodes]):
+            if kept and self.form and slots_assigned([n.conn for n in self._nodes]):
                 meet_all([n.conn for n in self._nodes], self.nodes)  # the cluster they hold, on today's ports
                 self._wait_cluster_ok(deadline)
             elif self.form:

@@ -31,6 +31,7 @@ from contextlib import closing
 
 from aggregator.client import AggregatorClient
 from buffer.ingest_client import IngestClient
+from fleet.launch.kept import abandon_earlier_writes
 from fleet.launch.local_cluster import LocalRedisCluster, free_port_pair
 from fleet.launch.observer import FleetObserver, Unobserved
 from fleet.launch.spec import FleetHost
@@ -207,15 +208,8 @@ class LocalFleet:
         return buffer, aggregator
 
     def _abandon_earlier_writes(self, cluster: LocalRedisCluster) -> None:
-        """A resumed run's kept buffer, before its ingest service starts: no writer of the earlier
-        lives lives, so their reservations still unwritten never will be; readers skip them now,
-        not buffer.stalled_write_timeout_sec after they were made."""
-        from buffer.storage import TemporalStorage
-        from sim.tasks import TaskSet
-
-        c = self.config
-        with closing(cluster.client()) as client:
-            TemporalStorage(client, c.run_id, TaskSet.for_run(c).schema(), c.buffer).advance(abandon=True)
+        """A resumed run's kept buffer, before its ingest service starts (fleet/launch/kept.py)."""
+        abandon_earlier_writes(cluster.addresses, self.security, self.config)
 
     def roles(self, spec: FleetSpec, max_restarts: int | None) -> list[RoleSpec]:
         """Every role process of the run: here, those of the spec's one host (the chaos soak's

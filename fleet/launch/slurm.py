@@ -10,7 +10,9 @@ host's address becomes the address Slurm reaches its node at (NodeAddr, from `sc
 node`); the spec's own addresses are not used. A host's `cpus` are positions in the CPUs Slurm
 gave its task (os.sched_getaffinity: `cpus: [0, 1]` are the first two of them); a host without
 `cpus` runs on all of them. Stopping: docs/fleet-spec.md (the aggregator's host decides;
-`scancel` sends SIGTERM to every process of the job, and every role stops cleanly).
+`scancel` sends SIGTERM to every process of the job, and every role stops cleanly). Preemption:
+Slurm's warning (`slurm.warning_sec` before the end) stops the fleet the same way, the job
+requeues itself (`slurm.requeue`), and the requeued job's hosts continue the run.
 """
 
 from __future__ import annotations
@@ -163,10 +165,13 @@ def cpus_needed(host: HostSpec) -> int:
 
 def sbatch_script(spec: FleetSpec, spec_path: pathlib.Path, max_wall_sec: float, options: SbatchOptions) -> str:
     """The batch script: one node and one task per spec host; every task runs `fleet up --host
-    auto` from this Python (the same path on every node: a shared filesystem, or the same set-up)."""
+    auto` from this Python (the same path on every node: a shared filesystem, or the same set-up).
+    The batch shell stays in charge of the step: it turns Slurm's warning into a clean stop and a
+    requeue (`slurm` in the spec; `_supervised`)."""
     nodes = len(spec.hosts)
     cpus = options.cpus_per_task or max(cpus_needed(h) for h in spec.hosts)
     minutes = options.time_min or int(max_wall_sec // 60) + 10
+    warning = _warning_sec(spec, minutes)
     # Every path absolute, and the job in the directory a relative run_dir is relative to: every
     # node's `fleet up` then writes where --output and this script's mkdir point.
     workdir = pathlib.Path(options.workdir or pathlib.Path.cwd()).resolve()
@@ -181,6 +186,9 @@ def sbatch_script(spec: FleetSpec, spec_path: pathlib.Path, max_wall_sec: float,
         f"#SBATCH --time={minutes}",
         f"#SBATCH --chdir={workdir}",
         f"#SBATCH --output={run_dir}/slurm-%j.out",
+        "#SBATCH --open-mode=append",  # a requeued job adds to its output, under the same job id
+        *(["#SBATCH --requeue"] if spec.slurm.requeue else ["#SBATCH --no-requeue"]),
+        *([f"#SBATCH --signal=B:USR1@{warning}"] if warning else []),
         *([f"#SBATCH --partition={options.partition}"] if options.partition else []),
         *(f"#SBATCH {arg}" for arg in options.extra),
         "# Written by `fleetrl fleet slurm` (fleet/launch/slurm.py). Task i is the spec's i-th host:",
@@ -188,15 +196,61 @@ def sbatch_script(spec: FleetSpec, spec_path: pathlib.Path, max_wall_sec: float,
         *(f"#   task {i}: {h.name}" for i, h in enumerate(spec.hosts)),
         "# The tasks inherit the submitting shell's FLEETRL_TOKEN and FLEETRL_REDIS_PASSWORD (sbatch --export=ALL).",
         "# scancel sends SIGTERM to every process: each role stops cleanly, the aggregator writes its last",
-        "# checkpoint and its host writes summary.json (docs/fleet-spec.md).",
-        "set -euo pipefail",
+        "# checkpoint and its host writes summary.json (docs/fleet-spec.md). Slurm's warning (SIGUSR1 to this",
+        "# shell, slurm.warning_sec before the end) stops the fleet the same way; the job then requeues itself",
+        "# (slurm.requeue) and the requeued job's hosts continue the run in the same run directory.",
+        "set -uo pipefail",
         f"mkdir -p {shlex.quote(str(run_dir))}",
     ]
     fleet_up = [sys.executable, "-m", "fleet.cli.main", "fleet", "up", str(spec_path.resolve()), "--host", "auto"]
     fleet_up += options.host_args
     srun = ["srun", f"--ntasks={nodes}", "--ntasks-per-node=1", f"--cpus-per-task={cpus}", "--kill-on-bad-exit=1"]
-    lines.append(shlex.join([*srun, "--label", *fleet_up]))
+    lines += _supervised(shlex.join([*srun, "--label", *fleet_up]), run_dir, spec.slurm.requeue)
     return "\n".join(lines) + "\n"
+
+
+def _warning_sec(spec: FleetSpec, minutes: int) -> int:
+    """The spec's slurm.warning_sec, checked against the job's time limit."""
+    warning = spec.slurm.warning_sec
+    if warning >= minutes * 60:
+        raise ConfigError(
+            f"slurm.warning_sec ({warning}) must be below the job's time limit ({minutes * 60} s, --time {minutes}): "
+            "Slurm would warn the fleet as it starts",
+            field="slurm.warning_sec",
+        )
+    return warning
+
+
+def _supervised(step: str, run_dir: pathlib.Path, requeue: bool) -> list[str]:
+    """The script's body: `step` (the srun of every host) in the background, this shell waiting
+    for it. On SIGUSR1 (Slurm's warning, `--signal=B:`, which reaches this shell only) every
+    process of the step gets SIGTERM, on which the fleet checkpoints and stops (a SIGTERM to srun
+    itself would kill the step); once the step is done the job requeues itself, and the requeued
+    job's `fleet up` continues the run (the aggregator's checkpoints, the Redis data, lives.jsonl).
+    Each event is a line `fleetrl-job <unix time> <event>` in the job's output."""
+    lives = shlex.quote(str(run_dir / "lives.jsonl"))
+    again = ['  job_event "requeued: the job goes back in the queue and resumes the run"',
+             '  scontrol requeue "$SLURM_JOB_ID" || job_event "requeue refused: the run stays stopped"']  # fmt: skip
+    return [
+        'job_event() { echo "fleetrl-job $(date +%s.%N) $*"; }',
+        f"if [ -e {lives} ]; then",
+        '  job_event "resumed: job $SLURM_JOB_ID, restart ${SLURM_RESTART_COUNT:-0}: continues the run in" '
+        + shlex.quote(str(run_dir)),
+        "else",
+        '  job_event "started: job $SLURM_JOB_ID"',
+        "fi",
+        "warned=0",
+        'warn() { warned=1; job_event "warned: SIGUSR1, the fleet checkpoints and stops"; '
+        'scancel --signal=TERM "$SLURM_JOB_ID"; }',
+        "trap warn USR1",
+        f"{step} &",
+        "fleet=$!",
+        'wait "$fleet"; status=$?',
+        'while kill -0 "$fleet" 2>/dev/null; do wait "$fleet"; status=$?; done  # a signal ends a wait early',
+        'job_event "fleet stopped: status $status"',
+        *(['if [ "$warned" = 1 ]; then', *again, "fi"] if requeue else []),
+        'exit "$status"',
+    ]
 
 
 def submit(script: pathlib.Path, env: Mapping[str, str]) -> str:

@@ -38,9 +38,9 @@ from typing import Any
 import yaml
 
 from fleet.launch.cluster_admin import cluster_ok, form_cluster, nodes_answer
-from fleet.launch.local_cluster import LocalRedisCluster
+from fleet.launch.kept import abandon_earlier_writes, host_nodes
 from fleet.launch.spec_checks import check_config_tasks, check_fleet
-from fleet.launch.spec_model import FleetSpec, host_spec
+from fleet.launch.spec_model import FleetSpec, SlurmSettings, VolumeSettings, host_spec
 from fleet.launch.spec_schema import check_schema, key_lines, where
 from fleet.launch.watchdog import RoleSpec, Watchdog, role_spec
 from fleet.launch.winddown import Judge, StopBoard, watch, wind_down
@@ -79,7 +79,9 @@ def parse_spec(raw: Any, source: str = "fleet spec", lines: dict[tuple[Any, ...]
             raise ConfigError(f"{where(source, ('config', key), lines)}: {err}", field=key) from err
     hosts = tuple(host_spec(name, body) for name, body in raw["hosts"].items())
     replicas = int(raw.get("redis_replicas", 0))
-    spec = FleetSpec(run_id, str(raw.get("run_dir", f"runs/{run_id}")), overrides, hosts, replicas)
+    slurm, kubernetes = SlurmSettings(**raw.get("slurm") or {}), VolumeSettings(**raw.get("kubernetes") or {})
+    run_dir = str(raw.get("run_dir", f"runs/{run_id}"))
+    spec = FleetSpec(run_id, run_dir, overrides, hosts, replicas, slurm, kubernetes)
     check_fleet(spec, source, lines)
     return spec
 
@@ -133,26 +135,17 @@ class FleetHost:
         config_path.write_text(self.config.to_json())
         write_code_json(self.host_dir)  # each host's own: hosts may run different checkouts
         board = StopBoard(self.spec.redis, self.security, self.spec.run_id)
-        nodes = None
-        if self.host.redis:
-            ports = list(self.host.redis)
-            nodes = LocalRedisCluster(len(ports), host=self.host.address, ports=ports, auth=self.security, form=False)
-            nodes.start()
+        nodes = host_nodes(self.spec, self.host, self.config, self.security) if self.host.redis else None
+        if nodes is not None:
+            nodes.start()  # with buffer.durable on the data of this host's earlier starts
             log.info("%s: Redis nodes %s", self.host.name, nodes.addresses)
         try:
-            if self._first_redis_host():
-                everyone = self.spec.redis_nodes
-                self._wait_for(lambda: nodes_answer(everyone, self.security), "every Redis node of the fleet to answer")
-                form_cluster(everyone, self.security, replicas=self.spec.redis_replicas)
-                board.reset()  # a stop left by an earlier fleet of this run id (persisted nodes)
-                log.info("%s: formed the Redis Cluster of %d nodes", self.host.name, len(self.spec.redis_nodes))
-            if "buffer" in self.host.services or "learner" in self.host.workers:
-                self._wait_for(lambda: cluster_ok(self.spec.redis_nodes, self.security), "the Redis Cluster")
+            self._join_cluster()
             if self.stop.is_set():
                 return
             judge = None
-            if "aggregator" in self.host.services:
-                judge = Judge(self.config, self.spec, self.security, started_at)
+            if "aggregator" in self.host.services:  # the cluster answers: count this fleet on its board
+                judge = Judge(self.config, self.spec, self.security, started_at, (board.fleets_seen() or 1) > 1)
             with Watchdog(self.host_dir / "logs", events_path=self.host_dir / "events.jsonl") as dog:
                 if nodes is not None:
                     nodes.supervise(dog, self.config.watchdog, self.spec.redis_nodes)  # restarted nodes rejoin
@@ -201,6 +194,20 @@ class FleetHost:
         self.metrics[name] = metrics = f"{self.host.address}:{free_port('0.0.0.0')}"  # free on every address
         argv = (*pin, *argv, "--heartbeat", beat, "--metrics", metrics, *needs)
         return role_spec(name, argv, self.config.watchdog, beat, self.env, self.max_restarts)
+
+    def _join_cluster(self) -> None:
+        """The first Redis host forms the fleet's cluster (nodes kept from an earlier start meet
+        again); every host whose roles use it waits for it. The buffer's host then abandons the
+        writes an earlier fleet reserved and never made, before its ingest service starts."""
+        if self._first_redis_host():
+            everyone = self.spec.redis_nodes
+            self._wait_for(lambda: nodes_answer(everyone, self.security), "every Redis node of the fleet to answer")
+            form_cluster(everyone, self.security, replicas=self.spec.redis_replicas)
+            log.info("%s: formed the Redis Cluster of %d nodes", self.host.name, len(everyone))
+        if self.host.services or "learner" in self.host.workers:
+            self._wait_for(lambda: cluster_ok(self.spec.redis_nodes, self.security), "the Redis Cluster")
+        if "buffer" in self.host.services and self.config.buffer.durable and not self.stop.is_set():
+            abandon_earlier_writes(self.spec.redis, self.security, self.config)
 
     def _first_redis_host(self) -> bool:
         return next(h for h in self.spec.hosts if h.redis).name == self.host.name

@@ -11,6 +11,7 @@ The schema (fleet/launch/spec_schema.py) checks each key alone; these checks nee
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -85,6 +86,7 @@ def check_fleet(spec: FleetSpec, source: str, lines: dict[tuple[Any, ...], int] 
     for role in ("sampler", "learner"):
         if spec.count(role) < 1:
             raise ConfigError(f"{where(source, ('hosts',), lines)}: the fleet needs at least one {role}, found none")
+    _check_redis_dirs(spec, source, lines)
 
 
 def _check_redis(spec: FleetSpec, source: str, lines: dict[tuple[Any, ...], int] | None) -> None:
@@ -100,6 +102,29 @@ def _check_redis(spec: FleetSpec, source: str, lines: dict[tuple[Any, ...], int]
             f"{spec.redis or 'none'}",
             field="redis_replicas" if spec.redis_replicas else "hosts",
         )
+
+
+def _check_redis_dirs(spec: FleetSpec, source: str, lines: dict[tuple[Any, ...], int] | None) -> None:
+    """A `redis_dir` belongs to a host with Redis nodes, and no two hosts share one: on a shared
+    filesystem their nodes would write the same files."""
+    owners: dict[str, str] = {}
+    for host in spec.hosts:
+        path = ("hosts", host.name, "redis_dir")
+        if host.redis_dir and not host.redis:
+            raise ConfigError(
+                f"{where(source, path, lines)}: host {host.name} runs no Redis node, so it keeps no Redis data",
+                field=".".join(path),
+            )
+        if not host.redis:
+            continue
+        folder = os.path.normpath(spec.redis_dir(host))
+        other = owners.setdefault(folder, host.name)
+        if other != host.name:
+            raise ConfigError(
+                f"{where(source, path, lines)}: {folder} is also hosts.{other}'s Redis folder: each host's nodes "
+                "need a folder of their own",
+                field=".".join(path),
+            )
 
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")

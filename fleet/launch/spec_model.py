@@ -33,6 +33,24 @@ class HostSpec:
     redis: tuple[int, ...] = ()
     services: dict[str, int] = field(default_factory=dict)  # role -> port
     workers: dict[str, Workers] = field(default_factory=dict)
+    redis_dir: str = ""  # where this host's Redis nodes keep their data; "": <run_dir>/redis/<name>
+
+
+@dataclass(frozen=True)
+class SlurmSettings:
+    """How `fleetrl fleet slurm` asks Slurm to treat the job at its end (docs/fleet-spec.md, "Preemption")."""
+
+    warning_sec: int = 120  # Slurm sends the batch shell SIGUSR1 this long before the end; 0: no warning
+    requeue: bool = True  # after the warning the job goes back in the queue and resumes the run
+
+
+@dataclass(frozen=True)
+class VolumeSettings:
+    """The persistent volumes `fleetrl fleet render` claims (docs/fleet-spec.md, "Kubernetes")."""
+
+    storage_class: str = ""  # "": the cluster's default StorageClass
+    run_volume_size: str = "10Gi"  # the aggregator's run directory: checkpoints, evals.jsonl, tb/
+    redis_volume_size: str = "2Gi"  # each Redis node's append-only file and nodes.conf
 
 
 @dataclass(frozen=True)
@@ -42,12 +60,19 @@ class FleetSpec:
     overrides: tuple[str, ...]
     hosts: tuple[HostSpec, ...]
     redis_replicas: int = 0  # replicas per Redis primary; the primaries are the first nodes in spec order
+    slurm: SlurmSettings = field(default_factory=SlurmSettings)
+    kubernetes: VolumeSettings = field(default_factory=VolumeSettings)
 
     def host(self, name: str) -> HostSpec:
         for h in self.hosts:
             if h.name == name:
                 return h
         raise ConfigError(f"--host {name!r} is not in the spec; hosts: {[h.name for h in self.hosts]}")
+
+    def redis_dir(self, host: HostSpec) -> str:
+        """Where `host`'s Redis nodes keep their data (with buffer.durable): its `redis_dir`, or
+        <run_dir>/redis/<host>. A restarted or requeued host starts its nodes from there."""
+        return host.redis_dir or f"{self.run_dir}/redis/{host.name}"
 
     def service(self, role: str) -> str:
         owner = next(h for h in self.hosts if role in h.services)
@@ -104,4 +129,5 @@ def host_spec(name: str, body: dict[str, Any]) -> HostSpec:
             value = body[role]
             value = {"count": value} if isinstance(value, int) else value
             workers[role] = Workers(value["count"], tuple(value.get("cpus") or ()))
-    return HostSpec(name, str(body["address"]), tuple(body.get("redis") or ()), services, workers)
+    redis = tuple(body.get("redis") or ())
+    return HostSpec(name, str(body["address"]), redis, services, workers, str(body.get("redis_dir", "")))

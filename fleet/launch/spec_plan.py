@@ -28,6 +28,7 @@ def plan_lines(spec: FleetSpec, config: RunConfig) -> list[str]:
         "<run_dir>/<host>/metrics.json: open those to your Prometheus only)"
     )
     lines += _redis(spec)
+    lines += _lasting(spec, config)
     lines += _derived(spec, config)
     return lines
 
@@ -53,6 +54,21 @@ def _redis(spec: FleetSpec) -> list[str]:
     for (host, port), (p_host, p_port) in layout.replicas:
         same = "  <- same address as its primary: losing that host loses both" if host == p_host else ""
         lines.append(f"  replica {host}:{port} follows {p_host}:{p_port}{same}")
+    return lines
+
+
+def _lasting(spec: FleetSpec, config: RunConfig) -> list[str]:
+    """Where the Redis data outlives the fleet, and what Slurm is asked to do at the job's end."""
+    if config.buffer.durable:
+        kept = ", ".join(f"{h.name} in {spec.redis_dir(h)}" for h in spec.hosts if h.redis)
+        lines = [f"redis data (buffer.durable): {kept}; a restarted or requeued fleet starts from it"]
+    else:
+        lines = ["redis data: none kept (buffer.durable false): a restarted fleet starts with an empty buffer"]
+    slurm = spec.slurm
+    warning = f"SIGUSR1 {slurm.warning_sec} s before the end" if slurm.warning_sec else "no warning"
+    lines.append(
+        f"under slurm: {warning}, requeue {'on' if slurm.requeue else 'off'} (slurm.warning_sec, slurm.requeue)"
+    )
     return lines
 
 

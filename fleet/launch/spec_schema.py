@@ -73,6 +73,11 @@ HOST_SCHEMA: dict[str, Any] = {
             },
             "description": "the ports of this host's Redis Cluster nodes, one node per port",
         },
+        "redis_dir": {
+            "type": "string",
+            "minLength": 1,
+            "description": "a folder: where this host's Redis nodes keep their data (default <run_dir>/redis/<host>)",
+        },
         "buffer": _service("buffer"),
         "aggregator": _service("aggregator"),
         "sampler": _workers("sampler"),
@@ -83,11 +88,47 @@ HOST_SCHEMA: dict[str, Any] = {
     "additionalProperties": False,
 }
 
+_QUANTITY = {
+    "type": "string",
+    "pattern": r"^[1-9][0-9]*(Mi|Gi|Ti)$",
+    "description": "a volume size as Kubernetes writes it: a whole number of Mi, Gi or Ti, e.g. 10Gi",
+}
+
+SLURM_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "description": "Slurm settings: {warning_sec, requeue}",
+    "properties": {
+        "warning_sec": {
+            "type": "integer",
+            "minimum": 0,
+            "maximum": 65535,
+            "description": "seconds before the job's end Slurm warns the fleet to checkpoint and stop (0: none)",
+        },
+        "requeue": {"type": "boolean", "description": "true or false: requeue the job after a warning or preemption"},
+    },
+    "additionalProperties": False,
+}
+
+KUBERNETES_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "description": "Kubernetes settings: {storage_class, run_volume_size, redis_volume_size}",
+    "properties": {
+        "storage_class": {
+            "type": "string",
+            "pattern": r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?)?$",
+            "description": "a StorageClass name ([a-z0-9.-]), or empty for the cluster's default",
+        },
+        "run_volume_size": _QUANTITY,
+        "redis_volume_size": _QUANTITY,
+    },
+    "additionalProperties": False,
+}
+
 SCHEMA: dict[str, Any] = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
     "title": "fleetrl fleet spec",
     "type": "object",
-    "description": "a fleet spec: {run_id, run_dir, config, redis_replicas, hosts}",
+    "description": "a fleet spec: {run_id, run_dir, config, redis_replicas, slurm, kubernetes, hosts}",
     "properties": {
         "run_id": {"type": "string", "minLength": 1, "description": "the run's name (its Redis keys, its run_dir)"},
         "run_dir": {"type": "string", "minLength": 1, "description": "the run directory on every host"},
@@ -101,6 +142,8 @@ SCHEMA: dict[str, Any] = {
             "minimum": 0,
             "description": "replicas per Redis primary (0: primaries only)",
         },
+        "slurm": SLURM_SCHEMA,
+        "kubernetes": KUBERNETES_SCHEMA,
         "hosts": {
             "type": "object",
             "minProperties": 1,

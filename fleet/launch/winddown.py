@@ -36,6 +36,7 @@ from aggregator.client import AggregatorClient
 from buffer.ingest_client import IngestClient
 from fleet.launch.spec_model import FleetSpec, HostSpec
 from fleet.launch.watchdog import STAGES, Watchdog
+from fleet.report.lives import RunHistory
 from fleet.report.progress import Progress, Snapshot
 from fleet.report.summary import INTERRUPTED, Ending, Summary, final_score, stop_reason, write_summary
 from foundation.config import RunConfig
@@ -53,13 +54,19 @@ CHECK_EVERY_SEC = 1.0  # the stop rule and the board are looked at this often
 class StopBoard:
     """The fleet's stop flags, kept in its own Redis Cluster under one hash tag.
 
-    Every call answers None (or does nothing) when the cluster cannot be reached: the board
-    only ever shortens a wind-down, it never holds one up."""
+    The cluster may outlive a fleet (buffer.durable: a restarted or requeued fleet starts on its
+    data), flags included. So every flag carries the board's clock (a counter each write
+    advances), and a host heeds only flags written after it first reached the board: an earlier
+    fleet's stop, done and workers-stopped are history. Every call answers None (or does
+    nothing) when the cluster cannot be reached: the board only ever shortens a wind-down, it
+    never holds one up."""
 
     def __init__(self, redis_addresses: str, security: Security, run_id: str) -> None:
         self.addresses, self.security = redis_addresses, security
         tag = f"fleetrl-fleet:{{{run_id}}}"
         self.stop_key, self.stopped_key, self.done_key = f"{tag}:stop", f"{tag}:workers-stopped", f"{tag}:done"
+        self.clock_key, self.fleets_key = f"{tag}:clock", f"{tag}:fleets"
+        self.joined: int | None = None  # the clock when this host first reached the board
         self._client: RedisCluster | None = None
 
     def _call(self, fn: Callable[[RedisCluster], object]) -> object | None:
@@ -75,37 +82,56 @@ class StopBoard:
                     socket_connect_timeout=BOARD_TIMEOUT_SEC,
                     cluster_error_retry_attempts=1,
                 )
+            if self.joined is None:
+                self.joined = self._tick(self._client)
             return fn(self._client)
         except (redis.RedisError, RedisClusterException, OSError, IndexError):  # no node left to ask
             self.close()
             return None
 
-    def reset(self) -> None:
-        """Clear what an earlier fleet of this run id left (a persisted cluster); the host that
-        forms the cluster calls it once formed."""
-        self._call(lambda r: r.delete(self.stop_key, self.stopped_key, self.done_key))
+    def _tick(self, client: RedisCluster) -> int:
+        return int(client.incr(self.clock_key))
+
+    def _current(self, stamp: bytes | str | None) -> bool:
+        """Whether a flag's clock reading is this fleet's (after this host joined); a flag with
+        none is not."""
+        try:
+            return stamp is not None and int(stamp) > (self.joined or 0)
+        except ValueError:
+            return False
 
     def request(self, reason: str) -> None:
-        """Ask every host to stop; the first reason given is the fleet's."""
-        self._call(lambda r: r.set(self.stop_key, reason, nx=True))
+        """Ask every host to stop; the first reason this fleet gives is the fleet's."""
+        self._call(lambda r: r.eval(_REQUEST, 2, self.stop_key, self.clock_key, reason, self.joined or 0))
 
     def reason(self) -> str | None:
         value = self._call(lambda r: r.get(self.stop_key))
-        return value.decode() if isinstance(value, bytes) else None
+        if not isinstance(value, bytes):
+            return None
+        stamp, _, reason = value.decode().partition(" ")
+        return reason if self._current(stamp) else None
 
     def workers_stopped(self, host: str) -> None:
-        self._call(lambda r: r.sadd(self.stopped_key, host))
+        self._call(lambda r: r.hset(self.stopped_key, host, self._tick(r)))
 
     def hosts_with_workers_stopped(self) -> set[str] | None:
-        value = self._call(lambda r: r.smembers(self.stopped_key))
-        return None if value is None else {v.decode() for v in value}  # type: ignore[attr-defined]
+        value = self._call(lambda r: r.hgetall(self.stopped_key))
+        if not isinstance(value, dict):
+            return None
+        return {host.decode() for host, stamp in value.items() if self._current(stamp)}
 
     def finish(self) -> None:
-        self._call(lambda r: r.set(self.done_key, "1"))
+        self._call(lambda r: r.set(self.done_key, self._tick(r)))
 
     def finished(self) -> bool | None:
-        value = self._call(lambda r: r.exists(self.done_key))
-        return None if value is None else bool(value)
+        value = self._call(lambda r: [r.get(self.done_key)])  # a list: a missing key is an answer too
+        return self._current(value[0]) if isinstance(value, list) else None
+
+    def fleets_seen(self) -> int | None:
+        """Count this fleet (the aggregator's host calls it once): how many fleets of this run id
+        have used the cluster, this one included. Above 1 the cluster kept an earlier one's data."""
+        value = self._call(lambda r: r.incr(self.fleets_key))
+        return None if value is None else int(value)  # type: ignore[call-overload]
 
     def close(self) -> None:
         if self._client is not None:
@@ -114,6 +140,16 @@ class StopBoard:
             except (redis.RedisError, OSError):
                 pass
             self._client = None
+
+
+# The stop flag: "<clock> <reason>", set unless this fleet has set it already (a later clock
+# reading than the asking host's join); an earlier fleet's is overwritten.
+_REQUEST = """
+local current = redis.call('GET', KEYS[1])
+if current and (tonumber(string.match(current, '^(%d+) ')) or 0) > tonumber(ARGV[2]) then return 0 end
+redis.call('SET', KEYS[1], redis.call('INCR', KEYS[2]) .. ' ' .. ARGV[1])
+return 1
+"""
 
 
 def wait_on_board(ask: Callable[[], bool | None], timeout_sec: float, stop_early: Callable[[], bool]) -> str:
@@ -136,13 +172,23 @@ def wait_on_board(ask: Callable[[], bool | None], timeout_sec: float, stop_early
 class Judge:
     """The aggregator's host: reads both services' Stats, applies the run's stop rule
     (fleet/report/summary.py stop_reason: target, max_wall_sec, max_env_steps), keeps the learning
-    curve (<run_dir>/progress.jsonl, tb/fleet) and writes <run_dir>/summary.json."""
+    curve (<run_dir>/progress.jsonl, tb/fleet) and writes <run_dir>/summary.json. A run directory
+    that holds an earlier fleet's run is continued: this start is its next life (lives.jsonl), and
+    the budgets and the summary count every life (fleet/report/lives.py); `buffer_kept`: the Redis
+    Cluster holds the earlier lives' data, so its counters hold their env steps."""
 
-    def __init__(self, config: RunConfig, spec: FleetSpec, security: Security, started_at: float) -> None:
+    def __init__(
+        self, config: RunConfig, spec: FleetSpec, security: Security, started_at: float, buffer_kept: bool
+    ) -> None:
         self.config, self.started_at = config, started_at
         self.run_dir = pathlib.Path(spec.run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.progress = Progress(config, self.run_dir, started_at)
+        self.history = RunHistory.begin(self.run_dir, buffer_kept)
+        self.progress = Progress(config, self.run_dir, started_at, self.history.life)
+        if self.history.life:
+            buffer = "the buffer as it was" if buffer_kept else "an empty buffer"
+            log.info("resuming the run in %s: life %d, %.0f s of wall-clock before this start, %s",
+                     self.run_dir, self.history.life, self.history.carried.wall_sec, buffer)  # fmt: skip
         self.cpu = CpuMeter()
         # Stats only: sampler_id 0 pushes nothing. A short timeout: a service that is gone is skipped.
         self.ingest = IngestClient(
@@ -153,7 +199,8 @@ class Judge:
         self._next = 0.0
 
     def wall_sec(self) -> float:
-        return time.monotonic() - self.started_at
+        """The run's wall-clock: this life's since its `fleet up` started, and the earlier lives'."""
+        return self.history.carried.wall_sec + time.monotonic() - self.started_at
 
     def check(self, dog: Watchdog) -> str | None:
         """At most every CHECK_EVERY_SEC: one read of the services, and why to stop (or None)."""
@@ -169,18 +216,17 @@ class Judge:
         if not services:
             return
         snap = Snapshot.take(self.ingest, self.agg, self.wall_sec(), dog.restarts, (dog.running(), len(dog.roles)))
-        self.snap = snap
-        if snap is not None:
-            self.progress.update(snap)
+        self.snap = None if snap is None else self.history.carried.onto(snap)
+        if self.snap is not None:
+            self.progress.update(self.snap)
 
     def summarize(self, reason: str, restarts: int, host_dir: pathlib.Path, score: bool) -> Summary:
         """summary.json, after the fleet's roles stopped; `score`: the last checkpoint over
         eval.final_episodes when the target was not reached (not after a signal: no time)."""
-        wall_sec = self.wall_sec()
         final = final_score(self.config, self.run_dir, self.progress) if score else None
-        cpu = self.cpu.report(wall_sec, len(os.sched_getaffinity(0)))
-        ending = Ending(reason, wall_sec, restarts, cpu, final)
-        return write_summary(self.config, self.run_dir, self.progress, ending, host_dir=host_dir)
+        cpu = self.cpu.report(time.monotonic() - self.started_at, len(os.sched_getaffinity(0)))  # this life's
+        ending = Ending(reason, self.wall_sec(), restarts, cpu, final)
+        return write_summary(self.config, self.run_dir, self.progress, ending, host_dir=host_dir, history=self.history)
 
     def close(self) -> None:
         self.ingest.close()

@@ -1,4 +1,5 @@
-"""A run's lives: each start of `fleetrl train` on one run directory, the first and every resume.
+"""A run's lives: each start of `fleetrl train` on one run directory, the first and every resume
+(or of a `fleetrl fleet up` fleet on its aggregator's host: a restarted or requeued fleet).
 
     history = RunHistory.begin(run_dir, buffer_kept=cluster.kept_nodes())  # lives.jsonl gets this life
     history.life                       # 0 for a fresh run, n after n resumes
@@ -63,6 +64,7 @@ class RunHistory:
         steps, rows = int(reached.get("env_steps", 0)), int(reached.get("transitions", 0))
         self.buffer_kept = buffer_kept  # this life's buffer holds the earlier lives' data
         self.carried = Carried(wall) if buffer_kept else Carried(wall, steps, rows)
+        self._ended: str | None = None  # this life's end as lives.jsonl records it
 
     @classmethod
     def begin(cls, run_dir: pathlib.Path, buffer_kept: bool) -> RunHistory:
@@ -81,7 +83,7 @@ class RunHistory:
     def lives(self, ended: str, last: Snapshot | None) -> list[dict[str, Any]]:
         """Every life: when it started, how it ended (its stop reason, or KILLED), and the run's
         wall-clock, env steps and version when it ended; `ended` and `last` are this life's.
-        Records this life's end in lives.jsonl."""
+        Records this life's end in lives.jsonl (once per reason)."""
         reasons = {int(e["life"]): e.get("reason", "") for e in self.events if e.get("event") == "end"}
         rows, before = [], 0.0
         for life, start in enumerate(self.earlier):
@@ -92,7 +94,9 @@ class RunHistory:
         now = {"wall_sec": last.wall_sec, "env_steps": last.env_steps, "version": last.version} if last else {}
         wall = (last.wall_sec if last else before) - before
         rows.append(_life(self.life, round(self.started_unix, 3), ended, wall, now))
-        self._append({"event": "end", "reason": ended})
+        if ended != self._ended:  # a summary written again (completed after a first, quick one) ends it once
+            self._append({"event": "end", "reason": ended})
+            self._ended = ended
         return rows
 
     def _append(self, event: dict[str, Any]) -> None:
