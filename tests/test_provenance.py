@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import pathlib
 import subprocess
 
 import pytest
@@ -54,3 +55,16 @@ def test_outside_a_checkout_the_commit_is_none_and_code_json_is_written(tmp_path
         provenance.code_provenance.cache_clear()
     assert code["commit"] is None
     assert json.loads((run_dir / "code.json").read_text()) == code
+
+
+def test_this_checkout_is_the_one_whose_commit_a_run_records():
+    """CHECKOUT is the folder of the top-level packages (foundation/, fleet/, ...), wherever the
+    module that computes it lives: a run from this checkout records its HEAD."""
+    repo = pathlib.Path(__file__).resolve().parent.parent
+    assert provenance.CHECKOUT == repo
+    provenance.code_provenance.cache_clear()
+    try:
+        commit = provenance.code_provenance()["commit"]
+    finally:
+        provenance.code_provenance.cache_clear()
+    assert commit is not None and commit.split("+")[0] == _git(repo, "rev-parse", "HEAD")

@@ -42,7 +42,10 @@ INTEGRATION: dict[str, tuple[str, ...]] = {
         "test_samplers_the_buffer_and_the_evaluator_do_not_load_torch",
     ),
     "test_fleet_slurm.py": ("test_the_batch_shell_turns_slurms_warning_into_a_clean_stop_of_the_step_and_a_requeue",),
-    "test_provenance.py": ("test_the_commit_is_heads_and_a_changed_tracked_file_marks_it_dirty",),
+    "test_provenance.py": (
+        "test_the_commit_is_heads_and_a_changed_tracked_file_marks_it_dirty",
+        "test_this_checkout_is_the_one_whose_commit_a_run_records",
+    ),
     "test_role_cleanup.py": (
         "test_an_aggregator_that_cannot_bind_closes_its_tensorboard_writer",
         "test_an_ingest_service_that_cannot_bind_closes_its_redis_client",

@@ -21,7 +21,7 @@ from importlib import metadata
 
 import foundation
 
-CHECKOUT = pathlib.Path(__file__).resolve().parent.parent
+CHECKOUT = pathlib.Path(foundation.__file__).resolve().parent.parent  # the folder holding the top-level packages
 LIBRARIES = (
     *("torch", "numpy", "mujoco", "gymnasium", "gymnasium-robotics", "metaworld"),  # what learns, what is simulated
     *("onnxruntime", "redis", "grpcio"),  # what exports, stores and carries
