@@ -9,7 +9,15 @@ With a_pi = tanh(mu(s, g)) the actor's deterministic action, a_D a row's stored 
 demonstration mark and Q the critics' value the algorithm's actor climbs (Algorithm.value):
 
     keep_i = d_i * 1[Q(s_i, a_D,i) > Q(s_i, a_pi,i)]              (no gradient through the filter)
-    L_BC   = coef * (1/B) sum_i keep_i ||a_pi,i - a_D,i||^2       (B: the batch's rows)
+    L_BC   = coef * (1/B) sum_i keep_i ||a_pi,i - c(a_D,i)||^2    (B: the batch's rows)
+
+c clamps the target into [-BC_TARGET_BOUND, BC_TARGET_BOUND]. Scripted experts (Meta-World's
+policies) clip their actions to the bound of the action space, so many demonstrated actions are
+exactly +-1, which tanh reaches only as mu -> infinity: cloning them unclamped drives mu without
+limit, the squashed Gaussian's log-probability (its -log(1 - tanh(u)^2) term) grows with it, and
+SAC's entropy temperature climbs without end to restore an entropy it cannot. At 0.97 the target
+is tanh(2.09), where the actor stays finite. The Q-filter still compares the stored action, the
+one the environment ran.
 
 Its gradient reaches the actor only: both values are read without gradient, and learner/gradients.py
 differentiates the actor loss for the actor's parameters alone. A demonstration's action that the
@@ -26,6 +34,8 @@ import torch
 
 from learner.algorithm import Batch
 from nets.models import SACModel
+
+BC_TARGET_BOUND = 0.97  # |target| of the cloned action: inside tanh's open range (module docstring)
 
 # (model, obs_goal, action, task) -> each row's value [rows]: the reading of the critics an actor climbs
 ValueFn = Callable[[SACModel, torch.Tensor, torch.Tensor, "torch.Tensor | None"], torch.Tensor]
@@ -49,12 +59,14 @@ def q_filtered_bc(
     coef: float,
 ) -> DemoTerm:
     """L_BC of the module docstring from the actions [B, act_dim], the marks `demo` [B] (1.0 on a
-    demonstration's row) and the two values [B]; `policy_action` carries the gradient."""
+    demonstration's row) and the two values [B]; `policy_action` carries the gradient, and the
+    target is the demonstrated action clamped to BC_TARGET_BOUND."""
     with torch.no_grad():
         keep = demo * (q_demo > q_policy).to(demo.dtype)
         share = demo.mean()
         passed = keep.sum() / demo.sum().clamp_min(1.0)
-    error = (policy_action - demo_action.detach()).pow(2).sum(-1)
+    target = demo_action.detach().clamp(-BC_TARGET_BOUND, BC_TARGET_BOUND)
+    error = (policy_action - target).pow(2).sum(-1)
     return DemoTerm(coef * (keep * error).mean(), share, passed)
 
 

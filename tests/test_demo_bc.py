@@ -14,7 +14,7 @@ from foundation.config_algos import ALGOS
 from foundation.policy import ModelSpec, model_spec
 from learner.algorithm import Batch, Objective
 from learner.algos import build_algorithm
-from learner.demos import demo_bc, q_filtered_bc
+from learner.demos import BC_TARGET_BOUND, demo_bc, q_filtered_bc
 from learner.gradients import Hyperparams, compute_gradients
 from nets.models import SACModel
 from sim.tasks import TaskSet
@@ -23,7 +23,7 @@ from sim.tasks import TaskSet
 def _actions(rows: int = 6, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     rng = np.random.default_rng(seed)
     policy = torch.tensor(rng.uniform(-1, 1, (rows, 4)), dtype=torch.float32, requires_grad=True)
-    return policy, torch.tensor(rng.uniform(-1, 1, (rows, 4)), dtype=torch.float32)
+    return policy, torch.tensor(rng.uniform(-0.9, 0.9, (rows, 4)), dtype=torch.float32)  # inside the clamp
 
 
 def test_only_demonstration_rows_the_critic_prefers_are_cloned_averaged_over_the_batch():
@@ -40,6 +40,29 @@ def test_only_demonstration_rows_the_critic_prefers_are_cloned_averaged_over_the
     assert policy.grad is not None
     expected = (2.0 * 2 * (policy - demo_action) * kept[:, None] / 6).detach()
     np.testing.assert_allclose(policy.grad.numpy(), expected.numpy(), rtol=1e-6)
+
+
+def test_a_demonstrated_action_at_the_bound_is_cloned_toward_the_clamped_target():
+    policy = torch.tensor([[BC_TARGET_BOUND, -BC_TARGET_BOUND, 0.5, 0.0]], requires_grad=True)
+    demo_action = torch.tensor([[1.0, -1.0, 0.5, 0.0]])  # a scripted expert's clipped action
+    term = q_filtered_bc(policy, demo_action, torch.ones(1), torch.ones(1), torch.zeros(1), coef=1.0)
+    assert term.loss.item() == 0.0  # already at the target: nothing left to clone
+    term.loss.backward()
+    assert policy.grad is not None and not policy.grad.any()
+
+
+def test_cloning_a_saturated_expert_leaves_a_tanh_actor_finite():
+    """Gradient descent on the pre-squash mean toward an expert's +-1 settles at atanh(bound)
+    rather than growing without limit (what drove SAC's temperature up with demonstrations)."""
+    mu = torch.zeros(1, 4, requires_grad=True)
+    demo_action = torch.tensor([[1.0, -1.0, 1.0, -1.0]])
+    optimizer = torch.optim.SGD([mu], lr=1.0)
+    for _ in range(3000):
+        optimizer.zero_grad()
+        q_filtered_bc(torch.tanh(mu), demo_action, torch.ones(1), torch.ones(1), torch.zeros(1), 1.0).loss.backward()
+        optimizer.step()
+    settled = float(np.arctanh(BC_TARGET_BOUND))
+    np.testing.assert_allclose(mu.detach().abs().numpy(), settled, rtol=1e-2)
 
 
 def test_without_demonstration_rows_the_term_is_zero_and_so_is_its_gradient():
