@@ -14,18 +14,13 @@ import os
 import pathlib
 import signal
 import time
-from collections import Counter
 
 import psutil
 import pytest
 
-from buffer.storage import TemporalStorage
-from fleet.chaos.audit import BatchAudit, audit_batches, read_acks, versions_reused
-from fleet.launch.local_cluster import LocalRedisCluster
+from fleet.chaos.audit import read_acks, versions_reused
+from fleet.chaos.kept_buffer import audit_kept_buffer
 from fleet.report.lives import KILLED
-from foundation.config import RunConfig
-from sampler.worker import row_fingerprint
-from sim.registry import get_task
 from tests.conftest import wait_until
 from tests.test_e2e_fleet import ONCE, _resumed_versions, _train
 
@@ -36,21 +31,6 @@ ACKED_TRANSITIONS = 3000  # "some thousands" stored before the kill
 
 def _acked(run_dir: pathlib.Path, pusher: str, before: float = float("inf")) -> list[dict]:
     return [r for r in read_acks(run_dir / "acks", pusher) if r["time"] < before]
-
-
-def _stored_audit(run_dir: pathlib.Path, acks: list[dict]) -> BatchAudit:
-    """`acks` against the rows the run's kept Redis data holds, read by a cluster of our own
-    started on its folder (other ports, no password: the folder is the whole state)."""
-    config = RunConfig.load(run_dir / "config.json")
-    with LocalRedisCluster(appendonly=True, data_dir=run_dir / "redis") as cluster:
-        client = cluster.client()
-        try:
-            storage = TemporalStorage(client, config.run_id, get_task(config.sim.task).schema(), config.buffer)
-            assert storage.snapshot().oldest_window == 0, "the audit needs a buffer that evicted nothing"
-            stored = Counter(row_fingerprint(row) for row in storage.committed_rows())
-        finally:
-            client.close()
-    return audit_batches(acks, stored)
 
 
 def _kill_whole_fleet(train) -> float:
@@ -110,6 +90,6 @@ def test_a_fleet_killed_whole_resumes_with_every_acked_transition_and_no_version
     )
     assert first_resumed["transitions"] >= sum(r["transitions"] for r in acked_before)  # the head, as it was
 
-    audit = _stored_audit(run_dir, _acked(run_dir, "sampler-"))  # both lives' pushes, after the resumed run
+    audit = audit_kept_buffer(run_dir, _acked(run_dir, "sampler-"))  # both lives' pushes, after the resumed run
     assert audit.acked_transitions > sum(r["transitions"] for r in acked_before)
     assert (audit.lost, audit.doubled, audit.acked_twice) == (0, 0, 0), audit.lost_batches

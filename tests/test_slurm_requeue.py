@@ -45,7 +45,8 @@ def _job_events(log: str) -> list[tuple[str, float]]:
 
 
 def _progress(run_dir: pathlib.Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "progress.jsonl").read_text().splitlines() if line.strip()]
+    path = run_dir / "progress.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
 
 
 def _warn_and_wait_for_the_requeue(slurm: Slurm, job: str, run_dir: pathlib.Path) -> dict:
@@ -57,9 +58,12 @@ def _warn_and_wait_for_the_requeue(slurm: Slurm, job: str, run_dir: pathlib.Path
         assert state in ("PENDING", "CONFIGURING", "RUNNING"), (
             f"job {job} {state} before the warning:\n" + _job_log(run_dir, job)[-3000:]
         )
-        return _last_version(run_dir) > 0
+        # Mid-run: a trained version scored, and the aggregator's host has read the services
+        # (its first progress line). The first score can come before that read, and a warning
+        # then would leave this life no line to count from.
+        return _last_version(run_dir) > 0 and bool(_progress(run_dir))
 
-    wait_until(trained, 300, lambda: "a score of a trained version:\n" + _job_log(run_dir, job))
+    wait_until(trained, 300, lambda: "a score of a trained version and a progress line:\n" + _job_log(run_dir, job))
     slurm.run("scancel", "--signal=USR1", "--batch", job)
     requeued = lambda: "the job to requeue itself:\n" + _job_log(run_dir, job)  # noqa: E731
     wait_until(lambda: any(e == "requeued" for e, _ in _job_events(_job_log(run_dir, job))), 120, requeued)
