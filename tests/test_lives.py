@@ -3,6 +3,7 @@ lives ended (a clean stop, or killed whole with no summary written)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -89,3 +90,21 @@ def test_a_summary_written_twice_in_one_life_records_its_end_once(tmp_path):
     history.lives("interrupted (Ctrl-C or SIGTERM)", _snap(6.0, 600, 11))
     ends = [json.loads(line) for line in (tmp_path / "lives.jsonl").read_text().splitlines()]
     assert [e["event"] for e in ends] == ["start", "end"]
+
+
+def test_the_target_of_a_resume_on_an_empty_buffer_counts_the_earlier_lives_env_steps(tmp_path):
+    """A score of the resumed life counts env steps from its own, empty buffer; the earlier life's
+    last score, which the aggregator answers with until the resumed life scores, counts them all."""
+    _life(tmp_path, False, [_snap(30.0, 3000, 120)], ended=None)
+    (tmp_path / "evals.jsonl").write_text(json.dumps({"version": 110, "episodes": 10, "success_rate": 0.4,
+                                                      "env_steps": 2900, "kind": "curve"}) + "\n")  # fmt: skip
+    history = RunHistory.begin(tmp_path, buffer_kept=False)
+    earlier = history.carried.onto(_snap(31.0, 0, 121, curve=EvalPoint(110, 0.4, 2900, 10)))
+    assert earlier.curve == EvalPoint(110, 0.4, 2900, 10) and earlier.env_steps == 3000
+    progress = Progress(CONFIG, tmp_path, started_at=0.0, life=history.life)
+    reached = dataclasses.replace(_snap(60.0, 900, 400), full=EvalPoint(390, 0.94, 800, 50))
+    progress.update(history.carried.onto(reached))
+    progress.close()
+    summary = write_summary(CONFIG, tmp_path, progress, Ending("target", 60.0), history=history)
+    assert (summary.env_steps_to_target, summary.version_to_target, summary.wall_sec_to_target) == (3800, 390, 60.0)
+    assert summary.final_env_steps == 3900

@@ -21,7 +21,7 @@ import pathlib
 import time
 from typing import Any
 
-from fleet.report.progress import Snapshot, read_jsonl
+from fleet.report.progress import EvalPoint, Snapshot, read_jsonl
 
 LIVES_FILE = "lives.jsonl"
 KILLED = "killed (no summary written)"
@@ -34,15 +34,28 @@ class Carried:
     wall_sec: float = 0.0
     env_steps: int = 0
     transitions: int = 0
+    scored_through: int = -1  # the highest version the earlier lives scored (evals.jsonl)
 
     def onto(self, snap: Snapshot) -> Snapshot:
         """`snap` (its wall_sec already the whole run's) with the earlier lives' env steps and
-        transitions added."""
+        transitions added, to its scores too: a score of this life (a version above every one
+        scored before: versions are never reused) counts env steps from this life's buffer; an
+        earlier life's, which the aggregator answers with until this life scores, counts them
+        all already."""
         if not (self.env_steps or self.transitions):
             return snap
         return dataclasses.replace(
-            snap, env_steps=snap.env_steps + self.env_steps, transitions=snap.transitions + self.transitions
+            snap,
+            env_steps=snap.env_steps + self.env_steps,
+            transitions=snap.transitions + self.transitions,
+            curve=self._shift(snap.curve),
+            full=self._shift(snap.full),
         )
+
+    def _shift(self, point: EvalPoint | None) -> EvalPoint | None:
+        if point is None or point.version <= self.scored_through:
+            return point
+        return dataclasses.replace(point, env_steps=point.env_steps + self.env_steps)
 
 
 class RunHistory:
@@ -63,7 +76,8 @@ class RunHistory:
         wall = float(reached.get("wall_sec", 0.0))
         steps, rows = int(reached.get("env_steps", 0)), int(reached.get("transitions", 0))
         self.buffer_kept = buffer_kept  # this life's buffer holds the earlier lives' data
-        self.carried = Carried(wall) if buffer_kept else Carried(wall, steps, rows)
+        scored = max((int(r.get("version", -1)) for r in read_jsonl(self.path.parent / "evals.jsonl")), default=-1)
+        self.carried = Carried(wall) if buffer_kept else Carried(wall, steps, rows, scored)
         self._ended: str | None = None  # this life's end as lives.jsonl records it
 
     @classmethod
