@@ -13,11 +13,10 @@ demonstration mark and Q the critics' value the algorithm's actor climbs (Algori
 
 c clamps the target into [-BC_TARGET_BOUND, BC_TARGET_BOUND]. Scripted experts (Meta-World's
 policies) clip their actions to the bound of the action space, so many demonstrated actions are
-exactly +-1, which tanh reaches only as mu -> infinity: cloning them unclamped drives mu without
-limit, the squashed Gaussian's log-probability (its -log(1 - tanh(u)^2) term) grows with it, and
-SAC's entropy temperature climbs without end to restore an entropy it cannot. At 0.97 the target
-is tanh(2.09), where the actor stays finite. The Q-filter still compares the stored action, the
-one the environment ran.
+exactly +-1, which tanh reaches only as mu -> infinity: cloned unclamped, they pull mu without
+limit and the squashed Gaussian's log-probability (its -log(1 - tanh(u)^2) term) with it. At 0.97
+the target is tanh(2.09), where the actor's mean stays finite. The Q-filter still compares the
+stored action, the one the environment ran.
 
 Its gradient reaches the actor only: both values are read without gradient, and learner/gradients.py
 differentiates the actor loss for the actor's parameters alone. A demonstration's action that the

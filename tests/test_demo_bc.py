@@ -53,7 +53,7 @@ def test_a_demonstrated_action_at_the_bound_is_cloned_toward_the_clamped_target(
 
 def test_cloning_a_saturated_expert_leaves_a_tanh_actor_finite():
     """Gradient descent on the pre-squash mean toward an expert's +-1 settles at atanh(bound)
-    rather than growing without limit (what drove SAC's temperature up with demonstrations)."""
+    rather than growing without limit."""
     mu = torch.zeros(1, 4, requires_grad=True)
     demo_action = torch.tensor([[1.0, -1.0, 1.0, -1.0]])
     optimizer = torch.optim.SGD([mu], lr=1.0)
