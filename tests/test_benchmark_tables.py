@@ -330,3 +330,71 @@ def test_the_envelope_goal_figures_read_1_5x_the_training_range_and_2_ticks_as_s
     assert figures["float"] == {"mass_scale": 0.5, "delay_ticks": 0.6}  # the lower side of 1.5x
     assert figures["int8"] == {"mass_scale": 0.625, "delay_ticks": 1.0}
     assert figures["int8_max_gap"] == 0.2
+
+
+@pytest.fixture
+def resume_cost(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    return importlib.import_module("resume_cost")
+
+
+def _evals(run_dir: pathlib.Path, rows: list[dict]) -> None:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.json").write_text(json.dumps({"target_success": 0.9, "eval": {"episodes": 50}}))
+    (run_dir / "evals.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_the_target_is_the_first_complete_full_score_at_or_above_it_after_the_resume(resume_cost, tmp_path):
+    _evals(tmp_path, [
+        {"kind": "full", "episodes": 50, "success_rate": 0.92, "time": 10.0},   # before the resume
+        {"kind": "full", "episodes": 12, "success_rate": 1.0, "time": 30.0},    # stopped early: not complete
+        {"kind": "curve", "episodes": 10, "success_rate": 1.0, "time": 31.0},   # a curve score never reaches it
+        {"kind": "full", "episodes": 50, "success_rate": 0.88, "time": 32.0},
+        {"kind": "full", "episodes": 50, "success_rate": 0.90, "time": 40.0},
+    ])  # fmt: skip
+    assert resume_cost._target_time(tmp_path, since=20.0) == 40.0
+    assert resume_cost._target_time(tmp_path, since=41.0) is None
+
+
+def test_the_scores_around_a_kill_are_the_last_curve_before_and_the_first_after(resume_cost, tmp_path):
+    curve = lambda version, rate, t: {"kind": "curve", "version": version, "success_rate": rate,  # noqa: E731
+                                      "episodes": 10, "env_steps": 100 * version, "time": t}  # fmt: skip
+    _evals(tmp_path, [curve(1, 0.2, 1.0), curve(2, 0.5, 2.0), curve(9, 0.44, 8.0), curve(10, 0.7, 9.0)])
+    around = resume_cost._score_around(tmp_path, killed_at=3.0, resumed_at=5.0)
+    assert (around["before"]["version"], around["after"]["version"]) == (2, 9)
+    assert around["stderr_50_episodes"] == pytest.approx((0.5 * 0.5 / 50) ** 0.5, abs=1e-3)
+    assert around["drop_within_one_stderr"]  # 0.5 -> 0.44 is within 0.071
+    assert resume_cost._score_around(tmp_path, killed_at=0.5, resumed_at=5.0)["before"] is None
+
+
+def test_ratios_divide_each_killed_arm_by_the_same_seeds_uninterrupted_run(resume_cost):
+    seeds = {
+        "0": {"uninterrupted": {"sec_to_target": 300.0}, "kept": {"sec_to_target": 330.0},
+              "thrown-away": {"sec_to_target": 390.0}},
+        "1": {"uninterrupted": {"sec_to_target": 200.0}, "kept": {"sec_to_target": None}},
+    }  # fmt: skip
+    for results in seeds.values():
+        results["ratio_to_uninterrupted"] = resume_cost._ratios(results)
+    assert seeds["0"]["ratio_to_uninterrupted"] == {"kept": 1.1, "thrown-away": 1.3}
+    assert seeds["1"]["ratio_to_uninterrupted"] == {"kept": None, "thrown-away": None}
+    medians = resume_cost._figures(seeds)["medians"]
+    assert medians["kept_ratio_median"] == 1.1 and medians["thrown-away_ratio_worst"] == 1.3
+
+
+def test_the_slurm_requeue_timeline_is_read_from_what_the_test_prints(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    slurm_requeue = importlib.import_module("slurm_requeue")
+    printed = (
+        "\njob 1 timeline (seconds after submission):\n      0.0  submitted\n     10.0  warned (SIGUSR1 to the batch "
+        "shell)\n     48.0  completed (fleet stopped, status 0)\njob 1: COMPLETED; evaluation success 1.00 over 50 "
+        "episodes >= target 0.9; resumes 1; version 96 at the requeue, 629 at the end\n.\n1 passed in 49.70s\n"
+    )
+    figures = slurm_requeue.parse(printed)
+    assert [r["event"] for r in figures["timeline"]] == [
+        "submitted",
+        "warned (SIGUSR1 to the batch shell)",
+        "completed (fleet stopped, status 0)",
+    ]
+    assert figures["outcome"]["resumes"] == 1 and figures["outcome"]["final_version"] == 629
+    with pytest.raises(SystemExit, match="printed no timeline"):
+        slurm_requeue.parse("1 failed")
