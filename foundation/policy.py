@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
-from foundation.config_learning import MODEL_KINDS, ROUTERS
+from foundation.config_learning import CRITIC_NORMS, MODEL_KINDS, ROUTERS
 
 if TYPE_CHECKING:
     from foundation.config import RunConfig
@@ -88,8 +88,8 @@ class ModelSpec:
             raise ValueError("task_heads needs a 'moe' model with the 'task' router")
         if self.critic_renorm and self.kind != "dense":
             raise ValueError("critic_renorm (algo 'crossq') needs a 'dense' model")
-        if self.critic_norm not in ("none", "layer"):
-            raise ValueError(f"critic_norm {self.critic_norm!r}: expected one of ('none', 'layer')")
+        if self.critic_norm not in CRITIC_NORMS:
+            raise ValueError(f"critic_norm {self.critic_norm!r}: expected one of {CRITIC_NORMS}")
         if self.critic_norm != "none" and self.critic_renorm:
             raise ValueError("critic_norm must be 'none' with critic_renorm (algo 'crossq')")
         if self.kind == "moe" and not 1 <= self.top_k <= self.experts:
@@ -205,6 +205,7 @@ def model_spec(config: RunConfig, task: TaskDims) -> ModelSpec:
         task_heads=m.task_heads,
         critic_quantiles=critics.outputs,
         critic_renorm=critics.renorm,
+        critic_norm=m.critic_norm,
         shared_experts=m.shared_experts if m.kind == "moe" else 0,
     )
 
