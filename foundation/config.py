@@ -216,6 +216,11 @@ class RunConfig:
                 f"'dense' with learner.algo {self.learner.algo!r} (its batch-renormalized critics are dense)",
             ),
             (
+                not (renorm and self.model.critic_norm != "none"),
+                "model.critic_norm",
+                f"'none' with learner.algo {self.learner.algo!r}: its critics batch-renormalize every layer already",
+            ),
+            (
                 self.sampler.demo_episodes == 0 or not no_expert,
                 "sampler.demo_episodes",
                 f"0 for a run with {', '.join(no_expert)}: only Meta-World tasks have a scripted expert to "

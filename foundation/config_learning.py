@@ -12,6 +12,7 @@ from foundation.wire import WIRE_DTYPES
 
 MODEL_KINDS = ("dense", "moe")
 ROUTERS = ("state", "task")  # what a MoE gate sees: normalized state ++ task embedding, or the embedding
+CRITIC_NORMS = ("none", "layer")  # model.critic_norm: "layer" puts a LayerNorm after every hidden Linear
 
 REPLAY_SAMPLING = ("uniform", "recency", "version")
 AUTOCAST = ("off", "bf16", "auto")  # learner.autocast
@@ -187,6 +188,10 @@ class ModelConfig:
         1.0,
         "'moe': lambda of router decay: the balancing loss times exp(-lambda * ||policy gradient||)",
     )
+    critic_norm: str = config_field(
+        "none",
+        "'layer': a LayerNorm after every hidden layer of both critics (RLPD's); 'none': plain",
+    )
 
     def checks(self) -> list[Check]:
         """(ok, field, limit) of every check on this section's fields; RunConfig.validate runs them."""
@@ -208,6 +213,7 @@ class ModelConfig:
                 "gate_grad",
                 "true unless model.kind is 'moe' with model.router 'task'",
             ),
+            (self.critic_norm in CRITIC_NORMS, "critic_norm", f"one of {one_of(CRITIC_NORMS)}"),
         ]
 
 

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
-from foundation.config_learning import MODEL_KINDS, ROUTERS
+from foundation.config_learning import CRITIC_NORMS, MODEL_KINDS, ROUTERS
 
 if TYPE_CHECKING:
     from foundation.config import RunConfig
@@ -71,6 +71,9 @@ class ModelSpec:
     # algo 'crossq': batch renormalization in both critics, on their input and after every hidden
     # layer (False in older specs). The actor never has it: samplers, evaluator and export are SAC's.
     critic_renorm: bool = False
+    # "layer": a LayerNorm after every hidden Linear of both critics, before its ReLU (model.critic_norm;
+    # "none" in older specs). The actor never has it.
+    critic_norm: str = "none"
     # 'moe': the first `shared_experts` experts of every MoE layer are among every input's top_k
     # whatever the gate says (DeepSeekMoE's shared experts): with the task router, weights every
     # task trains. 0 in older specs.
@@ -85,6 +88,10 @@ class ModelSpec:
             raise ValueError("task_heads needs a 'moe' model with the 'task' router")
         if self.critic_renorm and self.kind != "dense":
             raise ValueError("critic_renorm (algo 'crossq') needs a 'dense' model")
+        if self.critic_norm not in CRITIC_NORMS:
+            raise ValueError(f"critic_norm {self.critic_norm!r}: expected one of {CRITIC_NORMS}")
+        if self.critic_norm != "none" and self.critic_renorm:
+            raise ValueError("critic_norm must be 'none' with critic_renorm (algo 'crossq')")
         if self.kind == "moe" and not 1 <= self.top_k <= self.experts:
             raise ValueError(f"top_k ({self.top_k}) must be in 1..experts ({self.experts})")
         if self.shared_experts < 0 or (
@@ -198,6 +205,7 @@ def model_spec(config: RunConfig, task: TaskDims) -> ModelSpec:
         task_heads=m.task_heads,
         critic_quantiles=critics.outputs,
         critic_renorm=critics.renorm,
+        critic_norm=m.critic_norm,
         shared_experts=m.shared_experts if m.kind == "moe" else 0,
     )
 

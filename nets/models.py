@@ -42,10 +42,12 @@ from nets.renorm import renorm_mlp, set_renorm
 from nets.twin import twin_forward
 
 
-def mlp(in_dim: int, hidden: tuple[int, ...], out_dim: int) -> nn.Sequential:
+def mlp(in_dim: int, hidden: tuple[int, ...], out_dim: int, layer_norm: bool = False) -> nn.Sequential:
+    """Linear, ReLU per hidden width, then the output Linear; with `layer_norm`, a LayerNorm
+    between every hidden Linear and its ReLU (model.critic_norm 'layer')."""
     layers: list[nn.Module] = []
     for width in hidden:
-        layers += [nn.Linear(in_dim, width), nn.ReLU()]
+        layers += [nn.Linear(in_dim, width), *([nn.LayerNorm(width)] if layer_norm else []), nn.ReLU()]
         in_dim = width
     layers.append(nn.Linear(in_dim, out_dim))
     return nn.Sequential(*layers)
@@ -54,14 +56,21 @@ def mlp(in_dim: int, hidden: tuple[int, ...], out_dim: int) -> nn.Sequential:
 class Body(nn.Module):
     """The hidden layers and the output layer of an actor or critic, dense or MoE (spec.kind).
     A MoE body gates every hidden layer on the normalized input ++ the task's embedding (or, with
-    router "task", on the embedding alone)."""
+    router "task", on the embedding alone). A critic's body (`critic`) takes the critics'
+    normalization of `spec`: CrossQ's batch renorm (critic_renorm, dense only), or a LayerNorm
+    after every hidden Linear, before its ReLU (critic_norm 'layer', as RLPD's critics: the last
+    hidden features, and so Q, stay bounded however far an input lies from the data)."""
 
-    def __init__(self, spec: ModelSpec, in_dim: int, out_dim: int, renorm: bool = False) -> None:
+    def __init__(self, spec: ModelSpec, in_dim: int, out_dim: int, critic: bool = False) -> None:
         super().__init__()
         self.moe = spec.kind == "moe"
         self.task_routed = spec.router == "task"
+        layer_norm = critic and spec.critic_norm == "layer"
         if not self.moe:
-            self.net = (renorm_mlp if renorm else mlp)(in_dim, spec.hidden_sizes, out_dim)
+            if critic and spec.critic_renorm:
+                self.net = renorm_mlp(in_dim, spec.hidden_sizes, out_dim)
+            else:
+                self.net = mlp(in_dim, spec.hidden_sizes, out_dim, layer_norm)
             return
         self.task_embed = nn.Parameter(torch.randn(spec.tasks, spec.task_embed_dim) * 0.1)
         dims = [in_dim, *spec.hidden_sizes]
@@ -69,6 +78,7 @@ class Body(nn.Module):
             MoELinear(i, o, spec.experts, spec.top_k, spec.gate_dim, spec.shared_experts)
             for i, o in zip(dims[:-1], dims[1:], strict=True)
         )
+        self.norms = nn.ModuleList(nn.LayerNorm(o) for o in dims[1:]) if layer_norm else None
         self.out: nn.Linear | TaskHeads = (
             TaskHeads(spec.heads, dims[-1], out_dim) if spec.heads > 1 else nn.Linear(dims[-1], out_dim)
         )
@@ -85,8 +95,8 @@ class Body(nn.Module):
         if self.task_routed and not exporting():
             return self._task_routed(x, task)
         gate_in = self.gate_input(state, task)
-        for layer in self.hidden:
-            x = torch.relu(layer(x, gate_in))
+        for depth, layer in enumerate(self.hidden):
+            x = torch.relu(self.hidden_norm(depth, layer(x, gate_in)))
         if isinstance(self.out, TaskHeads):
             return self.out(x, task if task is not None else torch.zeros(len(x), dtype=torch.long))
         return self.out(x)
@@ -98,8 +108,8 @@ class Body(nn.Module):
         even one does (padding every task to the largest cost 1.1-1.2x a 1024-row update here)."""
         layout = TaskLayout.of(task if task is not None else torch.zeros(len(x), dtype=torch.long))
         chunks = list(x[layout.order].split(layout.counts))
-        for mix in self.task_mixes(layout):
-            chunks = [torch.relu(h) for h in mixed_forward(chunks, mix)]
+        for depth, mix in enumerate(self.task_mixes(layout)):
+            chunks = [torch.relu(self.hidden_norm(depth, h)) for h in mixed_forward(chunks, mix)]
         if isinstance(self.out, TaskHeads):
             out = torch.cat([self.out.head_forward(h, int(t)) for h, t in zip(chunks, layout.present, strict=True)])
         else:
@@ -122,6 +132,10 @@ class Body(nn.Module):
             mixes = [layer.task_mix(embeds, layout.place) for layer in self.moe_layers()]
         self.__dict__["_mix_cache"] = (layout, mixes)
         return mixes
+
+    def hidden_norm(self, depth: int, h: torch.Tensor) -> torch.Tensor:
+        """Hidden layer `depth`'s output through its LayerNorm (critic_norm 'layer'), or as it is."""
+        return h if self.norms is None else self.norms[depth](h)
 
     def head(self, task: int) -> nn.Linear:
         """Task `task`'s output layer as a plain Linear (export: a frozen task's head)."""
@@ -217,8 +231,8 @@ class TwinCritic(nn.Module):
         super().__init__()
         self.norm = Normalizer.for_spec(spec)
         self.quantiles = spec.critic_quantiles
-        self.q1 = Body(spec, spec.input_dim + spec.act_dim, spec.critic_quantiles, spec.critic_renorm)
-        self.q2 = Body(spec, spec.input_dim + spec.act_dim, spec.critic_quantiles, spec.critic_renorm)
+        self.q1 = Body(spec, spec.input_dim + spec.act_dim, spec.critic_quantiles, critic=True)
+        self.q2 = Body(spec, spec.input_dim + spec.act_dim, spec.critic_quantiles, critic=True)
         self.fused = True  # a task-routed MoE's pair in one pass (nets/twin.py); False: one after the other
 
     def forward(

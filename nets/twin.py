@@ -4,13 +4,15 @@
 
 Q1 and Q2 read the same input and have the same shapes, so per task their first layers are one
 Linear of twice the width (the two mixed weights stacked), and every later layer one batched
-matmul over the pair ([2, task's rows, width]). The parameters stay where they are (each critic
-its own, the flat layout unchanged): the stacking happens in the forward pass and its backward
-splits the gradient again. Measured (benchmarks/learner_throughput.py, 4 tasks, batch 256, one
-thread, 3 interleaved rounds): the 32-expert MoE 73.8 gradients per CPU-second fused against
-69.9 apart (1.06x); the same for the dense 256x256 pair lost (113.8 against 128.4: torch's CPU
-batched matmul over the pair, and stacking the weights, cost more than the second addmm), so a
-dense pair, a state-routed MoE and any traced or exported module run the two bodies apart.
+matmul over the pair ([2, task's rows, width]); with model.critic_norm 'layer', every hidden
+layer's LayerNorm is one over the pair too, each critic's scale and shift on its half. The
+parameters stay where they are (each critic its own, the flat layout unchanged): the stacking
+happens in the forward pass and its backward splits the gradient again. Measured
+(benchmarks/learner_throughput.py, 4 tasks, batch 256, one thread, 3 interleaved rounds): the
+32-expert MoE 73.8 gradients per CPU-second fused against 69.9 apart (1.06x); the same for the
+dense 256x256 pair lost (113.8 against 128.4: torch's CPU batched matmul over the pair, and
+stacking the weights, cost more than the second addmm), so a dense pair, a state-routed MoE and
+any traced or exported module run the two bodies apart.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Protocol
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 from nets.moe import TaskLayout, exporting
 
@@ -38,6 +41,9 @@ class Body(Protocol):
 
     @property
     def out(self) -> nn.Module: ...
+
+    @property
+    def norms(self) -> nn.ModuleList | None: ...  # a LayerNorm per hidden layer (critic_norm 'layer'), or None
 
     def __call__(self, x: torch.Tensor, state: torch.Tensor, task: torch.Tensor | None) -> torch.Tensor: ...
 
@@ -66,7 +72,10 @@ def _task_routed(a: Body, b: Body, x: torch.Tensor, task: torch.Tensor | None) -
     ]
     stacked = [_stack(*pair) for pair in mixes[1:]]
     stacked.append(_stack(*(_head(body, layout.present) for body in (a, b))))
-    for weight, bias in stacked:
+    norms = _pair_norms(a, b)
+    for depth, (weight, bias) in enumerate(stacked):
+        if norms is not None:
+            hs = [_layer_norm(h, *norms[depth]) for h in hs]
         hs = [torch.baddbmm(c, torch.relu(h), w) for h, w, c in zip(hs, weight.unbind(0), bias.unbind(0), strict=True)]
     out = torch.cat(hs, 1)  # rows in task order
     return out.new_empty(out.shape).index_copy(1, layout.order, out)
@@ -87,3 +96,25 @@ def _stack(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per task, both critics' layer for a batched matmul: (weight [tasks, 2, in, out], bias [tasks, 2, 1, out])."""
     return torch.stack([a[0], b[0]], 1).transpose(2, 3), torch.stack([a[1], b[1]], 1).unsqueeze(2)
+
+
+Norm = tuple[torch.Tensor, torch.Tensor, float]  # (weight [2, 1, width], bias [2, 1, width], eps)
+
+
+def _pair_norms(a: Body, b: Body) -> list[Norm] | None:
+    """Per hidden layer, both critics' LayerNorm stacked for the pair [2, rows, width]; None without."""
+    if a.norms is None or b.norms is None:
+        return None
+    pairs = []
+    for na, nb in zip(a.norms, b.norms, strict=True):
+        assert isinstance(na, nn.LayerNorm) and isinstance(nb, nn.LayerNorm)
+        pairs.append(
+            (torch.stack([na.weight, nb.weight]).unsqueeze(1), torch.stack([na.bias, nb.bias]).unsqueeze(1), na.eps)
+        )
+    return pairs
+
+
+def _layer_norm(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float) -> torch.Tensor:
+    """Each critic's LayerNorm on its half of `h` [2, rows, width]: normalized over the width,
+    then that critic's scale and shift."""
+    return torch.addcmul(bias, F.layer_norm(h, h.shape[-1:], eps=eps), weight)

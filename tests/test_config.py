@@ -61,6 +61,11 @@ BAD_CONFIGS: list[tuple[list[str], str]] = [
         ["model.gate_grad=false", 'model.kind="moe"', 'model.router="state"'],
         "model.gate_grad (False) must be true unless model.kind is 'moe' with model.router 'task'",
     ),
+    (["model.critic_norm=batch"], "model.critic_norm ('batch') must be one of 'none', 'layer'"),
+    (
+        ["learner.algo=crossq", "model.critic_norm=layer"],
+        "model.critic_norm ('layer') must be 'none' with learner.algo 'crossq': its critics batch-renormalize",
+    ),
     (["learner.device=tpu"], "learner.device ('tpu') must be one of 'auto', 'cpu', 'cuda'"),
     (["learner.algo=tqx"], "learner.algo ('tqx') must be one of sac, tqc, crossq"),
     (["learner.algo=ddpg"], "learner.algo ('ddpg') must be one of sac, tqc, crossq"),
@@ -125,6 +130,8 @@ def test_each_cross_field_check_names_field_and_value(overrides, message):
         ["sampler.demo_episodes=2", "sim.task=MetaWorld-push-v3", "learner.demo_bc_coef=0"],
         ["sampler.demo_episodes=1", 'sim.tasks=["MetaWorld-reach-v3","MetaWorld-push-v3"]'],
         ["sampler.demo_episodes=0", "learner.demo_bc_coef=0"],  # a Fetch task: no demonstrations asked
+        ["model.critic_norm=layer", "learner.algo=tqc", "model.kind=moe"],
+        ["model.critic_norm=none", "learner.algo=crossq"],
     ],
 )
 def test_boundary_values_validate(overrides):

@@ -41,6 +41,8 @@ def _twins(spec: ModelSpec, rows: int, task: torch.Tensor | None):
         ("moe", {}, torch.tensor([2, 0, 2, 2, 1, 0, 2, 1, 2, 2, 0])),  # uneven, unsorted
         ("moe", {"task_heads": True}, torch.tensor([2, 0, 2, 2, 0, 0, 2, 2, 2, 2, 0])),  # task heads, task 1 absent
         ("moe", {"task_heads": True, "critic_quantiles": 4}, torch.tensor([1] * 11)),  # one task
+        ("moe", {"critic_norm": "layer"}, torch.tensor([2, 0, 2, 2, 1, 0, 2, 1, 2, 2, 0])),  # each critic's LayerNorms
+        ("moe", {"task_heads": True, "critic_quantiles": 4, "critic_norm": "layer"}, torch.tensor([0, 2] * 5 + [0])),
     ],
 )
 def test_the_fused_twin_critic_equals_its_two_bodies_in_values_and_gradients(kind, kw, task):
@@ -56,7 +58,14 @@ def test_the_fused_twin_critic_equals_its_two_bodies_in_values_and_gradients(kin
 
 @pytest.mark.parametrize(
     "kind,kw,fused_pass",
-    [("dense", {}, False), ("moe", {"router": "state"}, False), ("moe", {}, True), ("moe", {"task_heads": True}, True)],
+    [
+        ("dense", {}, False),
+        ("dense", {"critic_norm": "layer"}, False),
+        ("moe", {"router": "state"}, False),
+        ("moe", {}, True),
+        ("moe", {"task_heads": True}, True),
+        ("moe", {"critic_norm": "layer"}, True),
+    ],
 )
 def test_only_a_task_routed_moe_takes_the_fused_pass(monkeypatch, kind, kw, fused_pass):
     """A dense pair (measured slower fused) and a state-routed MoE run the two bodies apart."""
