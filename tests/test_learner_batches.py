@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from learner.worker import Batches, resolve_device
+from learner.batches import Batches
+from learner.worker import resolve_device
 from tests.fakes import FakeBatchSource
 
 
