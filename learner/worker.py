@@ -101,7 +101,7 @@ def run_learner(
             )
             _wait_for_replay(replay, config.learner.min_replay_transitions, stop, heartbeat)
             device = resolve_device(config.learner.device)
-            batches = Batches(replay, config.learner.batch_size, device, config.learner.prefetch, tasks)
+            batches = Batches(replay, config.learner.batch_size, device, config.learner.prefetch, tasks, heartbeat)
             ledger: AckLedger | None = None
             try:  # an error anywhere here still stops the prefetch thread and closes the ledger
                 loop = _GradientLoop(config, learner_id, tasks.act_dim, agg, weights, batches, replay, heartbeat)
