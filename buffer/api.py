@@ -9,6 +9,7 @@ batches out (learners). Implementations: `buffer.storage.TemporalStorage` writes
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -73,13 +74,15 @@ class BatchSource(Protocol):
 
     source = ReplaySampler(redis_client, run_id, schema, config, seed=learner_id)
     source.wait_for(config.min_replay_transitions, timeout_sec=60.0)
-    while training:
+    while source.wait_to_sample(batch_size, stop, on_wait=heartbeat.beat):
         batch = source.sample(batch_size)   # SampledBatch
         grads = loss(batch.transitions)     # batch.policy_version: per-row weight version; batch.demo
     """
 
-    def wait_to_sample(self, batch_size: int, stop: threading.Event) -> bool:
-        """Flow control: wait until `batch_size` more rows may be sampled; False once `stop`."""
+    def wait_to_sample(self, batch_size: int, stop: threading.Event, on_wait: Callable[[], object] = ...) -> bool:
+        """Flow control: wait until `batch_size` more rows may be sampled; False once `stop`.
+        `on_wait()` runs at every poll that finds no room (a heartbeat: waiting on the samplers
+        is not hanging), never when there is room at once."""
         ...
 
     def sample(self, batch_size: int, version: int = 0) -> SampledBatch:

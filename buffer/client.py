@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 
 import numpy as np
 from redis.cluster import RedisCluster
@@ -32,6 +33,10 @@ from foundation.transport import UNREACHABLE_LOG_SEC
 from foundation.wire import TransitionSchema
 
 log = logging.getLogger("fleetrl.buffer.client")
+
+
+def _nothing() -> None:
+    pass
 
 
 class EmptyBufferError(RunFailed, RuntimeError):
@@ -120,12 +125,13 @@ class ReplaySampler:
                 log.warning("redis of run %r unreachable (%s); sampling from the cache", self.layout.run_id, err)
             return False
 
-    def wait_to_sample(self, batch_size: int, stop: threading.Event) -> bool:
+    def wait_to_sample(self, batch_size: int, stop: threading.Event, on_wait: Callable[[], object] = _nothing) -> bool:
         """Flow control: wait until the run's ratio lets `batch_size` more rows be sampled
-        (refreshing, so inserts and other learners' samples count); False once `stop` is set."""
+        (refreshing, so inserts and other learners' samples count); False once `stop` is set.
+        `on_wait()` runs at every poll that finds no room (a heartbeat)."""
         if self.limiter is None:
             return True
-        return self.limiter.wait(lambda: self.ring.read_upto, batch_size, stop, self.try_refresh)
+        return self.limiter.wait(lambda: self.ring.read_upto, batch_size, stop, self.try_refresh, on_wait)
 
     def wait_for(self, min_transitions: int, timeout_sec: float) -> int:
         """Refresh until at least `min_transitions` are cached; returns size() or raises TimeoutError."""

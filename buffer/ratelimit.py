@@ -50,6 +50,10 @@ RATE_LIMITED_POLL_SEC = 0.025
 RATE_LIMITED_MAX_SEC = 0.4
 
 
+def _nothing() -> None:
+    pass
+
+
 @dataclass(frozen=True)
 class SampleToInsertRatio:
     samples_per_insert: float
@@ -152,12 +156,22 @@ class SampleLimiter:
         self.sampled, self.unreported = add_sampled(self.unreported), 0
 
     def wait(
-        self, inserted: Callable[[], int], batch_size: int, stop: threading.Event, refresh: Callable[[], object]
+        self,
+        inserted: Callable[[], int],
+        batch_size: int,
+        stop: threading.Event,
+        refresh: Callable[[], object],
+        on_wait: Callable[[], object] = _nothing,
     ) -> bool:
         """Wait until the ratio lets `batch_size` more rows be sampled, calling `refresh` (which
-        updates `inserted()` and reports) every RATE_LIMITED_POLL_SEC; False once `stop` is set."""
+        updates `inserted()` and reports) every RATE_LIMITED_POLL_SEC; False once `stop` is set.
+
+        `on_wait()` runs at every poll that finds no room, never when the first check does (a
+        heartbeat: waiting on the samplers is not hanging). A wait stuck anywhere, in `refresh`
+        included, calls it no more, so a learner hung in its wait still goes silent."""
         waited = time.monotonic()
         while not self.limit.sample_ok(inserted(), self.sampled + self.unreported, batch_size):
+            on_wait()
             if stop.wait(RATE_LIMITED_POLL_SEC):
                 return False
             refresh()

@@ -4,6 +4,7 @@ core = make_core(); gradient = push(core, base_version=0)   # a small aggregator
 procs = {r: start_role(r, config, logs, *role_args(cluster, acks)[r]) for r in roles}
 stop_all(procs)                                             # real role processes, e2e tests
 events = poll_until(dog, lambda ev: "restart" in ev)        # a Watchdog's events
+heartbeat = RecordingHeartbeat()                            # a role's beats, kept in memory
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import pathlib
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Callable
 
 import numpy as np
@@ -23,6 +25,7 @@ from fleet.launch.local_fleet import free_port
 from fleet.launch.watchdog import Watchdog
 from foundation.config import AggregatorConfig
 from foundation.policy import GRADIENT_GROUPS, ModelSpec
+from foundation.process import Heartbeat
 from nets.models import norm_stats
 from tests.conftest import wait_until
 
@@ -100,3 +103,30 @@ def poll_until(dog: Watchdog, done: Callable[[list[str]], bool], timeout: float 
 
     wait_until(polled, timeout, lambda: f"the watchdog; events so far: {events}", interval_sec=0.05)
     return events
+
+
+# --- a role's heartbeat ---------------------------------------------------------------------
+
+
+class RecordingHeartbeat(Heartbeat):
+    """A Heartbeat (no file) that keeps every beat: the thread that beat and the counters it set.
+
+    heartbeat = RecordingHeartbeat()
+    run_learner(config, 0, endpoints, NO_SECURITY, stop, heartbeat)   # the code under test
+    waits = heartbeat.values("flow_control_wait_sec")
+    """
+
+    def __init__(self) -> None:
+        super().__init__(None)
+        self.beats: list[tuple[threading.Thread, dict[str, float]]] = []
+
+    def beat(self, force: bool = False, **counters: float) -> None:
+        self.beats.append((threading.current_thread(), dict(counters)))
+        super().beat(force, **counters)
+
+    def values(self, counter: str) -> list[float]:
+        """`counter` in every beat that set it, in order."""
+        return [c[counter] for _, c in list(self.beats) if counter in c]
+
+    def threads(self) -> set[threading.Thread]:
+        return {thread for thread, _ in list(self.beats)}

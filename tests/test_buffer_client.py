@@ -291,8 +291,10 @@ def test_flow_control_holds_a_push_back_until_a_learner_has_sampled(storage, red
         learner = ReplaySampler(redis_client, RUN, SCHEMA, BIG, seed=0, refresh_interval_sec=0.0, limit=limit)
         learner.refresh()
         stop.set()
-        assert not learner.wait_to_sample(40, stop)  # 40 > 20 stored + 10 tolerance: it would wait
-        assert learner.wait_to_sample(15, stop)
+        beats: list[int] = []
+        # 40 > 20 stored + 10 tolerance: it would wait, beating at each poll
+        assert not learner.wait_to_sample(40, stop, on_wait=lambda: beats.append(1)) and beats
+        assert learner.wait_to_sample(15, stop, on_wait=lambda: pytest.fail("room at once: no beat"))
         learner.sample(15)
         learner.refresh()  # reports the 15 rows: the push may go in now
         pusher.join(60)

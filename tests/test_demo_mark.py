@@ -16,7 +16,7 @@ from foundation.config import BufferConfig
 from foundation.proto import fleetrl_pb2 as pb
 from foundation.wire import Transitions, batch_to_proto
 from learner.algorithm import Batch
-from learner.worker import Batches
+from learner.batches import Batches
 from tests.conftest import SMALL_SCHEMA
 from tests.fakes import FakeBatchSource
 

@@ -1,18 +1,22 @@
-"""The fakes fail a test at a call that breaks their client's contract: one row per misuse."""
+"""The fakes fail a test at a call that breaks their client's contract (one row per misuse) and
+take the arguments their protocol's methods take."""
 
 from __future__ import annotations
 
 import dataclasses
+import inspect
+import threading
 
 import numpy as np
 import pytest
 
 from aggregator.client import GradientPush
+from buffer.api import BatchSource
 from foundation.acting import WeightsSnapshot
 from foundation.policy import GRADIENT_GROUPS
 from nets.models import norm_stats
 from tests.conftest import SMALL_SCHEMA
-from tests.fakes import FakeAggregatorClient, FakeIngestClient, FakeWeightsWatcher
+from tests.fakes import FakeAggregatorClient, FakeBatchSource, FakeIngestClient, FakeWeightsWatcher
 from tests.helpers import SPEC
 
 INGEST_MISUSES = [
@@ -106,3 +110,31 @@ def test_each_push_the_fake_aggregator_takes_is_a_new_version_every_watcher_sees
     assert (ack.applied, ack.version, weights.latest().version) == (True, 1, 1)
     assert set(weights.latest().tensors) == {"actor"} and not np.array_equal(weights.latest().tensors["actor"], before)
     agg.assert_pushes(at_least=1)
+
+
+@pytest.mark.parametrize("method", ["wait_to_sample", "sample"])
+def test_the_fake_batch_source_takes_the_protocols_arguments(method):
+    """The learner's code is tested against FakeBatchSource: its methods take the arguments of
+    buffer.api.BatchSource's, by the same names and kinds, each optional one optional there too."""
+
+    def params(f):
+        return [
+            (p.name, p.kind, p.default is inspect.Parameter.empty) for p in inspect.signature(f).parameters.values()
+        ]
+
+    assert params(getattr(FakeBatchSource, method)) == params(getattr(BatchSource, method))
+
+
+def test_the_fake_batch_source_holds_batches_back_beating_until_there_is_room():
+    source, stop, beats = FakeBatchSource(), threading.Event(), []
+    source.room.clear()  # stalled samplers
+    threading.Timer(0.1, source.room.set).start()
+    assert source.wait_to_sample(4, stop, on_wait=lambda: beats.append(1)) and len(beats) >= 2
+    source.sample(4)
+    with pytest.raises(AssertionError, match="a callable"):
+        source.wait_to_sample(4, stop, on_wait=None)  # type: ignore[arg-type]  # the misuse under test
+    source.room.clear()
+    stop.set()
+    assert not source.wait_to_sample(4, stop, on_wait=lambda: None)
+    with pytest.raises(AssertionError, match="flow control bypassed"):
+        source.sample(4)

@@ -1,15 +1,22 @@
-"""The learner's batch source: prefetch in a thread, bounded waits, errors surfaced; devices."""
+"""The learner's batch source: prefetch in a thread, bounded waits, errors surfaced, the heartbeat
+while flow control holds a batch back; devices."""
 
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 import pytest
 import torch
 
-from learner.worker import Batches, resolve_device
+import learner.batches as batches_module
+from learner.algorithm import Batch
+from learner.batches import Batches
+from learner.worker import resolve_device
+from tests.conftest import wait_until
 from tests.fakes import FakeBatchSource
+from tests.helpers import RecordingHeartbeat
 
 
 @pytest.mark.parametrize("prefetch", [False, True])
@@ -117,3 +124,71 @@ def test_batches_sample_at_the_learners_version_and_never_past_flow_control():
     assert batches.next(stop) is None and source.samples == 1  # flow control said no: nothing sampled
     with pytest.raises(AssertionError, match="flow control bypassed"):
         source.sample(4)  # the fake refuses what a broken loop would do
+
+
+@pytest.mark.parametrize("prefetch", [False, True])
+def test_a_learner_held_back_by_flow_control_beats_from_its_own_thread_saying_how_long_it_waits(prefetch):
+    """Stalled samplers must not make a waiting learner look hung to the watchdog: while flow
+    control holds its batch back, the thread that asked for it beats, with the wait so far."""
+    source, heartbeat, stop = FakeBatchSource(), RecordingHeartbeat(), threading.Event()
+    source.room.clear()  # samplers stalled: no room for a batch
+    batches = Batches(source, 4, torch.device("cpu"), prefetch, heartbeat=heartbeat)
+    got: list[Batch | None] = []
+    learner = threading.Thread(target=lambda: got.append(batches.next(stop)))
+    try:
+        learner.start()
+        wait_until(lambda: max(heartbeat.values("flow_control_wait_sec"), default=0) >= 0.3, 30, "waiting beats")
+        assert not got and source.samples == 0  # still held back
+        source.room.set()
+        learner.join(30)
+    finally:
+        stop.set()
+        batches.close()
+    assert got and got[0] is not None
+    waits = heartbeat.values("flow_control_wait_sec")
+    assert waits[-1] == 0.0 and waits[:-1] == sorted(waits[:-1]) and min(waits[:-1]) > 0  # growing, then over
+    assert heartbeat.threads() == {learner}  # never the prefetch thread: one writer of the heartbeat
+
+
+def test_no_beat_with_room_at_once_nor_without_a_heartbeat():
+    heartbeat = RecordingHeartbeat()
+    batches = Batches(FakeBatchSource(), 4, torch.device("cpu"), prefetch=False, heartbeat=heartbeat)
+    assert batches.next(threading.Event()) is not None and heartbeat.beats == []
+    stalled = FakeBatchSource()
+    stalled.room.clear()
+    threading.Timer(0.1, stalled.room.set).start()
+    assert Batches(stalled, 4, torch.device("cpu"), prefetch=False).next(threading.Event()) is not None
+
+
+class _StuckWait(FakeBatchSource):
+    """Flow control that polls once, finding no room, then hangs (a refresh that never returns)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.polled, self.release = threading.Event(), threading.Event()
+
+    def wait_to_sample(self, batch_size, stop, on_wait=lambda: None):
+        if not self.polled.is_set():
+            on_wait()
+            self.polled.set()
+            self.release.wait(30)
+        return super().wait_to_sample(batch_size, stop, on_wait)
+
+
+def test_a_prefetch_thread_stuck_in_its_wait_stops_the_beats_so_the_watchdog_still_sees_it(monkeypatch):
+    monkeypatch.setattr(batches_module, "FLOW_CONTROL_POLL_FRESH_SEC", 0.2)
+    source, heartbeat, stop = _StuckWait(), RecordingHeartbeat(), threading.Event()
+    batches = Batches(source, 4, torch.device("cpu"), prefetch=True, heartbeat=heartbeat)
+    learner = threading.Thread(target=lambda: batches.next(stop))
+    try:
+        learner.start()
+        assert source.polled.wait(30)
+        time.sleep(0.6)  # past the poll's freshness (0.2 s here): no beat after that
+        beats = len(heartbeat.beats)
+        time.sleep(0.8)
+        assert len(heartbeat.beats) == beats, heartbeat.beats  # silent: the watchdog would restart it
+    finally:
+        source.release.set()
+        learner.join(30)
+        stop.set()
+        batches.close()

@@ -1,5 +1,6 @@
 """The learner role with a fake aggregator client and a fake batch source: which weights its
-gradients are computed on, one push in flight, and how it waits when its weights fall behind."""
+gradients are computed on, one push in flight, how it waits when its weights fall behind, and
+that it keeps beating while flow control holds its batches back."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from foundation.transport import NO_SECURITY
 from learner.worker import LearnerEndpoints, run_learner
 from tests.conftest import wait_until
 from tests.fakes import FakeAggregatorClient, FakeBatchSource
-from tests.helpers import SPEC
+from tests.helpers import SPEC, RecordingHeartbeat
 
 CONFIG = ["learner.batch_size=8", "learner.min_replay_transitions=8", 'learner.device="cpu"', "learner.prefetch=false"]
 
@@ -39,15 +40,24 @@ class _Redis:
 class _Learner:
     """run_learner in a thread, on `agg` and a fake replay buffer; stop() returns its result."""
 
-    def __init__(self, monkeypatch, agg: FakeAggregatorClient, overrides: list[str]) -> None:
+    def __init__(
+        self,
+        monkeypatch,
+        agg: FakeAggregatorClient,
+        overrides: list[str],
+        heartbeat: Heartbeat | None = None,
+        stalled: bool = False,
+    ) -> None:
         self.replay, self.result = _Replay(), -1
+        if stalled:  # the samplers store nothing: flow control holds every batch back until room.set()
+            self.replay.room.clear()
         monkeypatch.setattr(worker, "connect", lambda addresses, security: _Redis())
         monkeypatch.setattr(worker, "AggregatorClient", lambda *args, **kwargs: agg)
         monkeypatch.setattr(worker, "ReplaySampler", lambda *args, **kwargs: self.replay)
         config = with_overrides(RunConfig(), [*CONFIG, *overrides])
         self.stop_event = threading.Event()
         endpoints = LearnerEndpoints("127.0.0.1:1", "127.0.0.1:2")
-        args = (config, 0, endpoints, NO_SECURITY, self.stop_event, Heartbeat(None))
+        args = (config, 0, endpoints, NO_SECURITY, self.stop_event, heartbeat or Heartbeat(None))
         self.thread = threading.Thread(target=self._run, args=args)
         self.thread.start()
 
@@ -110,3 +120,20 @@ def test_a_learner_process_draws_its_batches_and_noise_from_its_incarnation():
     assert draws["first"][0] == draws["again"][0] and torch.equal(draws["first"][1], draws["again"][1])
     assert draws["first"][0] != draws["restarted"][0]
     assert not torch.equal(draws["first"][1], draws["restarted"][1])
+
+
+def test_a_learner_held_back_by_flow_control_keeps_beating_then_pushes_once_samplers_catch_up(monkeypatch):
+    """Samplers that stall (one restarting, Redis failing over) hold the learner's batches back:
+    it keeps its heartbeat fresh, saying how long it has waited, so the watchdog leaves it be."""
+    agg, heartbeat = FakeAggregatorClient(SPEC), RecordingHeartbeat()
+    learner = _Learner(monkeypatch, agg, [], heartbeat, stalled=True)
+    try:
+        wait_until(lambda: max(heartbeat.values("flow_control_wait_sec"), default=0) >= 0.5, 60, "waiting beats")
+        assert not agg.pushes and learner.replay.samples == 0
+        learner.replay.room.set()
+        wait_until(lambda: len(agg.pushes) >= 2, 60, "two gradient pushes", interval_sec=0.01)
+    finally:
+        learner.stop()
+    assert heartbeat.counters["flow_control_wait_sec"] == 0.0  # no longer waiting
+    assert learner.thread in heartbeat.threads()
+    agg.assert_pushes(at_least=2)

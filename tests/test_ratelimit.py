@@ -186,3 +186,32 @@ def test_a_learners_limiter_gives_up_once_stopped_without_waiting_more():
     assert not limiter.wait(lambda: 0, 1, stop, lambda: pytest.fail("no refresh once stopped"))
     assert time.monotonic() - start < 1.0 and limiter.rate_limited_sec == 0.0
     assert limiter.wait(lambda: 200, 1, stop, lambda: None)  # allowed: no wait, even when stopped
+
+
+def test_a_learners_limiter_beats_at_every_poll_that_finds_no_room_and_never_with_room_at_once():
+    """on_wait is the learner's heartbeat: it runs once per poll that finds no room (here two,
+    at 100 and 105 rows stored), so a learner held back by stalled samplers is not taken for hung."""
+    limiter = SampleLimiter(LIMIT)
+    inserted, beats = [100], []
+    stop = threading.Event()
+    limiter.report(lambda rows: 50 + rows)
+
+    def refresh() -> None:
+        inserted[0] += 5
+
+    def beat() -> None:
+        beats.append(inserted[0])
+
+    assert limiter.wait(lambda: inserted[0], 20, stop, refresh, on_wait=beat)
+    assert beats == [100, 105] and inserted[0] == 110
+    assert limiter.wait(lambda: 200, 20, stop, lambda: None, on_wait=lambda: pytest.fail("room at once: no beat"))
+
+
+def test_a_beating_limiter_still_gives_up_once_stopped():
+    limiter = SampleLimiter(LIMIT)
+    stop, beats = threading.Event(), []
+    threading.Timer(0.2, stop.set).start()
+    start = time.monotonic()
+    assert not limiter.wait(lambda: 0, 1, stop, lambda: None, on_wait=lambda: beats.append(time.monotonic()))
+    assert time.monotonic() - start < 5.0 and len(beats) >= 2  # beat while it waited, then stopped
+    assert limiter.rate_limited_sec == 0.0

@@ -18,11 +18,21 @@ from foundation.proto import fleetrl_pb2 as pb
 from foundation.wire import Transitions, TransitionSchema, WireError, batch_to_proto
 
 
+def _nothing() -> None:
+    pass
+
+
 @dataclass(frozen=True)
 class Call:
     method: str  # "wait_to_sample" or "sample"
     batch_size: int
     version: int | None = None  # sample()'s weights version; None for wait_to_sample
+
+
+def _room() -> threading.Event:
+    room = threading.Event()
+    room.set()
+    return room
 
 
 @dataclass
@@ -31,11 +41,17 @@ class FakeBatchSource(BatchSource):
 
     `fail_after`: sample() raises ConnectionError once it has served that many batches.
     `demo_every`: every that many-th row of a batch is marked an expert demonstration's (0: none).
+    `room`: while cleared, flow control holds every batch back (stalled samplers):
+    wait_to_sample() polls every POLL_SEC and calls its `on_wait` at each poll, as the real
+    limiter does, until `room` is set again or its `stop` is.
     `calls`: every call, in order. Thread-safe: a prefetch thread calls it too.
     """
 
+    POLL_SEC = 0.01
+
     fail_after: int | None = None
     demo_every: int = 0
+    room: threading.Event = field(default_factory=_room)
     calls: list[Call] = field(default_factory=list)
     _granted: int = 0  # wait_to_sample() answers not yet used by a sample()
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -44,10 +60,16 @@ class FakeBatchSource(BatchSource):
     def samples(self) -> int:
         return sum(1 for c in self.calls if c.method == "sample")
 
-    def wait_to_sample(self, batch_size: int, stop: threading.Event) -> bool:
+    def wait_to_sample(self, batch_size: int, stop: threading.Event, on_wait: Callable[[], object] = _nothing) -> bool:
         assert batch_size > 0, f"wait_to_sample({batch_size}): a batch has at least one row"
+        assert callable(on_wait), f"wait_to_sample(on_wait={on_wait!r}): a callable, run at every poll"
         with self._lock:
             self.calls.append(Call("wait_to_sample", batch_size))
+        while not self.room.is_set():
+            on_wait()
+            if stop.wait(self.POLL_SEC):
+                return False
+        with self._lock:
             if stop.is_set():
                 return False
             self._granted += 1
