@@ -25,6 +25,7 @@ where it stopped.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -34,6 +35,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import psutil
@@ -41,20 +43,31 @@ from harness import result_record, write_result  # benchmarks/harness.py (this s
 
 from fleet.chaos.audit import read_acks, versions_reused
 from fleet.chaos.kept_buffer import EvictedError, audit_kept_buffer
+from fleet.report.progress import read_jsonl
 from foundation.config import RunConfig
 
 ARMS = ("uninterrupted", "kept", "thrown-away")
 SCORE_EPISODES = 50  # the standard error a score after the resume is held to
 
 
-def _jsonl(path: pathlib.Path) -> list[dict]:
-    rows = []
-    for line in path.read_text().splitlines() if path.exists() else []:
+@contextlib.contextmanager
+def _stopped_on_ctrl_c(proc: subprocess.Popen) -> Iterator[None]:
+    """Ctrl-C while waiting on a run reaches the run too (it has its own process group, so the
+    terminal's SIGINT does not): it stops as on Ctrl-C, within a bounded wait, then goes on up."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        os.killpg(proc.pid, signal.SIGINT)
         try:
-            rows.append(json.loads(line))
-        except ValueError:
-            continue
-    return rows
+            proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+        raise
+
+
+def _finish(proc: subprocess.Popen) -> int:
+    with _stopped_on_ctrl_c(proc):
+        return proc.wait()
 
 
 def _train(argv: list[str], log: pathlib.Path) -> subprocess.Popen:
@@ -71,7 +84,7 @@ def _train(argv: list[str], log: pathlib.Path) -> subprocess.Popen:
 def _target_time(run_dir: pathlib.Path, since: float) -> float | None:
     """Unix time of the first complete full score at or above the run's target after `since`."""
     config = RunConfig.load(run_dir / "config.json")
-    for row in _jsonl(run_dir / "evals.jsonl"):
+    for row in read_jsonl(run_dir / "evals.jsonl"):
         complete = row.get("kind") == "full" and row["episodes"] >= config.eval.episodes
         if complete and row["time"] >= since and row["success_rate"] >= config.target_success:
             return float(row["time"])
@@ -93,7 +106,7 @@ def _kill_whole(proc: subprocess.Popen) -> float:
 def uninterrupted(run_dir: pathlib.Path, base: list[str]) -> dict[str, Any]:
     started = time.time()
     proc = _train([*base, "--run-dir", str(run_dir)], run_dir.with_suffix(".log"))
-    proc.wait()
+    _finish(proc)
     reached = _target_time(run_dir, started)
     summary = json.loads((run_dir / "summary.json").read_text())
     return {
@@ -107,7 +120,7 @@ def uninterrupted(run_dir: pathlib.Path, base: list[str]) -> dict[str, Any]:
 
 def _score_around(run_dir: pathlib.Path, killed_at: float, resumed_at: float) -> dict[str, Any]:
     """The last curve score before the kill and the first after the resume."""
-    curve = [r for r in _jsonl(run_dir / "evals.jsonl") if r.get("kind") == "curve"]
+    curve = [r for r in read_jsonl(run_dir / "evals.jsonl") if r.get("kind") == "curve"]
     before = [r for r in curve if r["time"] < killed_at]
     after = [r for r in curve if r["time"] >= resumed_at]
     if not before or not after:
@@ -128,8 +141,9 @@ def killed(run_dir: pathlib.Path, base: list[str], kill_at_sec: float, kept: boo
     extra = [] if kept else ["--set", "buffer.durable=false"]
     started = time.time()
     first = _train([*base, *extra, "--run-dir", str(run_dir)], log)
-    while time.time() - started < kill_at_sec and first.poll() is None:
-        time.sleep(0.5)
+    with _stopped_on_ctrl_c(first):
+        while time.time() - started < kill_at_sec and first.poll() is None:
+            time.sleep(0.5)
     if first.poll() is not None:
         return {"run_dir": str(run_dir), "error": f"the run ended ({first.returncode}) before the kill"}
     killed_at = _kill_whole(first)
@@ -137,7 +151,7 @@ def killed(run_dir: pathlib.Path, base: list[str], kill_at_sec: float, kept: boo
     learner_before = [r for r in read_acks(run_dir / "acks", "learner-") if r["time"] < killed_at]
     resumed_at = time.time()
     second = _train(["--resume", str(run_dir)], log)  # the run's config, buffer.durable included
-    second.wait()
+    _finish(second)
     reached = _target_time(run_dir, resumed_at)
     summary = json.loads((run_dir / "summary.json").read_text())
     result: dict[str, Any] = {
