@@ -130,18 +130,16 @@ def _own_integrator(spec: TaskSpec) -> str:
 
 def _export(s: _Setting, task: str | None, spec: TaskSpec, rates: list[float]) -> dict[tuple[str, float], pathlib.Path]:
     """{(graph, rate): path}: the float graph at every rate, and its int8 version with `int8`."""
-    from deploy_npu.parity import env_inputs
-    from deploy_npu.quantize import quantize_int8
+    from deploy_npu.quantize import int8_beside
 
     folder = s.run_dir / "envelope" / "graphs"
     graphs: dict[tuple[str, float], pathlib.Path] = {}
-    calibration = env_inputs(spec, 256, s.seed) if s.int8 else None
     for rate in rates:
         out = folder / f"{spec.name}-{rate:g}hz.onnx"
         pair = export_controllers(s.run_dir, s.config, hz=rate, seed=s.seed, onnx_path=out, task=task, retime=True)
         graphs[("float", rate)] = pair.onnx_path
-        if calibration is not None:
-            graphs[("int8", rate)] = quantize_int8(pair.onnx_path, out.with_suffix(".int8.onnx"), calibration)
+        if s.int8:
+            graphs[("int8", rate)] = int8_beside(pair.onnx_path, spec, s.seed)
     return graphs
 
 

@@ -18,6 +18,7 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import onnxruntime as ort
@@ -213,6 +214,21 @@ def closed_loop(
 PolicyFn = Callable[[np.ndarray], np.ndarray]  # obs ++ goal [input_dim] -> action [act_dim]
 
 
+class DriveRecorder(Protocol):
+    """What `drive` reports tick by tick to a caller that compares trajectories
+    (deploy_npu/agreement_run.py); `drive` calls it in this order:
+
+        for episode in range(episodes):
+            for each tick: recorder.tick(episode, x, action, obs)   # after env.step
+            recorder.episode_end(episode, success)
+    """
+
+    def tick(self, episode: int, x: np.ndarray, action: np.ndarray, obs: dict[str, np.ndarray]) -> None:
+        """`x` the policy's input, `action` its output this tick, `obs` the observation the step returned."""
+
+    def episode_end(self, episode: int, success: bool) -> None: ...
+
+
 def drive(
     policy: PolicyFn,
     task: TaskSpec,
@@ -223,10 +239,11 @@ def drive(
     delay_ticks: int,
     seed: int,
     variant: VariantConfig | None = None,
+    recorder: DriveRecorder | None = None,
 ) -> tuple[int, list[float]]:
     """(successes, per-call seconds) of `policy` as a `hz` controller (0: the task's own rate)
     whose actions take effect `delay_ticks` ticks late, each held for its whole tick; `variant`
-    changes the physics model (sim/variants.py)."""
+    changes the physics model (sim/variants.py); `recorder` hears every tick and episode."""
     env = make_env(task, randomization, hz)
     if variant is not None:
         env = ModelVariant(env, variant)
@@ -244,7 +261,12 @@ def drive(
                 pending.append(action)
                 obs, _, terminated, truncated, _ = env.step(pending.popleft())  # held for the whole tick
                 done = terminated or truncated
-            successes += bool(goal_success(env, obs["achieved_goal"][None], obs["desired_goal"][None])[0])
+                if recorder is not None:
+                    recorder.tick(episode, x, action, obs)
+            success = bool(goal_success(env, obs["achieved_goal"][None], obs["desired_goal"][None])[0])
+            successes += success
+            if recorder is not None:
+                recorder.episode_end(episode, success)
     finally:
         env.close()
     return successes, calls

@@ -2,6 +2,7 @@
 
     report = quantize_int8("policy.onnx", "policy.int8.onnx", calibration_rows)
     report.onnx_path, report.audit.passed
+    int8_beside("envelope/graphs/FetchPush-v4-120hz.onnx", get_task("FetchPush-v4"), seed=0)  # ...-120hz.int8.onnx
 
 Static quantization (QDQ format, int8 weights and activations, per-channel weights) with the
 activation ranges calibrated on real inputs of the task (observation ++ goal rows from the
@@ -15,12 +16,17 @@ from __future__ import annotations
 import os
 import pathlib
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from deploy_npu.audit import NPU_OPS, AuditReport, OpAuditError, audit_onnx
 
+if TYPE_CHECKING:
+    from sim.registry import TaskSpec
+
 INT8_OPS = NPU_OPS | {"QuantizeLinear", "DequantizeLinear"}  # the QDQ pairs around each Gemm
+CALIBRATION_ROWS = 256  # real inputs of the nominal task that int8_beside calibrates on
 
 
 @dataclass(frozen=True)
@@ -67,6 +73,16 @@ def quantize_int8(fp32_path: str | os.PathLike, int8_path: str | os.PathLike, ca
         per_channel=True,
     )
     return int8_path
+
+
+def int8_beside(fp32_path: str | os.PathLike, task: TaskSpec, seed: int) -> pathlib.Path:
+    """The int8 version of the float graph at fp32_path, written beside it as <name>.int8.onnx and
+    calibrated on CALIBRATION_ROWS rows of `task`'s nominal env (parity.env_inputs, seeded by
+    `seed`): the graph the robustness envelope and the agreement check drive."""
+    from deploy_npu.parity import env_inputs
+
+    fp32_path = pathlib.Path(fp32_path)
+    return quantize_int8(fp32_path, fp32_path.with_suffix(".int8.onnx"), env_inputs(task, CALIBRATION_ROWS, seed))
 
 
 def audit_int8(path: pathlib.Path, static: bool) -> AuditReport:

@@ -332,6 +332,32 @@ def test_the_envelope_goal_figures_read_1_5x_the_training_range_and_2_ticks_as_s
     assert figures["int8_max_gap"] == 0.2
 
 
+def test_the_agreement_table_has_a_row_per_controller_and_per_pair_in_the_reports_order(monkeypatch):
+    from deploy_npu.agreement import AgreementReport, AgreementSetting, PairFigures
+
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    agreement = importlib.import_module("controller_agreement")
+    setting = AgreementSetting("FetchSlide-v4", 120.0, 1, 4, 0, True, 1e-7, 1e-4)
+    onnx, torch = (True, True, False, True), (True, False, False, False)
+    pairs = [
+        PairFigures("onnx", "torch", onnx, torch, 1.2e-7, (30, 41, None, 52)),
+        PairFigures("torch-again", "torch", torch, torch, 0.0, (None,) * 4),
+    ]
+    report = AgreementReport(setting, {"onnx": onnx, "torch": torch, "torch-again": torch}, pairs)
+    successes = agreement.success_rows(report)
+    assert successes["onnx"] == {"successes": 3, "episodes": 4, "success rate": 0.75}
+    rows = agreement.pair_rows(report)
+    assert list(rows) == ["onnx vs torch", "torch-again vs torch"]
+    exported = rows["onnx vs torch"]
+    assert (exported["flips"], exported["won by a only / b only"], exported["difference"]) == (2, "2 / 0", 0.5)
+    assert exported["paired SE"] == 0.289 and exported["parted"] == "3/4" and exported["median tick parted"] == 46.5
+    assert rows["torch-again vs torch"]["median tick parted"] is None and rows["torch-again vs torch"]["flips"] == 0
+    three = PairFigures("onnx", "torch", onnx[:3], torch[:3], 1.2e-7, (30, 41, None))
+    odd = AgreementReport(setting, {"onnx": onnx[:3], "torch": torch[:3]}, [three])
+    tick = agreement.pair_rows(odd)["onnx vs torch"]["median tick parted"]
+    assert tick == 41 and isinstance(tick, int)  # whole: the table shows 41, not 41.000
+
+
 @pytest.fixture
 def resume_cost(monkeypatch):
     monkeypatch.syspath_prepend(str(BENCHMARKS))

@@ -57,6 +57,10 @@ INTEGRATION: dict[str, tuple[str, ...]] = {
 
 SLOW: dict[str, tuple[str, ...]] = {
     "test_controller.py": ALL,
+    "test_agreement.py": (
+        "test_a_runs_controllers_int8_included_are_checked_on_the_same_episodes",
+        "test_controllers_of_one_policy_on_the_same_reach_episodes_agree_as_the_figures_say",
+    ),
     "test_mt10_controllers.py": ALL,
     "test_sim_metaworld.py": ALL,
     "test_aggregator_core.py": (
