@@ -179,3 +179,19 @@ def test_deploy_check_sweep_writes_the_envelope_and_refuses_an_unknown_axis(tmp_
     err = capsys.readouterr().err
     assert "fleetrl deploy-check: error: --axes: unknown ['mass']" in err and "mass_scale" in err
 
+
+def test_deploy_check_sweeps_a_run_on_another_runs_ranges_and_records_them(tmp_path, capsys):
+    from fleet.cli.main import main
+    from tests.test_controller import _run_dir
+
+    preset = _run_dir(tmp_path / "preset", 'model.kind="dense"', "learner.hidden_sizes=[16]")
+    wide = _run_dir(tmp_path / "wide", 'model.kind="dense"', "learner.hidden_sizes=[16]",
+                    "sim.randomization.friction_scale=[0.6, 1.4]")  # fmt: skip
+    argv = ["deploy-check", str(wide), "--sweep", "--axes", "friction_scale", "--episodes", "1", "--workers", "1"]
+    assert main([*argv, "--ranges-from", str(preset), "--json", str(tmp_path / "envelope.json")]) == 0
+    assert f"scale axes at multiples of the ranges of {preset}" in capsys.readouterr().out
+    (written,) = json.loads((tmp_path / "envelope.json").read_text())
+    assert written["ranges_from"] == str(preset) and written["half_widths"] == {"friction_scale": 0.2}
+    (axis,) = written["axes"]
+    assert axis["values"] == scale_points("friction_scale", ranges_of(preset))
+    assert axis["training_range"] == [0.6, 1.4]  # the run's own range stays what the plot shades
