@@ -24,11 +24,12 @@ import os
 import pathlib
 import platform
 import shlex
+import signal
 import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import psutil
@@ -251,3 +252,37 @@ def write_result(record: Mapping[str, Any], path: str | os.PathLike) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(record, indent=2) + "\n")
     print(f"raw result: {out}", file=sys.stderr)
+
+
+@contextlib.contextmanager
+def stopped_on_ctrl_c(proc: subprocess.Popen) -> Iterator[None]:
+    """Ctrl-C while waiting on a run reaches the run too (it has its own process group, so the
+    terminal's SIGINT does not): it stops as on Ctrl-C, within a bounded wait, then goes on up."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        os.killpg(proc.pid, signal.SIGINT)
+        try:
+            proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+        raise
+
+
+def start_train(argv: Sequence[str], log: pathlib.Path) -> subprocess.Popen:
+    """`fleetrl train ARGV` in its own process group (a kill of the group takes every process of
+    the run), its output appended to `log`."""
+    with open(log, "ab") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "fleet.cli.main", "train", *argv],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env={**os.environ, "COLUMNS": "120"},
+        )
+
+
+def wait_train(proc: subprocess.Popen) -> int:
+    """The run's exit status, once it ends; Ctrl-C meanwhile stops it (stopped_on_ctrl_c)."""
+    with stopped_on_ctrl_c(proc):
+        return proc.wait()

@@ -25,7 +25,6 @@ where it stopped.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import math
 import os
@@ -35,11 +34,16 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import psutil
-from harness import result_record, write_result  # benchmarks/harness.py (this script's folder)
+from harness import (  # benchmarks/harness.py (this script's folder)
+    result_record,
+    start_train,
+    stopped_on_ctrl_c,
+    wait_train,
+    write_result,
+)
 
 from fleet.chaos.audit import read_acks, versions_reused
 from fleet.chaos.kept_buffer import EvictedError, audit_kept_buffer
@@ -48,37 +52,6 @@ from foundation.config import RunConfig
 
 ARMS = ("uninterrupted", "kept", "thrown-away")
 SCORE_EPISODES = 50  # the standard error a score after the resume is held to
-
-
-@contextlib.contextmanager
-def _stopped_on_ctrl_c(proc: subprocess.Popen) -> Iterator[None]:
-    """Ctrl-C while waiting on a run reaches the run too (it has its own process group, so the
-    terminal's SIGINT does not): it stops as on Ctrl-C, within a bounded wait, then goes on up."""
-    try:
-        yield
-    except KeyboardInterrupt:
-        os.killpg(proc.pid, signal.SIGINT)
-        try:
-            proc.wait(timeout=120)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-        raise
-
-
-def _finish(proc: subprocess.Popen) -> int:
-    with _stopped_on_ctrl_c(proc):
-        return proc.wait()
-
-
-def _train(argv: list[str], log: pathlib.Path) -> subprocess.Popen:
-    with open(log, "ab") as out:
-        return subprocess.Popen(
-            [sys.executable, "-m", "fleet.cli.main", "train", *argv],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # its own process group: the kill takes every process of it
-            env={**os.environ, "COLUMNS": "120"},
-        )
 
 
 def _target_time(run_dir: pathlib.Path, since: float) -> float | None:
@@ -105,8 +78,8 @@ def _kill_whole(proc: subprocess.Popen) -> float:
 
 def uninterrupted(run_dir: pathlib.Path, base: list[str]) -> dict[str, Any]:
     started = time.time()
-    proc = _train([*base, "--run-dir", str(run_dir)], run_dir.with_suffix(".log"))
-    _finish(proc)
+    proc = start_train([*base, "--run-dir", str(run_dir)], run_dir.with_suffix(".log"))
+    wait_train(proc)
     reached = _target_time(run_dir, started)
     summary = json.loads((run_dir / "summary.json").read_text())
     return {
@@ -140,8 +113,8 @@ def killed(run_dir: pathlib.Path, base: list[str], kill_at_sec: float, kept: boo
     log = run_dir.with_suffix(".log")
     extra = [] if kept else ["--set", "buffer.durable=false"]
     started = time.time()
-    first = _train([*base, *extra, "--run-dir", str(run_dir)], log)
-    with _stopped_on_ctrl_c(first):
+    first = start_train([*base, *extra, "--run-dir", str(run_dir)], log)
+    with stopped_on_ctrl_c(first):
         while time.time() - started < kill_at_sec and first.poll() is None:
             time.sleep(0.5)
     if first.poll() is not None:
@@ -150,8 +123,8 @@ def killed(run_dir: pathlib.Path, base: list[str], kill_at_sec: float, kept: boo
     acked_before = [r for r in read_acks(run_dir / "acks", "sampler-") if r["time"] < killed_at]
     learner_before = [r for r in read_acks(run_dir / "acks", "learner-") if r["time"] < killed_at]
     resumed_at = time.time()
-    second = _train(["--resume", str(run_dir)], log)  # the run's config, buffer.durable included
-    _finish(second)
+    second = start_train(["--resume", str(run_dir)], log)  # the run's config, buffer.durable included
+    wait_train(second)
     reached = _target_time(run_dir, resumed_at)
     summary = json.loads((run_dir / "summary.json").read_text())
     result: dict[str, Any] = {

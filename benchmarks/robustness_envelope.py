@@ -35,8 +35,9 @@ def at_value(axis: AxisResult, graph: str, value: float) -> float | None:
 
 
 def goal_figures(envelope: Envelope) -> dict[str, object]:
-    """Per graph, success as a share of nominal at 1.5x the training range on each scaled axis
-    (both sides, the lower of the two) and at 2 ticks of delay; and int8's largest gap to float."""
+    """Per graph, success as a share of nominal at 1.5x the half-width each scaled axis was swept
+    at (the run's training range, or the ranges it was swept on; both sides, the lower of the
+    two) and at 2 ticks of delay; and int8's largest gap to float."""
     figures: dict[str, object] = {}
     axes = {a.axis: a for a in envelope.axes}
     for graph in envelope.graphs:
@@ -47,8 +48,7 @@ def goal_figures(envelope: Envelope) -> dict[str, object]:
             if name == "delay_ticks":
                 points = [2.0]
             else:
-                low, high = axis.training_range or (0.8, 1.2)
-                half = (high - low) / 2 or 0.2
+                half = envelope.half_widths[name]
                 points = [1.0 - 1.5 * half, 1.0 + 1.5 * half]
             rates = [at_value(axis, graph, round(p, 4)) for p in points]
             worst = min((r for r in rates if r is not None), default=None)

@@ -11,7 +11,8 @@ every point, so two policies or two graphs meet the same episodes. The axes:
 
 - the scaled dynamics the run randomizes: object mass, friction, damping, weld stiffness, action
   scale, at 0.5, 1, 1.5, 2, 3 and 4 times the training range's half-width either side of nominal
-  (a knob the run did not randomize uses a reference half-width of 0.2);
+  (a knob the run did not randomize uses a reference half-width of 0.2); with `ranges`, another
+  run's ranges set these points instead, so runs trained on different ranges meet the same points;
 - actuation delay in ticks, observation noise (std, the observation's units: metres), and the
   control rate (each rate its own export, re-timed as deploy-check does);
 - model changes that are not a scale (sim/variants.py): integrator, physics timestep, impratio and
@@ -27,11 +28,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import pathlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from foundation.config import RandomizationConfig, RunConfig
+from foundation.config import ConfigError, RandomizationConfig, RunConfig
 from sim.randomization import NOMINAL_CONFIG
 from sim.registry import TaskSpec, control_rate_problem, get_task
 from sim.variants import VariantConfig
@@ -68,11 +70,51 @@ def _pin(axis: str, value: float) -> dict[str, Any]:
     return {axis: (value, value)}
 
 
-def scale_points(axis: str, config: RunConfig) -> list[float]:
-    """Nominal (1.0) and MULTIPLES of the run's training half-width on `axis` either side, above
-    zero, ascending."""
-    low, high = getattr(config.sim.randomization, axis)
-    half = (high - low) / 2 or REFERENCE_HALF_WIDTH
+@dataclass(frozen=True)
+class SweepRanges:
+    """The ranges a sweep's scale axes take their points from, and where they were read.
+
+    By default a run is swept on its own training ranges; runs trained on different ranges meet
+    the same points when each is swept on one run's ranges (`fleetrl deploy-check --ranges-from`).
+    """
+
+    randomization: RandomizationConfig
+    source: str  # the run directory or RunConfig JSON the ranges are read from
+
+    def half_width(self, axis: str) -> float:
+        """The half-width whose MULTIPLES set the points of scale axis `axis`: the range's, or
+        REFERENCE_HALF_WIDTH where the ranges leave the knob alone (randomization off included)."""
+        if not self.randomization.enabled:
+            return REFERENCE_HALF_WIDTH
+        low, high = getattr(self.randomization, axis)
+        return round((high - low) / 2, 6) or REFERENCE_HALF_WIDTH  # 0.2, not 0.19999999999999996
+
+
+def own_ranges(run_dir: str, config: RunConfig) -> SweepRanges:
+    """A run's own training ranges: what a sweep uses unless it is given others."""
+    return SweepRanges(config.sim.randomization, str(run_dir))
+
+
+def ranges_of(path: str | pathlib.Path) -> SweepRanges:
+    """The training ranges of a run directory (its config.json) or of a RunConfig JSON file (as
+    `fleetrl config --json` writes), to sweep another run on; ConfigError naming --ranges-from."""
+    source = pathlib.Path(path)
+    file = source / "config.json" if source.is_dir() else source
+    if not source.exists():
+        raise ConfigError(f"--ranges-from {source}: does not exist (a run directory or a RunConfig JSON)")
+    if not file.is_file():
+        raise ConfigError(f"--ranges-from {source}: no config.json there (not a run directory, or a run not started)")
+    try:
+        config = RunConfig.load(file)
+    except (ValueError, TypeError) as err:  # JSONDecodeError, ConfigError: the file is not a RunConfig
+        raise ConfigError(f"--ranges-from {file}: not a RunConfig JSON: {err}") from err
+    return SweepRanges(config.sim.randomization, str(source))
+
+
+def scale_points(axis: str, ranges: SweepRanges) -> list[float]:
+    """Nominal (1.0) and MULTIPLES of the ranges' half-width on `axis` either side, above zero,
+    ascending."""
+    half = ranges.half_width(axis)
     values = {1.0} | {round(1.0 + sign * m * half, 4) for m in MULTIPLES for sign in (-1, 1)}
     return sorted(v for v in values if v > 0.05)
 
@@ -82,12 +124,13 @@ def ticks(delay_ms: float, hz: float) -> int:
     return round(delay_ms * hz / 1000.0)
 
 
-def axis_points(axis: str, config: RunConfig, spec: TaskSpec, hz: float, delay_ms: float = 0.0) -> list[Point]:
-    """The points of one axis for a run's task swept at `hz` with every other knob at its operating
-    point, `delay_ms` of actuation delay included (an axis the task cannot take: [])."""
+def axis_points(axis: str, ranges: SweepRanges, spec: TaskSpec, hz: float, delay_ms: float = 0.0) -> list[Point]:
+    """The points of one axis for a task swept at `hz` with every other knob at its operating
+    point, `delay_ms` of actuation delay included (an axis the task cannot take: []); a scale
+    axis's points are multiples of `ranges`' half-width."""
     base = Point(axis, 0.0, delay_ticks=ticks(delay_ms, hz))
     if axis in SCALE_AXES:
-        pinned = [(v, dataclasses.replace(base.randomization, **_pin(axis, v))) for v in scale_points(axis, config)]
+        pinned = [(v, dataclasses.replace(base.randomization, **_pin(axis, v))) for v in scale_points(axis, ranges)]
         return [dataclasses.replace(base, value=v, randomization=r) for v, r in pinned]
     if axis == "delay_ticks":
         return [
@@ -165,6 +208,8 @@ class Envelope:
     wall_sec: float = 0.0
     workers: int = 1
     delay_ms: float = 0.0  # the operating point's actuation delay (ticks(delay_ms, hz) on every axis but delay)
+    ranges_from: str = ""  # the run directory or RunConfig JSON whose ranges set the scale axes' points
+    half_widths: dict[str, float] = field(default_factory=dict)  # scale axis -> the half-width of its MULTIPLES
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=1)
@@ -173,6 +218,8 @@ class Envelope:
         """One line per axis and graph: nominal success and where it falls below 80% of it."""
         head = f"envelope {self.task} at {self.hz:g} Hz, {ticks(self.delay_ms, self.hz)} tick(s) of delay"
         lines = [f"{head}, {self.episodes} episodes a point ({self.wall_sec:.0f} s)"]
+        if self.ranges_from and self.ranges_from != self.run_dir:
+            lines.append(f"  scale axes at multiples of the ranges of {self.ranges_from}")
         for axis in self.axes:
             for graph, rates in axis.success.items():
                 nominal = rates[axis.values.index(axis.nominal_value)]

@@ -1,6 +1,7 @@
 """Run a robustness sweep (deploy_npu/envelope.py) over a run's exported controllers.
 
     envelopes = sweep("runs/push", hz=120, episodes=20, int8=True, workers=2)
+    envelopes = sweep("runs/push-wide", ranges=ranges_of("runs/push"))   # at runs/push's points (envelope.py)
 
 Every graph is exported (and quantized) once in this process, one per control rate the sweep
 visits, under RUN_DIR/envelope/graphs/; the points then run in worker processes that only load
@@ -19,13 +20,16 @@ from typing import Any
 from deploy_npu.controller import export_controllers
 from deploy_npu.envelope import (
     AXES,
+    SCALE_AXES,
     AxisResult,
     Envelope,
     Point,
+    SweepRanges,
     axis_points,
     default_workers,
     falls_below,
     nominal_value,
+    own_ranges,
     score_point,
     training_range,
 )
@@ -41,10 +45,12 @@ Job = tuple[str, str, Point, float, int, int]
 def sweep(
     run_dir: str | pathlib.Path, *, hz: float = 120.0, delay_ms: float = 10.0, episodes: int = 20, seed: int = 0,
     int8: bool = False, workers: int | None = None, axes: Iterable[str] = AXES, progress: Callable[[str], None] = print,
+    ranges: SweepRanges | None = None,
 ) -> list[Envelope]:  # fmt: skip
     """The envelope of every task's controller of the run (one for a one-task run) around the
     operating point `hz` and `delay_ms` (deploy-check's defaults), each written to
-    RUN_DIR/envelope/<task>.json and .png."""
+    RUN_DIR/envelope/<task>.json and .png. The scale axes' points are multiples of `ranges`'
+    half-widths (default: the run's own training ranges; envelope.ranges_of reads another run's)."""
     run_dir = pathlib.Path(run_dir)
     axes = list(axes)
     if unknown := [a for a in axes if a not in AXES]:
@@ -56,7 +62,10 @@ def sweep(
     tasks: list[str | None] = list(names) if len(names) >= 2 else [None]
     if delay_ms < 0:
         raise ConfigError(f"--delay-ms ({delay_ms}) must be >= 0")
-    setting = _Setting(run_dir, config, hz, delay_ms, episodes, seed, int8, workers or default_workers(), progress)
+    ranges = ranges or own_ranges(str(run_dir), config)
+    setting = _Setting(
+        run_dir, config, ranges, hz, delay_ms, episodes, seed, int8, workers or default_workers(), progress
+    )
     return [_sweep_task(setting, task, axes) for task in tasks]
 
 
@@ -66,6 +75,7 @@ class _Setting:
 
     run_dir: pathlib.Path
     config: RunConfig
+    ranges: SweepRanges
     hz: float
     delay_ms: float
     episodes: int
@@ -78,7 +88,7 @@ class _Setting:
 def _sweep_task(s: _Setting, task: str | None, axes: list[str]) -> Envelope:
     started = time.monotonic()
     spec = get_task(task or s.config.sim.task)
-    points = {axis: axis_points(axis, s.config, spec, s.hz, s.delay_ms) for axis in axes}
+    points = {axis: axis_points(axis, s.ranges, spec, s.hz, s.delay_ms) for axis in axes}
     points = {axis: ps for axis, ps in points.items() if ps}
     rates = sorted({s.hz, *(p.hz for ps in points.values() for p in ps if p.hz)})
     graphs = _export(s, task, spec, rates)
@@ -101,9 +111,11 @@ def _sweep_task(s: _Setting, task: str | None, axes: list[str]) -> Envelope:
         results.append(_axis_result(axis, ps, per_label, s, spec))
     shipped = {label: str(graphs[(label, s.hz)]) for label in labels}
     wall = round(time.monotonic() - started, 1)
+    half_widths = {axis: s.ranges.half_width(axis) for axis in points if axis in SCALE_AXES}
     envelope = Envelope(
-        str(s.run_dir), spec.name, s.hz, s.episodes, s.seed, shipped, results, wall, s.workers, s.delay_ms
-    )
+        str(s.run_dir), spec.name, s.hz, s.episodes, s.seed, shipped, results, wall, s.workers, s.delay_ms,
+        s.ranges.source, half_widths,
+    )  # fmt: skip
     write(envelope, s.run_dir / "envelope")
     return envelope
 

@@ -326,6 +326,7 @@ def test_the_envelope_goal_figures_read_1_5x_the_training_range_and_2_ticks_as_s
     )
     delay = AxisResult("delay_ticks", [0.0, 2.0], {"float": [1.0, 0.6], "int8": [0.8, 0.8]}, None, 0.0)
     envelope = Envelope("run", "FetchPush-v4", 120.0, 10, 0, {"float": "f", "int8": "q"}, [mass, delay])
+    envelope.half_widths = {"mass_scale": 0.2}
     figures = goal_figures(envelope)
     assert figures["float"] == {"mass_scale": 0.5, "delay_ticks": 0.6}  # the lower side of 1.5x
     assert figures["int8"] == {"mass_scale": 0.625, "delay_ticks": 1.0}

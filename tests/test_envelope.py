@@ -8,7 +8,7 @@ import json
 import mujoco
 import pytest
 
-from deploy_npu.envelope import AXES, axis_points, falls_below, scale_points
+from deploy_npu.envelope import AXES, SweepRanges, axis_points, falls_below, own_ranges, ranges_of, scale_points
 from foundation.config import RunConfig, with_overrides
 from sim.registry import get_task, make_env
 from sim.variants import ModelVariant, VariantConfig
@@ -16,12 +16,28 @@ from sim.variants import ModelVariant, VariantConfig
 
 def test_scale_points_reach_four_times_the_training_half_width_either_side_of_nominal():
     config = with_overrides(RunConfig(), ["sim.randomization.mass_scale=[0.8, 1.2]"])
-    points = scale_points("mass_scale", config)
+    points = scale_points("mass_scale", own_ranges("run", config))
     assert points == sorted(points) and 1.0 in points
     assert {0.7, 1.3} <= set(points)  # 1.5x the training range: the envelope's goal line
     assert min(points) > 0.05 and max(points) == pytest.approx(1.8)
     unrandomized = with_overrides(RunConfig(), ["sim.randomization.mass_scale=[1.0, 1.0]"])
-    assert 1.2 in scale_points("mass_scale", unrandomized)  # a reference half-width of 0.2
+    assert 1.2 in scale_points("mass_scale", own_ranges("run", unrandomized))  # a reference half-width of 0.2
+    off = with_overrides(RunConfig(), ["sim.randomization.enabled=false"])  # action_scale's range is 0.9..1.1
+    assert SweepRanges(off.sim.randomization, "run").half_width("action_scale") == 0.2  # trained on none of it
+
+
+def test_a_run_swept_on_another_runs_ranges_meets_that_runs_points(tmp_path):
+    fetch = get_task("FetchPush-v4")
+    preset, wide = tmp_path / "preset", tmp_path / "wide"
+    for run_dir, overrides in ((preset, []), (wide, ["sim.randomization.mass_scale=[0.6, 1.4]"])):
+        run_dir.mkdir()
+        (run_dir / "config.json").write_text(with_overrides(RunConfig(), overrides).to_json())
+    reference = ranges_of(preset)
+    assert reference.source == str(preset) and ranges_of(preset / "config.json").half_width("mass_scale") == 0.2
+    wide_own = own_ranges(str(wide), RunConfig.load(wide / "config.json"))
+    on_preset = [p.value for p in axis_points("mass_scale", reference, fetch, 120.0)]
+    assert on_preset != [p.value for p in axis_points("mass_scale", wide_own, fetch, 120.0)]  # 0.4 apart, not 0.2
+    assert on_preset == scale_points("mass_scale", own_ranges(str(preset), RunConfig.load(preset / "config.json")))
 
 
 def test_falls_below_walks_outward_from_nominal_on_each_side():
@@ -33,7 +49,7 @@ def test_falls_below_walks_outward_from_nominal_on_each_side():
 
 
 def test_every_axis_holds_its_nominal_point_and_a_meta_world_task_only_rates_it_can_run():
-    config = RunConfig()
+    config = own_ranges("run", RunConfig())
     fetch, meta = get_task("FetchPush-v4"), get_task("MetaWorld-reach-v3")
     for axis in AXES:
         assert axis_points(axis, config, fetch, 120.0), axis
@@ -47,7 +63,7 @@ def test_every_axis_holds_its_nominal_point_and_a_meta_world_task_only_rates_it_
 def test_every_point_keeps_the_controllers_delay_but_the_delay_axis_own():
     from deploy_npu.envelope import nominal_value
 
-    config, fetch = RunConfig(), get_task("FetchPush-v4")
+    config, fetch = own_ranges("run", RunConfig()), get_task("FetchPush-v4")
     mass = axis_points("mass_scale", config, fetch, 120.0, delay_ms=10.0)
     assert {p.delay_ticks for p in mass} == {1}  # 10 ms is one tick at 120 Hz
     delays = axis_points("delay_ticks", config, fetch, 120.0, delay_ms=10.0)
@@ -162,3 +178,20 @@ def test_deploy_check_sweep_writes_the_envelope_and_refuses_an_unknown_axis(tmp_
     assert main(["deploy-check", str(run_dir), "--sweep", "--axes", "mass"]) == 2
     err = capsys.readouterr().err
     assert "fleetrl deploy-check: error: --axes: unknown ['mass']" in err and "mass_scale" in err
+
+
+def test_deploy_check_sweeps_a_run_on_another_runs_ranges_and_records_them(tmp_path, capsys):
+    from fleet.cli.main import main
+    from tests.test_controller import _run_dir
+
+    preset = _run_dir(tmp_path / "preset", 'model.kind="dense"', "learner.hidden_sizes=[16]")
+    wide = _run_dir(tmp_path / "wide", 'model.kind="dense"', "learner.hidden_sizes=[16]",
+                    "sim.randomization.friction_scale=[0.6, 1.4]")  # fmt: skip
+    argv = ["deploy-check", str(wide), "--sweep", "--axes", "friction_scale", "--episodes", "1", "--workers", "1"]
+    assert main([*argv, "--ranges-from", str(preset), "--json", str(tmp_path / "envelope.json")]) == 0
+    assert f"scale axes at multiples of the ranges of {preset}" in capsys.readouterr().out
+    (written,) = json.loads((tmp_path / "envelope.json").read_text())
+    assert written["ranges_from"] == str(preset) and written["half_widths"] == {"friction_scale": 0.2}
+    (axis,) = written["axes"]
+    assert axis["values"] == scale_points("friction_scale", ranges_of(preset))
+    assert axis["training_range"] == [0.6, 1.4]  # the run's own range stays what the plot shades

@@ -236,3 +236,10 @@ def _add_deploy_check(sub: Any) -> None:
     check.add_argument("--axes", metavar="AXIS,AXIS,...", help="--sweep only these axes (default: every axis)")
     check.add_argument("--int8", action="store_true", help="--sweep the int8 graph beside the float one")
     check.add_argument("--workers", type=int, help="--sweep worker processes (default: one per core)")
+    check.add_argument(
+        "--ranges-from",
+        metavar="RUN_DIR|CONFIG_JSON",
+        help="--sweep the scale axes at multiples of this run's training ranges (its config.json, or a RunConfig "
+        "JSON: `fleetrl config --task T --json` for a preset's) instead of RUN_DIR's own, so runs trained on "
+        "different ranges meet the same points",
+    )

@@ -26,6 +26,7 @@ from fleet.cli.resolve import (
 from foundation.config import ConfigError
 
 if TYPE_CHECKING:
+    from deploy_npu.envelope import SweepRanges
     from fleet.report.summary import Summary
     from foundation.config import RunConfig
     from sim.tasks import TaskSet
@@ -175,9 +176,16 @@ def deploy_check(args: argparse.Namespace) -> int:
     """The run's exported policy as a fixed-rate controller; 0 when every task's check passed."""
     from deploy_npu.controller import controller_checks
 
+    if args.ranges_from is not None and not args.sweep:
+        raise ConfigError("--ranges-from is read only with --sweep (it sets the sweep's points)")
+    ranges = None
+    if args.sweep and args.ranges_from is not None:
+        from deploy_npu.envelope import ranges_of
+
+        ranges = ranges_of(args.ranges_from)
     last_checkpoint_dir(existing_run_dir(args.run_dir))
     if args.sweep:
-        return _sweep(args)
+        return _sweep(args, ranges)
     reports, skipped = controller_checks(
         args.run_dir, hz=args.hz, delay_ms=args.delay_ms, episodes=args.episodes, seed=args.seed,
         onnx_path=args.onnx, retime=args.retime, nominal=args.nominal,
@@ -192,8 +200,9 @@ def deploy_check(args: argparse.Namespace) -> int:
     return 0 if reports and all(report.passed for report in reports) else 1
 
 
-def _sweep(args: argparse.Namespace) -> int:
-    """`deploy-check --sweep`: the robustness envelope of every task's controller (deploy_npu/envelope.py)."""
+def _sweep(args: argparse.Namespace, ranges: SweepRanges | None) -> int:
+    """`deploy-check --sweep`: the robustness envelope of every task's controller (deploy_npu/envelope.py),
+    its scale axes at multiples of `ranges` (None: the run's own)."""
     from deploy_npu.envelope import AXES
     from deploy_npu.envelope_run import sweep
 
@@ -202,7 +211,7 @@ def _sweep(args: argparse.Namespace) -> int:
         raise ConfigError(f"--workers ({args.workers}) must be >= 1")
     envelopes = sweep(
         args.run_dir, hz=args.hz, delay_ms=args.delay_ms, episodes=args.episodes, seed=args.seed, int8=args.int8,
-        workers=args.workers, axes=axes,
+        workers=args.workers, axes=axes, ranges=ranges,
     )  # fmt: skip
     print("\n\n".join(envelope.table() for envelope in envelopes))
     print(f"envelope: {pathlib.Path(args.run_dir) / 'envelope'} (<task>.json, <task>.png)")
