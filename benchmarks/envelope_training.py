@@ -177,12 +177,13 @@ def sweep_run(run_dir: pathlib.Path, ranges: SweepRanges, args: argparse.Namespa
     """The run's float envelope on `ranges`: per axis falls_below and carry, and the goal shares."""
     from robustness_envelope import goal_figures
 
-    from deploy_npu.envelope_run import sweep
+    from deploy_npu.envelope_run import SweepSetting, sweep
 
-    (envelope,) = sweep(
-        run_dir, hz=args.hz, delay_ms=args.delay_ms, episodes=args.episodes, seed=SWEEP_SEED,
-        workers=args.workers, axes=args.axes.split(","), ranges=ranges, progress=lambda line: print(f"  {line}"),
+    setting = SweepSetting(
+        hz=args.hz, delay_ms=args.delay_ms, episodes=args.episodes, seed=SWEEP_SEED, workers=args.workers,
+        axes=tuple(args.axes.split(",")), ranges=ranges,
     )  # fmt: skip
+    (envelope,) = sweep(run_dir, setting, progress=lambda line: print(f"  {line}"))
     return {
         "wall_sec": envelope.wall_sec,
         "envelope": str(run_dir / "envelope" / f"{envelope.task}.json"),

@@ -75,7 +75,7 @@ def rows(envelope: Envelope) -> dict[str, dict[str, object]]:
 
 def main() -> int:
     from deploy_npu.envelope import AXES
-    from deploy_npu.envelope_run import sweep
+    from deploy_npu.envelope_run import SweepSetting, sweep
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("run_dir")
@@ -88,8 +88,9 @@ def main() -> int:
     parser.add_argument("--json", help="write the raw result here")
     args = parser.parse_args()
     started = time.monotonic()
-    envelopes = sweep(args.run_dir, hz=args.hz, delay_ms=args.delay_ms, episodes=args.episodes, int8=args.int8,
-                      workers=args.workers, axes=args.axes.split(","))  # fmt: skip
+    setting = SweepSetting(hz=args.hz, delay_ms=args.delay_ms, episodes=args.episodes, int8=args.int8,
+                           workers=args.workers, axes=tuple(args.axes.split(",")))  # fmt: skip
+    envelopes = sweep(args.run_dir, setting)
     wall = round(time.monotonic() - started, 1)
     for envelope in envelopes:
         print_table(f"envelope of {envelope.task} ({envelope.episodes} episodes a point)", rows(envelope))

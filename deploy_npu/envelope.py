@@ -1,7 +1,7 @@
 """`fleetrl deploy-check RUN_DIR --sweep`: how far a controller carries — its robustness envelope.
 
-    envelopes = sweep("runs/push", hz=120, episodes=20, int8=True)   # one per task of the run
-    print(envelopes[0].table())                                      # RUN_DIR/envelope/<task>.json, .png
+    envelopes = sweep("runs/push", SweepSetting(hz=120, episodes=20, int8=True))  # one per task of the run
+    print(envelopes[0].table())                                                    # RUN_DIR/envelope/<task>.json, .png
 
 One axis at a time, one knob moves from nominal out past the run's training range while every
 other knob stays at the controller's operating point (no randomization, the task's own model, the

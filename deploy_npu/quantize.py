@@ -13,8 +13,11 @@ and its own closed-loop success, beside the float graph's, and gates neither.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import pathlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -63,16 +66,43 @@ def quantize_int8(fp32_path: str | os.PathLike, int8_path: str | os.PathLike, ca
     if len(rows) < batch:
         raise ValueError(f"calibration: {len(rows)} rows, the graph's batch is {batch}")
     int8_path = pathlib.Path(int8_path)
-    quantize_static(
-        str(fp32_path),
-        str(int8_path),
-        _Rows(policy.input_name, rows, batch),
-        quant_format=QuantFormat.QDQ,
-        activation_type=QuantType.QInt8,
-        weight_type=QuantType.QInt8,
-        per_channel=True,
-    )
+    with _without_pre_processing_advice():
+        quantize_static(
+            str(fp32_path),
+            str(int8_path),
+            _Rows(policy.input_name, rows, batch),
+            quant_format=QuantFormat.QDQ,
+            activation_type=QuantType.QInt8,
+            weight_type=QuantType.QInt8,
+            per_channel=True,
+        )
     return int8_path
+
+
+PRE_PROCESSING_ADVICE = "pre-processing before quantization"  # in both of quantize_static's warnings
+
+
+class _DropPreProcessingAdvice(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return PRE_PROCESSING_ADVICE not in record.getMessage()
+
+
+@contextlib.contextmanager
+def _without_pre_processing_advice() -> Iterator[None]:
+    """quantize_static warns twice on the root logger that the graph was not pre-processed
+    (quant_pre_process: symbolic shape inference, for dynamic shapes, and graph optimization, for
+    fusions such as Conv + BatchNormalization). The exported actor has static shapes, which
+    quantize_static's own ONNX shape inference reads, and no nodes that fuse: on the dense and MoE
+    actors pre-processing only turns the Clip bounds' Constant nodes into initializers, and the QDQ
+    pairs sit around the same nodes with the same int8 actions. So the advice is dropped, on the
+    root logger and for this call only; every other record passes."""
+    root = logging.getLogger()
+    advice = _DropPreProcessingAdvice()
+    root.addFilter(advice)
+    try:
+        yield
+    finally:
+        root.removeFilter(advice)
 
 
 def int8_beside(fp32_path: str | os.PathLike, task: TaskSpec, seed: int) -> pathlib.Path:

@@ -103,15 +103,33 @@ def test_a_variant_mujoco_cannot_run_is_refused_naming_the_field(task, variant, 
     env.close()
 
 
+@pytest.mark.parametrize(
+    "field,says",
+    [
+        ({"axes": ("mass",)}, r"--axes: unknown \['mass'\]; the axes are mass_scale"),
+        ({"episodes": 0}, r"--episodes \(0\) must be >= 1"),
+        ({"delay_ms": -1.0}, r"--delay-ms \(-1.0\) must be >= 0"),
+        ({"workers": 0}, r"--workers \(0\) must be >= 1"),
+    ],
+)
+def test_a_sweep_setting_refuses_a_bad_value_naming_it(field, says):
+    from deploy_npu.envelope_run import SweepSetting
+    from foundation.config import ConfigError
+
+    with pytest.raises(ConfigError, match=says):
+        SweepSetting(**field)
+
+
 def test_a_sweep_writes_every_axis_for_the_float_and_int8_graphs_with_its_nominal_point(tmp_path):
-    from deploy_npu.envelope_run import sweep
+    from deploy_npu.envelope_run import SweepSetting, sweep
     from tests.test_controller import _run_dir
 
     run_dir = _run_dir(tmp_path, 'model.kind="dense"', "learner.hidden_sizes=[32, 32]")
-    axes = ["friction_scale", "delay_ticks", "cone", "control_hz"]
+    axes = ("friction_scale", "delay_ticks", "cone", "control_hz")
     lines: list[str] = []
-    (envelope,) = sweep(run_dir, hz=60.0, episodes=2, int8=True, workers=2, axes=axes, progress=lines.append)
-    assert [a.axis for a in envelope.axes] == axes and set(envelope.graphs) == {"float", "int8"}
+    setting = SweepSetting(hz=60.0, episodes=2, int8=True, workers=2, axes=axes)
+    (envelope,) = sweep(run_dir, setting, progress=lines.append)
+    assert tuple(a.axis for a in envelope.axes) == axes and set(envelope.graphs) == {"float", "int8"}
     for axis in envelope.axes:
         assert axis.nominal_value in axis.values
         for rates in axis.success.values():

@@ -78,7 +78,10 @@ SLOW: dict[str, tuple[str, ...]] = {
         "test_export_for_another_rate_retimes_the_velocity_inputs_in_the_normalizer",
         "test_int8_is_reported_beside_the_float_graph",
     ),
-    "test_envelope.py": ("test_deploy_check_sweeps_a_run_on_another_runs_ranges_and_records_them",),  # an export
+    "test_envelope.py": (  # an export each
+        "test_deploy_check_sweep_writes_the_envelope_and_refuses_an_unknown_axis",
+        "test_deploy_check_sweeps_a_run_on_another_runs_ranges_and_records_them",
+    ),
     "test_evaluator.py": (
         "test_a_checkpoint_is_scored_on_the_same_held_out_episodes_every_time",
         "test_a_full_score_continues_the_curve_episodes_on_the_same_seeds",

@@ -204,15 +204,14 @@ def _sweep(args: argparse.Namespace, ranges: SweepRanges | None) -> int:
     """`deploy-check --sweep`: the robustness envelope of every task's controller (deploy_npu/envelope.py),
     its scale axes at multiples of `ranges` (None: the run's own)."""
     from deploy_npu.envelope import AXES
-    from deploy_npu.envelope_run import sweep
+    from deploy_npu.envelope_run import SweepSetting, sweep
 
-    axes = [a.strip() for a in args.axes.split(",")] if args.axes else list(AXES)
-    if args.workers is not None and args.workers < 1:
-        raise ConfigError(f"--workers ({args.workers}) must be >= 1")
-    envelopes = sweep(
-        args.run_dir, hz=args.hz, delay_ms=args.delay_ms, episodes=args.episodes, seed=args.seed, int8=args.int8,
+    axes = tuple(a.strip() for a in args.axes.split(",")) if args.axes else AXES
+    setting = SweepSetting(
+        hz=args.hz, delay_ms=args.delay_ms, episodes=args.episodes, seed=args.seed, int8=args.int8,
         workers=args.workers, axes=axes, ranges=ranges,
     )  # fmt: skip
+    envelopes = sweep(args.run_dir, setting)
     print("\n\n".join(envelope.table() for envelope in envelopes))
     print(f"envelope: {pathlib.Path(args.run_dir) / 'envelope'} (<task>.json, <task>.png)")
     if args.json:

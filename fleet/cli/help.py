@@ -48,6 +48,7 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "deploy-check": (
         "fleetrl deploy-check runs/FetchPush-v4-X --hz 120 --delay-ms 10",
         "fleetrl deploy-check runs/FetchPush-v4-X --sweep --int8 --episodes 20",
+        "fleetrl deploy-check runs/FetchPush-v4-Y --sweep --ranges-from runs/FetchPush-v4-X",
     ),
     "export": ("fleetrl export runs/FetchPush-v4-X", "fleetrl export runs/FetchPush-v4-X --out policy.onnx --hz 120"),
 }
