@@ -52,6 +52,9 @@ SHAPED_TASKS = tuple(name for name in TASK_NAMES if name.startswith("MetaWorld-"
 # The tasks with a scripted expert (sim/metaworld_experts.py, which checks this tuple): what
 # sampler.demo_episodes can demonstrate.
 EXPERT_TASKS = tuple(name for name in TASK_NAMES if name.startswith("MetaWorld-"))
+# The tasks whose gripper can grasp their object (Reach has none; Push and Slide block the
+# gripper): what sim.grasped_start can start with the object held (sim/grasped_start.py).
+GRASP_TASKS = ("FetchPickAndPlace-v4",)
 
 
 @dataclass(frozen=True)
@@ -70,13 +73,24 @@ class SimConfig:
         "sparse",
         "'sparse': the goal reward with HER; 'shaped': a Meta-World task's own dense reward (sampler.her_k 0)",
     )
+    grasped_start: float = config_field(
+        0.0, "share of a sampler's FetchPickAndPlace training episodes that start with the object held"
+    )
 
     def checks(self) -> list[Check]:
         """(ok, field, limit) of every check on this section's fields; RunConfig.validate runs them."""
         run_tasks = self.tasks or (self.task,)
         unshaped = [name for name in run_tasks if name not in SHAPED_TASKS]
+        can_grasp = any(name in GRASP_TASKS for name in run_tasks)
         return [
             (self.control_hz >= 0, "control_hz", ">= 0 (0 = the task's own rate)"),
+            (0.0 <= self.grasped_start <= 1.0, "grasped_start", "in [0, 1]"),
+            (
+                self.grasped_start == 0 or can_grasp,
+                "grasped_start",
+                f"0 for a run of {', '.join(run_tasks)}: only a task whose gripper can grasp "
+                f"({', '.join(GRASP_TASKS)}) takes it",
+            ),
             (self.reward in REWARDS, "reward", f"one of {REWARDS}"),
             (
                 self.reward != "shaped" or not unshaped,

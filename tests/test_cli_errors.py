@@ -38,6 +38,18 @@ CASES = [
     ("train/tasks-typo", ["train", "--tasks", "FetchReach-v4,FetchPsh-v4"], "train", "did you mean 'FetchPush-v4'?"),
     ("train/tasks-empty", ["train", "--tasks", "FetchReach-v4,,FetchPush-v4"], "train", "item 2 is empty"),
     ("train/set", ["train", "--set", "sampler.her_kk=1"], "train", "unknown config field 'sampler.her_kk'"),
+    (
+        "train/grasped-start-range",
+        ["train", "--task", "FetchPickAndPlace-v4", "--set", "sim.grasped_start=2"],
+        "train",
+        "sim.grasped_start (2.0) must be in [0, 1]",
+    ),
+    (
+        "train/grasped-start-task",
+        ["train", "--task", "FetchPush-v4", "--set", "sim.grasped_start=0.5"],
+        "train",
+        "sim.grasped_start (0.5) must be 0 for a run of FetchPush-v4: only a task whose gripper can grasp",
+    ),
     ("config/missing", ["config", "--config", "{missing}/config.json"], "config", "{missing}/config.json: no such"),
     ("config/empty", ["config", "--config", "{empty}"], "config", "{empty}: a folder, not a RunConfig JSON"),
     ("config/typo", ["config", "--task", "FetchReah-v4"], "config", TYPO_HINT),

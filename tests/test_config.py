@@ -104,6 +104,17 @@ BAD_CONFIGS: list[tuple[list[str], str]] = [
         ["sampler.demo_episodes=2", 'sim.tasks=["MetaWorld-push-v3","FetchPush-v4","FetchSlide-v4"]'],
         "sampler.demo_episodes (2) must be 0 for a run with FetchPush-v4, FetchSlide-v4: only Meta-World",
     ),
+    (["sim.grasped_start=1.5", "sim.task=FetchPickAndPlace-v4"], "sim.grasped_start (1.5) must be in [0, 1]"),
+    (["sim.grasped_start=-0.1", "sim.task=FetchPickAndPlace-v4"], "sim.grasped_start (-0.1) must be in [0, 1]"),
+    (
+        ["sim.grasped_start=0.5", "sim.task=FetchPush-v4"],
+        "sim.grasped_start (0.5) must be 0 for a run of FetchPush-v4: only a task whose gripper can grasp "
+        "(FetchPickAndPlace-v4) takes it",
+    ),
+    (
+        ["sim.grasped_start=0.5", 'sim.tasks=["FetchReach-v4","FetchSlide-v4"]'],
+        "sim.grasped_start (0.5) must be 0 for a run of FetchReach-v4, FetchSlide-v4: only a task whose gripper",
+    ),
     (
         ["sim.task=FetchRaech-v4"],
         "sim.task ('FetchRaech-v4') must be a registered task; did you mean 'FetchReach-v4'? valid: FetchPickAndPlace",
@@ -132,6 +143,9 @@ def test_each_cross_field_check_names_field_and_value(overrides, message):
         ["sampler.demo_episodes=0", "learner.demo_bc_coef=0"],  # a Fetch task: no demonstrations asked
         ["model.critic_norm=layer", "learner.algo=tqc", "model.kind=moe"],
         ["model.critic_norm=none", "learner.algo=crossq"],
+        ["sim.grasped_start=1", "sim.task=FetchPickAndPlace-v4"],
+        ["sim.grasped_start=0.5", 'sim.tasks=["FetchPush-v4","FetchPickAndPlace-v4"]'],  # its Pick envs only
+        ["sim.grasped_start=0", "sim.task=FetchPush-v4"],
     ],
 )
 def test_boundary_values_validate(overrides):
