@@ -29,9 +29,10 @@ import gymnasium as gym
 import numpy as np
 
 from foundation.config import RandomizationConfig
-from foundation.config_experience import REWARDS, SHAPED_TASKS, TASK_NAMES
+from foundation.config_experience import GRASP_TASKS, REWARDS, SHAPED_TASKS, TASK_NAMES
 from foundation.errors import FleetrlError
 from foundation.wire import TransitionSchema
+from sim.grasped_start import GraspedStart
 from sim.metaworld import NATIVE_HZ as METAWORLD_HZ  # metaworld itself is imported only when built
 from sim.metaworld import PATH_STEPS as METAWORLD_PATH_STEPS
 from sim.metaworld import MetaWorldGoal
@@ -173,6 +174,7 @@ def make_env(
     control_hz: float = 0.0,
     reward: str = "sparse",
     max_episode_steps: int = 0,
+    grasped_start: float = 0.0,
 ) -> gym.Env:
     """Build a task's env: dict observations, Box(-1, 1, (act_dim,)) actions, time limit.
 
@@ -181,14 +183,22 @@ def make_env(
     `control_hz` (0: the task's own rate, `native_hz`) runs the task at another decision rate
     (Fetch: sim/rate.py; Meta-World, 80 Hz or faster: sim/metaworld.py). `reward` is sim.reward:
     "sparse", or "shaped" (a Meta-World task's own dense reward). `max_episode_steps` (0: the
-    task's) sets the horizon at the task's own rate.
+    task's) sets the horizon at the task's own rate. `grasped_start` (sim.grasped_start, a
+    training env's only) is the share of episodes that start with the object held
+    (sim/grasped_start.py), inside the randomization, so the grip closes on this episode's
+    masses and frictions.
 
         >>> env = make_env("FetchReach-v4")                          # nominal
         >>> env = make_env(0, RandomizationConfig(obs_noise_std=0.0))  # randomized dynamics
         >>> env = make_env("MetaWorld-push-v3", reward="shaped", max_episode_steps=500)
+        >>> env = make_env("FetchPickAndPlace-v4", RandomizationConfig(), grasped_start=0.5)
     """
     spec = task if isinstance(task, TaskSpec) else get_task(task)
-    problem = control_rate_problem(spec, control_hz) or reward_problem(spec, reward)
+    problem = (
+        control_rate_problem(spec, control_hz)
+        or reward_problem(spec, reward)
+        or grasped_start_problem(spec, grasped_start)
+    )
     if problem is not None:
         raise ValueError(problem)
     kwargs: dict[str, Any] = {} if spec.is_fetch else {"reward": reward}
@@ -202,6 +212,8 @@ def make_env(
             cast("MetaWorldGoal", env.unwrapped).set_control_rate(control_hz)  # sim/metaworld.py
     else:
         env = gym.make(spec.gym_id, max_episode_steps=native_steps, **kwargs)
+    if grasped_start:
+        env = GraspedStart(env, grasped_start)  # sim/grasped_start.py
     if randomization is not None and randomization.enabled:
         env = DomainRandomization(env, randomization)
     return env
@@ -221,6 +233,18 @@ def reward_problem(spec: TaskSpec, reward: str) -> str | None:
         return f"sim.reward ({reward!r}) must be one of {REWARDS}"
     if reward == "shaped" and spec.is_fetch:
         return f"sim.reward ('shaped') must be 'sparse' for {spec.name}: only Meta-World tasks have a shaped reward"
+    return None
+
+
+def grasped_start_problem(spec: TaskSpec, share: float) -> str | None:
+    """Why `spec` cannot start `share` of its episodes with the object held, or None when it can."""
+    if not 0.0 <= share <= 1.0:
+        return f"sim.grasped_start ({share}) must be in [0, 1]"
+    if share and spec.name not in GRASP_TASKS:
+        return (
+            f"sim.grasped_start ({share}) must be 0 for {spec.name}: only a task whose gripper can grasp "
+            f"({', '.join(GRASP_TASKS)}) takes it"
+        )
     return None
 
 

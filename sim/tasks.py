@@ -8,6 +8,7 @@ the network input and each task's place in it:
     >>> tasks.obs_dim, tasks.schema().obs_dim          # 25 + 2: the widest obs ++ a task one-hot
     (27, 27)
     >>> env = tasks.make_env(0, config.sim.randomization)  # Reach, its obs padded to 27
+    >>> env = tasks.training_env(1, config)            # Push as a sampler trains in it
     >>> tasks.index(get_task("FetchPush-v4").task_id)  # registry id -> place in the run
     1
 
@@ -40,6 +41,7 @@ import gymnasium as gym
 import numpy as np
 
 from foundation.config import ConfigError, RandomizationConfig, RunConfig
+from foundation.config_experience import GRASP_TASKS
 from foundation.wire import TransitionSchema
 from sim.registry import TaskSpec, get_task, make_env
 
@@ -146,10 +148,22 @@ class TaskSet:
         control_hz: float = 0.0,
         reward: str = "sparse",
         max_episode_steps: int = 0,
+        grasped_start: float = 0.0,
     ) -> gym.Env:
-        """Task `index`'s env (sim.registry.make_env), its observations at the run's width."""
-        env = make_env(self.tasks[index], randomization, control_hz, reward, max_episode_steps)
+        """Task `index`'s env (sim.registry.make_env), its observations at the run's width.
+        `grasped_start` (sim.grasped_start: a sampler's training envs only) applies to a task that
+        can grasp (FetchPickAndPlace-v4); the run's other tasks start as they always do."""
+        spec = self.tasks[index]
+        share = grasped_start if spec.name in GRASP_TASKS else 0.0
+        env = make_env(spec, randomization, control_hz, reward, max_episode_steps, share)
         return PaddedObservation(env, self, index) if self.multi else env
+
+    def training_env(self, index: int, config: RunConfig) -> gym.Env:
+        """Task `index`'s env as a sampler trains in it: the run's randomization, rate and reward,
+        and sim.grasped_start's held-object starts (sim/grasped_start.py). Scoring builds its envs
+        with make_env (sim/measure.py), so no scored episode starts held."""
+        sim = config.sim
+        return self.make_env(index, sim.randomization, sim.control_hz, sim.reward, grasped_start=sim.grasped_start)
 
     def assigned(self, worker: int, workers: int) -> list[int]:
         """The task places a sampler works on: round-robin, so N samplers and N tasks give one
