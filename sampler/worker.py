@@ -190,7 +190,7 @@ def run_sampler(
     mine = tasks.assigned(sampler_id, cfg.num_samplers)  # task places, env steps shared by TaskPicker
     envs: list = []
     try:
-        envs.extend(tasks.make_env(i, config.sim.randomization, config.sim.control_hz, config.sim.reward) for i in mine)
+        envs.extend(tasks.training_env(i, config) for i in mine)
         _harden(config, sampler_id, [tasks.names[i] for i in mine])
         with (
             AggregatorClient(endpoints.aggregator, security=security) as agg,

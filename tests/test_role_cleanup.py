@@ -104,7 +104,7 @@ def test_a_sampler_failing_at_start_closes_the_envs_it_made(monkeypatch):
     from sim.tasks import TaskSet
 
     closed: list[str] = []
-    monkeypatch.setattr(TaskSet, "make_env", lambda self, i, *args: Closes(f"env-{i}", closed))
+    monkeypatch.setattr(TaskSet, "make_env", lambda self, i, *args, **kwargs: Closes(f"env-{i}", closed))
 
     def no_cpu(*args, **kwargs):
         raise RuntimeError("cannot pin")

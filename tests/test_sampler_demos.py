@@ -42,7 +42,7 @@ def _collector(config: RunConfig, sampler_id: int, ingest: FakeIngestClient) -> 
     """Sampler `sampler_id` of the run with its own task's env, its pusher on `ingest`."""
     tasks = TaskSet.for_run(config)
     mine = tasks.assigned(sampler_id, config.sampler.num_samplers)
-    envs = [tasks.make_env(i, config.sim.randomization, config.sim.control_hz, config.sim.reward) for i in mine]
+    envs = [tasks.training_env(i, config) for i in mine]
     pusher = Pusher(ingest, tasks.tasks[mine[0]])  # type: ignore[arg-type]
     # one task each: no schedule, so no aggregator client (None) and no weights watcher
     return Collector(config, sampler_id, envs, mine, None, None, pusher, Heartbeat(None))  # type: ignore[arg-type]

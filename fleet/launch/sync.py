@@ -40,7 +40,7 @@ from nets.models import GROUPS, SACModel
 from sampler.demos import demo_plan, demonstrate
 from sampler.evaluator import eval_envs, next_interval_sec, scores
 from sampler.worker import TRAIN_SEEDS_FROM, episode_rows
-from sim.registry import get_task, make_env
+from sim.registry import get_task
 from sim.tasks import TaskSet
 
 log = logging.getLogger("fleetrl.sync")
@@ -106,7 +106,7 @@ class SyncRun:
         self.replay = MemoryReplay(config.buffer.capacity_transitions, seed=config.aggregator.seed + 7919)
         self.limit = rate_limit(config)
         self.inserted = self.sampled = 0  # rows stored and drawn: what flow control counts
-        self.env = make_env(task, config.sim.randomization, config.sim.control_hz, config.sim.reward)
+        self.env = TaskSet((task,)).training_env(0, config)  # as a sampler trains (sim.grasped_start included)
         (self.eval_env,) = eval_envs(TaskSet.for_run(config), config)  # scored as the evaluator scores
         streams = np.random.SeedSequence([config.sampler.seed, 0]).spawn(3)
         self.rng, self.seeds = np.random.default_rng(streams[0]), np.random.default_rng(streams[1])
