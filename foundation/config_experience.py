@@ -74,7 +74,7 @@ class SimConfig:
         "'sparse': the goal reward with HER; 'shaped': a Meta-World task's own dense reward (sampler.her_k 0)",
     )
     grasped_start: float = config_field(
-        0.0, "share of a sampler's FetchPickAndPlace training episodes that start with the object held"
+        0.0, "share of FetchPickAndPlace training episodes started with the object held"
     )
 
     def checks(self) -> list[Check]:
