@@ -9,7 +9,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from foundation.config import RandomizationConfig, RunConfig, with_overrides
+from foundation.config import ConfigError, RandomizationConfig, RunConfig, with_overrides
 from foundation.config_experience import GRASP_TASKS
 from sampler.evaluator import eval_envs
 from sim.grasped_start import FINGER_JOINTS, GraspedStart
@@ -135,3 +135,18 @@ def test_a_task_that_cannot_grasp_is_refused_naming_the_field():
         make_env(PICK, grasped_start=1.5)
     with pytest.raises(ValueError, match="sim.grasped_start needs a Fetch env whose gripper can grasp"):
         GraspedStart(gym.make("FetchSlide-v4"), share=0.5)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        [f"sim.task={PICK}", "sim.grasped_start=1.5"],  # out of [0, 1]
+        ["sim.task=FetchPush-v4", "sim.grasped_start=0.5"],  # no task that can grasp
+        ['sim.tasks=["FetchReach-v4","FetchSlide-v4"]', "sim.grasped_start=0.5"],
+    ],
+)
+def test_a_run_that_cannot_take_it_is_refused_at_launch_naming_the_field(overrides):
+    # the messages, row by row: tests/test_config.py (BAD_CONFIGS) and tests/test_cli_errors.py
+    with pytest.raises(ConfigError) as err:
+        with_overrides(RunConfig(), overrides).validate()
+    assert err.value.field == "sim.grasped_start"
