@@ -9,6 +9,12 @@ FetchReach preset). Each entry says why; docs/presets.md explains each preset an
 results page gives the figures behind them. A run of several tasks adds the multi-task recipe
 (MULTITASK; MULTITASK_BATCH for a dense policy or a task-routed MoE; TASK_ROUTED_MOE and
 TASK_ROUTED_SHARED for the latter). `fleetrl config --task X` (or `--tasks A,B`) prints the preset in force.
+
+A multi-task run takes a task's preset in part (task_preset): the fields measured for a task alone
+(ALONE_ONLY) take the multi-task values, and a task whose whole preset is measured for it alone
+(ALONE_ONLY_TASKS: every Meta-World task) gives nothing, so it neither picks the run's base
+(preset_task), adds fields (_later_presets) nor names the preset: `--tasks mt10` starts from the
+built-in defaults and the multi-task recipe, as if those tasks had no preset.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from collections.abc import Collection
 from typing import Any
 
 from foundation.config import ModelConfig, RunConfig, with_overrides
+from foundation.config_experience import EXPERT_TASKS, SHAPED_TASKS
 
 # The manipulation recipe: the harder Fetch tasks share it. The object must first be touched by
 # chance, and the sparse reward only then says anything (docs/presets.md, "The manipulation recipe"):
@@ -104,11 +111,46 @@ ALONE_ONLY = SINGLE_TASK_ONLY | SLIDE_ALONE_ONLY
 # Reach's); the domain randomization stays the default (on).
 _MULTITASK_BASE: dict[str, Any] = {k: v for k, v in _MANIPULATION.items() if k in ALONE_ONLY}
 
+# The preset of a Meta-World task trained alone, measured on MetaWorld-push-v3 (docs/presets.md,
+# "Meta-World tasks alone"). It needs the task's own shaped reward and its scripted expert, so it
+# covers the tasks that have both (SHAPED_TASKS, EXPERT_TASKS: every Meta-World task):
+#   reward "shaped", her_k 0, gamma 0.99: the task's own dense reward, as the field trains
+#                       Meta-World, each step stored once (a shaped reward cannot be recomputed for
+#                       a relabeled goal), over 150-step training episodes (1 - 1/T ~ 0.99). The
+#                       built-in defaults' sparse goal reward with HER never learns push: random
+#                       steps almost never move the puck, so HER gets almost no episode that moved it.
+#   demo_episodes 100   100 episodes of the task's scripted expert stored before the random warm-up,
+#                       cloned where the critic values their actions above the actor's (the Q-filter):
+#                       the shaped reward stays flat until the hand reaches the puck, which random
+#                       steps rarely do, and the demonstrations put episodes that move it in the
+#                       buffer.
+#   critic_norm "layer" a LayerNorm after every hidden layer of both critics: the demonstrations' high
+#                       returns beside random rows otherwise let the critic's Q extrapolate and diverge.
+#   and FetchPush's batch recipe (_PUSH_ALONE): batch 1024 at 4 env steps per gradient, autocast
+#                       "auto", two learners at K=1, a first batch from 2000 rows. With 10
+#                       demonstrations, batch 256 at 1 env step per gradient: TODO_FIGURES; batch 1024
+#                       at 4: TODO_FIGURES.
+#   Together, with 100 demonstrations: TODO_FIGURES (results page, "Meta-World push").
+#   A multi-task run takes none of it (ALONE_ONLY_TASKS): it is measured for one task alone, and
+#                       `--tasks mt10` and the sets of Fetch and Meta-World tasks keep the recipe
+#                       they were measured with (no demonstrations; the reward and HER the user sets).
+_METAWORLD_ALONE: dict[str, Any] = {
+    "sim.reward": "shaped",
+    "sampler.her_k": 0,
+    "learner.gamma": 0.99,
+    "sampler.demo_episodes": 100,
+    "model.critic_norm": "layer",
+}
+METAWORLD_TASKS = tuple(name for name in SHAPED_TASKS if name in EXPERT_TASKS)
+# The tasks whose whole preset is measured for the task alone: a multi-task run takes none of it.
+ALONE_ONLY_TASKS = frozenset(METAWORLD_TASKS)
+
 TASK_PRESETS: dict[str, dict[str, Any]] = {
     "FetchReach-v4": {},  # the built-in defaults: 90% in ~20 s (results page, "FetchReach: time to 90%")
     "FetchPush-v4": _MANIPULATION | _PUSH_ALONE,
     "FetchPickAndPlace-v4": dict(_PICK_AND_PLACE),
     "FetchSlide-v4": _MANIPULATION | _PUSH_ALONE | _SLIDE_ALONE,
+    **{name: _METAWORLD_ALONE | _PUSH_ALONE for name in METAWORLD_TASKS},
 }
 
 
@@ -169,11 +211,13 @@ MULTITASK_BATCH: dict[str, Any] = {
 
 def preset_task(tasks: list[str]) -> str:
     """The task whose preset a run starts from: a multi-task run takes the first of its tasks
-    with a non-empty preset, so `--tasks FetchReach-v4,FetchPush-v4` trains Push with the
-    manipulation recipe (Reach's own preset is the defaults; the recipe leaves Reach's learning
-    alone: its HER rule only touches episodes whose achieved goal never moved, and a Reach
-    gripper always moves). A one-task run takes its task's."""
-    return next((t for t in tasks if TASK_PRESETS.get(t)), tasks[0])
+    whose preset it takes something of (task_preset), so `--tasks FetchReach-v4,FetchPush-v4`
+    trains Push with the manipulation recipe (Reach's own preset is the defaults; the recipe
+    leaves Reach's learning alone: its HER rule only touches episodes whose achieved goal never
+    moved, and a Reach gripper always moves), and a Meta-World task (ALONE_ONLY_TASKS) is passed
+    over. A one-task run takes its task's."""
+    multitask = len(tasks) > 1
+    return next((t for t in tasks if task_preset(t, multitask)), tasks[0])
 
 
 def _as_overrides(preset: dict[str, Any]) -> list[str]:
@@ -183,10 +227,12 @@ def _as_overrides(preset: dict[str, Any]) -> list[str]:
 def task_preset(task: str, multitask: bool = False) -> dict[str, Any]:
     """`task`'s preset ({} for a task without one); in a multi-task run the fields measured for
     the task alone (ALONE_ONLY) take the manipulation recipe's values where it sets them (_MULTITASK_BASE),
-    their defaults elsewhere."""
+    their defaults elsewhere, and a task whose whole preset is measured alone (ALONE_ONLY_TASKS) gives {}."""
     preset = TASK_PRESETS.get(task, {})
     if not multitask:
         return dict(preset)
+    if task in ALONE_ONLY_TASKS:
+        return {}
     shared = {k: v for k, v in preset.items() if k not in ALONE_ONLY}
     return shared | {k: v for k, v in _MULTITASK_BASE.items() if k in preset}
 
@@ -256,6 +302,8 @@ def _later_presets(tasks: list[str], first: str) -> tuple[list[str], list[str]]:
 
 def preset_config(task: str, base: RunConfig | None = None, multitask: bool = False) -> RunConfig:
     """`base` (default: built-in defaults) with `task` and its preset applied (`multitask`: as a
-    multi-task run takes it, task_preset)."""
-    config = dataclasses.replace(base or RunConfig(), preset=task if task in TASK_PRESETS else "")
+    multi-task run takes it, task_preset). The config names the preset after the task where the run
+    takes it: a multi-task run names no preset of a task in ALONE_ONLY_TASKS."""
+    named = task in TASK_PRESETS and not (multitask and task in ALONE_ONLY_TASKS)
+    config = dataclasses.replace(base or RunConfig(), preset=task if named else "")
     return with_overrides(config, [f"sim.task={json.dumps(task)}", *preset_overrides(task, multitask)])
