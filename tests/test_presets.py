@@ -18,7 +18,7 @@ from fleet.cli.presets import (
     preset_config,
 )
 from foundation.config import RunConfig, help_lines, with_overrides
-from sim.registry import get_task
+from sim.registry import TASKS, get_task
 
 
 @pytest.mark.parametrize("task", sorted(TASK_PRESETS))
@@ -243,3 +243,92 @@ def test_slide_alone_trains_push_s_recipe_on_the_nominal_task_at_gamma_098_but_n
     multi = _cli_config(capsys, "--tasks", "FetchSlide-v4,FetchReach-v4")
     assert (multi["learner"]["gamma"], multi["sim"]["randomization"]["enabled"]) == (0.95, True)
     assert multi["learner"]["batch_size"] == 1024  # the dense multi-task batch (MULTITASK_BATCH)
+
+
+METAWORLD_ALONE = {  # the measured recipe of a Meta-World task trained alone, as `fleetrl config` resolves it
+    "sim.reward": "shaped",
+    "sampler.her_k": 0,
+    "learner.gamma": 0.99,
+    "sampler.demo_episodes": 100,
+    "model.critic_norm": "layer",
+    "learner.batch_size": 1024,
+    "sampler.max_env_steps_per_update": 4.0,
+    "learner.autocast": "auto",
+    "learner.num_learners": 2,
+    "aggregator.grads_per_step": 1,
+    "learner.max_grad_staleness": 2,
+    "learner.min_replay_transitions": 2000,
+}
+
+
+def _field(config: dict, dotted: str):
+    return functools.reduce(lambda section, name: section[name], dotted.split("."), config)
+
+
+def test_every_meta_world_task_of_the_registry_has_a_preset():
+    metaworld = [name for name, spec in TASKS.items() if not spec.is_fetch]
+    assert len(metaworld) == 10 and all(name in TASK_PRESETS for name in metaworld)
+
+
+@pytest.mark.parametrize("task", ["MetaWorld-push-v3", "MetaWorld-door-open-v3"])
+def test_a_meta_world_task_alone_trains_its_shaped_reward_with_demonstrations_at_push_s_batch(capsys, task):
+    alone = _cli_config(capsys, "--task", task)
+    assert (alone["preset"], alone["sim"]["task"]) == (task, task)
+    assert {dotted: _field(alone, dotted) for dotted in METAWORLD_ALONE} == METAWORLD_ALONE
+    # none of the Fetch manipulation recipe: no epsilon exploration, HER's rule for unmoved objects left alone
+    defaults = RunConfig()
+    assert alone["sampler"]["random_action_prob"] == defaults.sampler.random_action_prob == 0.0
+    assert alone["sampler"]["her_k_unmoved"] == defaults.sampler.her_k_unmoved
+    RunConfig.from_json(json.dumps(alone)).validate()
+    # the user's --set still wins: demonstrations off, the rest of the recipe stays
+    off = _cli_config(capsys, "--task", task, "--set", "sampler.demo_episodes=0")
+    assert off["sampler"]["demo_episodes"] == 0
+    assert {d: _field(off, d) for d in METAWORLD_ALONE if d != "sampler.demo_episodes"} == {
+        d: v for d, v in METAWORLD_ALONE.items() if d != "sampler.demo_episodes"
+    }
+    sparse = _cli_config(capsys, "--task", task, "--set", 'sim.reward="sparse"', "--set", "sampler.her_k=4")
+    assert (sparse["sim"]["reward"], sparse["sampler"]["her_k"]) == ("sparse", 4)
+
+
+MULTI_TASK_RUNS = [
+    ("mt10",),
+    ("mt10", "--set", 'model.kind="moe"'),
+    ("mt10", "--set", 'sim.reward="shaped"', "--set", "sampler.her_k=0", "--set", "learner.gamma=0.99"),
+    ("FetchPush-v4,FetchReach-v4,MetaWorld-reach-v3,MetaWorld-push-v3",),
+    ("FetchPush-v4,FetchReach-v4,MetaWorld-reach-v3,MetaWorld-push-v3", "--set", 'model.kind="moe"'),
+    ("MetaWorld-push-v3,FetchPush-v4",),
+    ("MetaWorld-door-open-v3,FetchSlide-v4,FetchPickAndPlace-v4",),
+]
+
+
+@pytest.mark.parametrize("run", MULTI_TASK_RUNS, ids=lambda run: " ".join(run))
+def test_a_multi_task_run_takes_nothing_of_the_meta_world_presets(capsys, monkeypatch, run):
+    tasks, *sets = run
+    resolved = _cli_config(capsys, "--tasks", tasks, *sets)
+    fetch_only = {name: preset for name, preset in TASK_PRESETS.items() if name.startswith("Fetch")}
+    monkeypatch.setattr("fleet.cli.presets.TASK_PRESETS", fetch_only)
+    assert resolved == _cli_config(capsys, "--tasks", tasks, *sets)  # the preset's name too
+
+
+def test_mt10_and_the_four_task_set_keep_their_multi_task_recipe_and_name(capsys):
+    defaults = RunConfig()
+    for moe, name in (((), "multi-task"), (("--set", 'model.kind="moe"'), "multi-task MoE")):
+        mt10 = _cli_config(capsys, "--tasks", "mt10", *moe)
+        assert mt10["preset"] == name
+        assert (mt10["sim"]["reward"], mt10["sampler"]["her_k"]) == ("sparse", defaults.sampler.her_k)
+        assert (mt10["sampler"]["demo_episodes"], mt10["model"]["critic_norm"]) == (0, "none")
+        assert mt10["learner"]["gamma"] == defaults.learner.gamma
+        four = _cli_config(capsys, "--tasks", "FetchPush-v4,FetchReach-v4,MetaWorld-reach-v3,MetaWorld-push-v3", *moe)
+        assert four["preset"] == f"FetchPush-v4 + {name}"
+        assert (four["sim"]["reward"], four["sampler"]["demo_episodes"], four["model"]["critic_norm"]) == (
+            "sparse",
+            0,
+            "none",
+        )
+        assert four["learner"]["gamma"] == TASK_PRESETS["FetchPush-v4"]["learner.gamma"]  # the manipulation recipe's
+        assert four["sampler"]["random_action_prob"] == TASK_PRESETS["FetchPush-v4"]["sampler.random_action_prob"]
+        for config in (mt10, four):
+            assert (config["learner"]["batch_size"], config["sampler"]["max_env_steps_per_update"]) == (1024, 4.0)
+    # a Meta-World task first does not pick the base: the first Fetch task with a preset does
+    assert _cli_config(capsys, "--tasks", "MetaWorld-push-v3,FetchPush-v4")["preset"] == "FetchPush-v4 + multi-task"
+    assert _cli_config(capsys, "--tasks", "MetaWorld-push-v3,FetchReach-v4")["preset"] == "multi-task"
