@@ -1,6 +1,7 @@
 """End-to-end: a real fleet run with demonstrations (sampler.demo_episodes) on a Meta-World task:
 `fleetrl train` starts Redis Cluster, the services and every role; the samplers store the
-scripted expert's episodes and the learner clones them through the Q-filter."""
+scripted expert's episodes and the learner clones them through the Q-filter. The run starts from
+the task's preset (shaped reward, LayerNorm critics, two learners), the settings below on top."""
 
 from __future__ import annotations
 
@@ -21,7 +22,9 @@ SETTINGS = {
     "sampler.num_samplers": "2",  # each sampler stores one of the two episodes
     "sampler.random_steps": "200",
     "learner.batch_size": "64",
-    "learner.min_replay_transitions": "400",  # below the demonstrations' 2 x 100 x 5 rows: the first batches hold them
+    # the demonstrations' 2 x 100 rows (the shaped reward stores each step once) and the warm-up's: the first
+    # batches hold both
+    "learner.min_replay_transitions": "400",
     "learner.hidden_sizes": "[64, 64]",
     "eval.min_interval_sec": "1000",  # one score at the first version, then none within the run
     "eval.max_interval_sec": "1000",
