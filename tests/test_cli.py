@@ -107,3 +107,12 @@ def test_train_refuses_a_flow_control_tolerance_below_one_episodes_push_before_s
     err = capsys.readouterr().err
     assert "buffer.rate_tolerance_rows (50) must be at least 76" in err and "150 rows" in err, err
     assert not _FakeFleet.built
+
+
+@pytest.mark.parametrize("task", ["MetaWorld-push-v3", "MetaWorld-door-open-v3"])
+def test_train_builds_a_meta_world_task_alone_with_its_preset_past_every_check(task, monkeypatch, tmp_path):
+    monkeypatch.setattr("fleet.launch.local_fleet.LocalFleet", _FakeFleet)
+    _FakeFleet.built.clear()
+    assert main(["train", "--task", task, "--run-dir", str(tmp_path)]) == 0
+    [(config, _)] = _FakeFleet.built
+    assert (config.preset, config.sim.reward, config.sampler.demo_episodes) == (task, "shaped", 100)
