@@ -71,9 +71,11 @@ class GraspedStart(gym.Wrapper):
             raise ValueError(f"sim.grasped_start ({share}) must be in [0, 1]")
         fetch: Any = env.unwrapped
         if not getattr(fetch, "has_object", False) or getattr(fetch, "block_gripper", True):
+            # the task's name: its gym id less a namespace (sim/registry.py registers Meta-World's as fleetrl/)
+            task = env.spec.id.rpartition("/")[2] if env.spec is not None else repr(fetch)
             raise ValueError(
-                f"sim.grasped_start needs a Fetch env whose gripper can grasp an object, got {fetch!r} "
-                "(FetchPickAndPlace-v4 is one)"
+                f"sim.grasped_start ({share}) must be 0 for {task}: only a task whose gripper can grasp an "
+                "object takes it (FetchPickAndPlace-v4 is one)"
             )
         self.share = share
         self._grasped = False

@@ -29,7 +29,7 @@ import gymnasium as gym
 import numpy as np
 
 from foundation.config import RandomizationConfig
-from foundation.config_experience import GRASP_TASKS, REWARDS, SHAPED_TASKS, TASK_NAMES
+from foundation.config_experience import REWARDS, SHAPED_TASKS, TASK_NAMES
 from foundation.errors import FleetrlError
 from foundation.wire import TransitionSchema
 from sim.grasped_start import GraspedStart
@@ -194,11 +194,7 @@ def make_env(
         >>> env = make_env("FetchPickAndPlace-v4", RandomizationConfig(), grasped_start=0.5)
     """
     spec = task if isinstance(task, TaskSpec) else get_task(task)
-    problem = (
-        control_rate_problem(spec, control_hz)
-        or reward_problem(spec, reward)
-        or grasped_start_problem(spec, grasped_start)
-    )
+    problem = control_rate_problem(spec, control_hz) or reward_problem(spec, reward)
     if problem is not None:
         raise ValueError(problem)
     kwargs: dict[str, Any] = {} if spec.is_fetch else {"reward": reward}
@@ -233,18 +229,6 @@ def reward_problem(spec: TaskSpec, reward: str) -> str | None:
         return f"sim.reward ({reward!r}) must be one of {REWARDS}"
     if reward == "shaped" and spec.is_fetch:
         return f"sim.reward ('shaped') must be 'sparse' for {spec.name}: only Meta-World tasks have a shaped reward"
-    return None
-
-
-def grasped_start_problem(spec: TaskSpec, share: float) -> str | None:
-    """Why `spec` cannot start `share` of its episodes with the object held, or None when it can."""
-    if not 0.0 <= share <= 1.0:
-        return f"sim.grasped_start ({share}) must be in [0, 1]"
-    if share and spec.name not in GRASP_TASKS:
-        return (
-            f"sim.grasped_start ({share}) must be 0 for {spec.name}: only a task whose gripper can grasp "
-            f"({', '.join(GRASP_TASKS)}) takes it"
-        )
     return None
 
 

@@ -131,9 +131,11 @@ def test_grasp_tasks_are_the_fetch_tasks_whose_gripper_can_grasp_an_object():
 def test_a_task_that_cannot_grasp_is_refused_naming_the_field():
     with pytest.raises(ValueError, match=r"sim.grasped_start \(0.5\) must be 0 for FetchPush-v4: only a task whose"):
         make_env("FetchPush-v4", grasped_start=0.5)
+    with pytest.raises(ValueError, match=r"sim.grasped_start \(0.5\) must be 0 for MetaWorld-push-v3: only a"):
+        make_env("MetaWorld-push-v3", grasped_start=0.5)
     with pytest.raises(ValueError, match=r"sim.grasped_start \(1.5\) must be in \[0, 1\]"):
         make_env(PICK, grasped_start=1.5)
-    with pytest.raises(ValueError, match="sim.grasped_start needs a Fetch env whose gripper can grasp"):
+    with pytest.raises(ValueError, match=r"sim.grasped_start \(0.5\) must be 0 for FetchSlide-v4: only a task whose"):
         GraspedStart(gym.make("FetchSlide-v4"), share=0.5)
 
 
