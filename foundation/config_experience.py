@@ -47,11 +47,13 @@ TASK_NAMES = (
     "MetaWorld-window-close-v3",
 )
 REWARDS = ("sparse", "shaped")  # sim.reward's values
-# The tasks with a shaped reward of their own (sim/metaworld.py): Meta-World's.
-SHAPED_TASKS = tuple(name for name in TASK_NAMES if name.startswith("MetaWorld-"))
+# The Meta-World tasks (sim/metaworld.py), in task_id order.
+METAWORLD_TASKS = tuple(name for name in TASK_NAMES if name.startswith("MetaWorld-"))
+# The tasks with a shaped reward of their own (sim/metaworld.py): every Meta-World task.
+SHAPED_TASKS = METAWORLD_TASKS
 # The tasks with a scripted expert (sim/metaworld_experts.py, which checks this tuple): what
-# sampler.demo_episodes can demonstrate.
-EXPERT_TASKS = tuple(name for name in TASK_NAMES if name.startswith("MetaWorld-"))
+# sampler.demo_episodes can demonstrate. Every Meta-World task has one.
+EXPERT_TASKS = METAWORLD_TASKS
 # The tasks whose gripper can grasp their object (Reach has none; Push and Slide block the
 # gripper): what sim.grasped_start can start with the object held (sim/grasped_start.py).
 GRASP_TASKS = ("FetchPickAndPlace-v4",)

@@ -29,7 +29,7 @@ import gymnasium as gym
 import numpy as np
 
 from foundation.config import RandomizationConfig
-from foundation.config_experience import REWARDS, SHAPED_TASKS, TASK_NAMES
+from foundation.config_experience import METAWORLD_TASKS, REWARDS, TASK_NAMES
 from foundation.errors import FleetrlError
 from foundation.wire import TransitionSchema
 from sim.grasped_start import GraspedStart
@@ -135,8 +135,8 @@ TASKS: Mapping[str, TaskSpec] = types.MappingProxyType({s.name: s for s in _SPEC
 _BY_ID: Mapping[int, TaskSpec] = types.MappingProxyType({s.task_id: s for s in _SPECS})
 if len(_BY_ID) != len(_SPECS) or len(TASKS) != len(_SPECS):
     raise RuntimeError("sim.registry: duplicate task name or id in _SPECS")
-if tuple(s.name for s in _SPECS if not s.is_fetch) != SHAPED_TASKS:
-    raise RuntimeError("sim.registry: foundation.config_experience.SHAPED_TASKS must be the Meta-World tasks")
+if tuple(s.name for s in _SPECS if not s.is_fetch) != METAWORLD_TASKS:
+    raise RuntimeError("sim.registry: foundation.config_experience.METAWORLD_TASKS must be the Meta-World tasks")
 if tuple(TASKS) != TASK_NAMES:
     raise RuntimeError(
         f"sim.registry: TASKS {tuple(TASKS)} differ from foundation.config_experience.TASK_NAMES {TASK_NAMES}"

@@ -25,7 +25,7 @@ from collections.abc import Collection
 from typing import Any
 
 from foundation.config import ModelConfig, RunConfig, with_overrides
-from foundation.config_experience import EXPERT_TASKS, SHAPED_TASKS
+from foundation.config_experience import METAWORLD_TASKS
 
 # The manipulation recipe: the harder Fetch tasks share it. The object must first be touched by
 # chance, and the sparse reward only then says anything (docs/presets.md, "The manipulation recipe"):
@@ -112,8 +112,9 @@ ALONE_ONLY = SINGLE_TASK_ONLY | SLIDE_ALONE_ONLY
 _MULTITASK_BASE: dict[str, Any] = {k: v for k, v in _MANIPULATION.items() if k in ALONE_ONLY}
 
 # The preset of a Meta-World task trained alone, measured on MetaWorld-push-v3 (docs/presets.md,
-# "Meta-World tasks alone"). It needs the task's own shaped reward and its scripted expert, so it
-# covers the tasks that have both (SHAPED_TASKS, EXPERT_TASKS: every Meta-World task):
+# "Meta-World tasks alone"). It needs the task's own shaped reward and its scripted expert, which
+# every Meta-World task has (foundation/config_experience.py: SHAPED_TASKS, EXPERT_TASKS); a task
+# without either would fail its preset's validation (tests/test_presets.py):
 #   reward "shaped", her_k 0, gamma 0.99: the task's own dense reward, as the field trains
 #                       Meta-World, each step stored once (a shaped reward cannot be recomputed for
 #                       a relabeled goal), over 150-step training episodes (1 - 1/T ~ 0.99). The
@@ -143,7 +144,6 @@ _METAWORLD_ALONE: dict[str, Any] = {
     "sampler.demo_episodes": 100,
     "model.critic_norm": "layer",
 }
-METAWORLD_TASKS = tuple(name for name in SHAPED_TASKS if name in EXPERT_TASKS)
 # The tasks whose whole preset is measured for the task alone: a multi-task run takes none of it.
 ALONE_ONLY_TASKS = frozenset(METAWORLD_TASKS)
 
