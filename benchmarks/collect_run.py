@@ -13,7 +13,6 @@ pass the commit the run actually used when it is older.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import pathlib
 import sys
@@ -82,7 +81,7 @@ def collect(run_dir: pathlib.Path, minutes: list[float]) -> dict:
 
     return {
         "summary": summary,
-        "config_changed": _changed(config, dataclasses.asdict(RunConfig())),
+        "config_changed": _changed(config, json.loads(RunConfig().to_json())),  # lists, as config.json has them
         "best_curve_success_by_minute": {str(m): curve_at(m) for m in minutes},
         "curve": [
             {k: e.get(k) for k in ("wall_sec", "env_steps", "version", "success_rate", "task_success") if k in e}
