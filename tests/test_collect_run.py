@@ -1,10 +1,11 @@
-"""benchmarks/collect_run.py: a run's directory as a raw result."""
+"""benchmarks/collect_run.py: one run's directory, or the seeds of one recipe, as one raw result."""
 
 from __future__ import annotations
 
 import importlib
 import json
 import pathlib
+import re
 
 import pytest
 
@@ -95,3 +96,62 @@ def test_one_run_directory_gives_a_record_of_that_runs_figures(collect_run, tmp_
     assert figures["config_changed"] == {"sim.task": "FetchPush-v4", "sampler.seed": 3}
     assert [e["wall_sec"] for e in figures["curve"]] == [300.0, 600.0, 900.0]
     assert (figures["note"], figures["scores"]) == ("n", {"30": {"success_rate": 0.94}})
+
+
+def test_the_seeds_of_one_recipe_give_each_runs_figures_with_the_median_and_worst_time_to_target(
+    collect_run, tmp_path, capsys
+):
+    run_dirs = [_run_dir(tmp_path, seed, sec) for seed, sec in [(0, 750.0), (1, 954.0), (2, 888.0)]]
+    record = _main(collect_run, tmp_path, run_dirs, "--note", "three seeds")
+    figures = record["figures"]
+    assert record["benchmark"] == "training_runs"
+    assert [run["run_dir"] for run in figures["runs"]] == [str(d) for d in run_dirs]  # in the order given
+    for run, run_dir in zip(figures["runs"], run_dirs, strict=True):
+        assert set(run) == ONE_RUN_FIGURES - {"note"} | {"run_dir"}
+        assert run["summary"] == json.loads((run_dir / "summary.json").read_text())
+    assert figures["across_runs"] == {
+        "target_success": 0.9,
+        "reached_target": 3,
+        "minutes_to_target": [12.5, 15.9, 14.8],
+        "median_minutes_to_target": 14.8,
+        "worst_minutes_to_target": 15.9,
+        "env_steps_to_target": [75000, 95400, 88800],
+        "median_env_steps_to_target": 88800,
+        "worst_env_steps_to_target": 95400,
+    }
+    assert figures["note"] == "three seeds"
+    assert "3 of 3 runs reached 0.9: median 14.8 min, worst 15.9 min" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("summary", [True, False], ids=["missed-the-target", "launcher-died"])
+def test_a_run_without_a_time_to_target_leaves_the_median_and_worst_unset(collect_run, tmp_path, summary):
+    run_dirs = [_run_dir(tmp_path, 0, 750.0), _run_dir(tmp_path, 1, None, summary=summary)]
+    across = _main(collect_run, tmp_path, run_dirs)["figures"]["across_runs"]
+    assert (across["reached_target"], across["minutes_to_target"]) == (1, [12.5, None])
+    assert across["env_steps_to_target"] == [75000, None]
+    assert across["median_minutes_to_target"] is None and across["worst_minutes_to_target"] is None
+    assert across["median_env_steps_to_target"] is None and across["worst_env_steps_to_target"] is None
+
+
+@pytest.mark.parametrize(
+    ("case", "says"),
+    [
+        ("not-a-run", "neither summary.json nor progress.jsonl: not a run directory"),
+        ("named-twice", "a run directory is named twice: it would count twice in the median"),
+        ("scores-of-two", "--scores holds one run's held-out scores, and 2 run directories are given"),
+        ("two-targets", r"the runs have different target_success \(\[0.8, 0.9\]\): no time to one target"),
+    ],
+)
+def test_runs_that_make_no_one_record_are_refused_at_the_door(collect_run, tmp_path, capsys, case, says):
+    seed0 = _run_dir(tmp_path, 0, 750.0)
+    run_dirs, flags = {
+        "not-a-run": lambda: ([seed0, tmp_path], []),
+        "named-twice": lambda: ([seed0, seed0], []),
+        "scores-of-two": lambda: ([seed0, _run_dir(tmp_path, 1, 900.0)], ["--scores", "{}"]),
+        "two-targets": lambda: ([seed0, _run_dir(tmp_path, 1, 900.0, target=0.8)], []),
+    }[case]()
+    out = tmp_path / "result.json"
+    with pytest.raises(SystemExit):
+        collect_run.main([*map(str, run_dirs), "--command", "c", "--out", str(out), *flags])
+    assert re.search(says, capsys.readouterr().err)
+    assert not out.exists()
