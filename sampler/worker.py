@@ -5,13 +5,14 @@
         policy.refresh(watcher.latest())          # newest actor weights, never blocks
         episode = rollout(env, policy)            # stochastic actions (random for the first steps)
         batch = relabel_future(episode, k)        # HER 'future' (sim.reward "shaped": own_reward_rows)
-        pusher.put(batch)                         # background thread: Push until acked
+        pusher.put(batch, on_held=beat)           # background thread: Push until acked
 
 The buffer's flow control (buffer/ratelimit.py) keeps the fleet from running ahead of the
 learners: past the samplers' warm-up (`random_steps` each), the ingest service holds pushes
 back while learners lag the run's replay ratio (`max_env_steps_per_update` env steps per
-gradient), the pusher's short queue fills and put() waits; the wait is in the heartbeat
-(`rate_limited_sec`). On a small machine the CPU then goes where it buys learning.
+gradient), the pusher's short queue fills and put() waits. The wait beats the heartbeat, its
+`rate_limited_sec` growing, so the watchdog never takes a held-back sampler for a hung one. On a
+small machine the CPU then goes where it buys learning.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import grpc
@@ -91,21 +93,30 @@ class Pusher:
         successes: int | None = None,
         task_id: int | None = None,
         demonstration: bool = False,
+        on_held: Callable[[], None] | None = None,
     ) -> None:
         """Queue one batch; `successes` (0 or 1 for one whole episode, None for no episode end)
         feeds the buffer's training-success curve; `task_id` (default: the pusher's task) is the
-        registry id of the task the batch came from; `demonstration`: one expert episode."""
+        registry id of the task the batch came from; `demonstration`: one expert episode.
+
+        While the queue is full, `on_held()` is called every half second in which flow control
+        held the push in flight back (rate_limited_sec grew): the caller beats its heartbeat.
+        A wait with no such news (the buffer away, the pusher thread dead or stuck) calls nothing,
+        so the heartbeat goes stale and the watchdog restarts the sampler."""
         if self.error is not None:
             raise RuntimeError("pusher thread failed") from self.error
         self._seq += 1
         task_id = self.task.task_id if task_id is None else task_id
         item = (transitions, self._seq, policy_version, env_steps, successes, task_id, demonstration)
+        held = self.rate_limited_sec
         while not (self._stopping.is_set() or self._halt.is_set()):  # a full queue waits, never past a stop
             try:
                 self.queue.put(item, timeout=0.5)
                 return
             except queue.Full:
-                continue
+                if on_held is not None and self.rate_limited_sec > held:
+                    held = self.rate_limited_sec
+                    on_held()
         self.dropped += 1
 
     @property
@@ -307,7 +318,14 @@ class Collector:
                 with self.heartbeat.phase("demonstrate"):
                     episode, success = demonstrate(env, spec, demo, self.rng)
                     transitions = episode_rows(self.config, env, episode, self.rng)
-                self.pusher.put(transitions, 0, env_steps=len(episode), task_id=spec.task_id, demonstration=True)
+                self.pusher.put(
+                    transitions,
+                    0,
+                    env_steps=len(episode),
+                    task_id=spec.task_id,
+                    demonstration=True,
+                    on_held=self.held_back,
+                )
                 self.env_steps += len(episode)
                 self.demo_env_steps += len(episode)
                 self.demo_successes += success
@@ -339,7 +357,12 @@ class Collector:
         with self.heartbeat.phase("enqueue"):  # long only while flow control holds pushes back
             task_id = self.tasks.tasks[place].task_id
             self.pusher.put(
-                transitions, max(policy.version, 0), env_steps=len(episode), successes=int(success), task_id=task_id
+                transitions,
+                max(policy.version, 0),
+                env_steps=len(episode),
+                successes=int(success),
+                task_id=task_id,
+                on_held=self.held_back,
             )
         self.picker.record(turn, len(episode))
         self.env_steps += len(episode)
@@ -354,6 +377,10 @@ class Collector:
             rate_limited_sec=self.pusher.rate_limited_sec,
         )
         return len(episode)
+
+    def held_back(self) -> None:
+        """A beat while put() waits on flow control (Pusher.put's `on_held`)."""
+        self.heartbeat.beat(rate_limited_sec=self.pusher.rate_limited_sec)
 
 
 def episode_rows(config: RunConfig, env, episode: Episode, rng: np.random.Generator) -> Transitions:

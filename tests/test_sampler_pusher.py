@@ -94,6 +94,39 @@ def test_a_sampler_halted_while_its_buffer_is_away_stops_at_once_and_counts_what
     assert not ingest.violations
 
 
+WAITS = [  # why the queue stays full, the fake's keyword, whether the wait calls on_held
+    ("flow control holds the pushes back", "held_from", True),
+    ("the buffer is away", "away_from", False),
+]
+
+
+@pytest.mark.parametrize("why,fault,beats", WAITS, ids=[w[0] for w in WAITS])
+def test_a_full_queue_calls_on_held_only_while_flow_control_holds_the_push_back(why, fault, beats, make_transitions):
+    """on_held is the sampler's heartbeat while put() waits: called again and again while flow
+    control holds the push in flight back (its rate_limited_sec growing each time), never while
+    the buffer is away, so a sampler stuck on a buffer that never answers still goes silent."""
+    ingest = FakeIngestClient(SCHEMA, (TASK.task_id,), **{fault: 1})
+    pusher = Pusher(ingest, TASK, max_pending=1)
+    pusher.put(make_transitions(10, 0, SCHEMA), policy_version=0, env_steps=10)  # in flight, waiting
+    pusher.put(make_transitions(10, 10, SCHEMA), policy_version=0, env_steps=10)  # queued
+    held: list[float] = []
+    kwargs = {"on_held": lambda: held.append(pusher.rate_limited_sec)}
+    blocked = threading.Thread(target=pusher.put, args=(make_transitions(10, 20, SCHEMA), 0, 10), kwargs=kwargs)
+    blocked.start()
+    blocked.join(2.0)
+    if beats:
+        wait_until(lambda: len(held) >= 3, 10, "three calls of on_held")
+        assert held[0] > 0 and held == sorted(set(held)), held  # each call after more time held back
+    else:
+        assert held == [] and pusher.rate_limited_sec == 0.0
+    assert blocked.is_alive()  # the queue is still full: put() waits
+    ingest.back()
+    blocked.join(5.0)
+    assert not blocked.is_alive()
+    pusher.close(timeout=10.0)
+    ingest.assert_stored(3)
+
+
 class _Aggregator:
     """The sampler's aggregator client: it only hands out the test's weights watcher."""
 

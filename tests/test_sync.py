@@ -100,3 +100,32 @@ def test_sync_mode_learns_fetch_reach_and_leaves_a_checkpoint(tmp_path, algo, ex
     config = RunConfig.from_json((run_dir / "config.json").read_text())
     version, result = score_checkpoint(run_dir / "checkpoints", config, episodes=10)
     assert version == summary["final_version"] and result.episodes == 10
+
+
+@pytest.mark.e2e
+def test_sync_mode_trains_and_scores_the_task_sim_tasks_names(tmp_path):
+    """sim.tasks ["FetchPush-v4"] beside the default sim.task (FetchReach-v4): the run's one task
+    is Push, as every role of the fleet reads it (TaskSet.for_run), so the networks, the training
+    env and the evaluation env are all Push's."""
+    from fleet.launch.sync import SyncRun
+    from foundation.config import with_overrides
+
+    overrides = ['sim.tasks=["FetchPush-v4"]', f'run_dir="{tmp_path}"']
+    run = SyncRun(with_overrides(RunConfig(), overrides).validate(), started_at=0.0)
+    try:
+        assert run.task.name == "FetchPush-v4" and run.spec.obs_dim == 25
+        assert run.env.observation_space["observation"].shape == (25,)
+        assert run.eval_env.observation_space["observation"].shape == (25,)
+        assert run.summary.task == "FetchPush-v4"
+    finally:
+        run.close()
+
+
+def test_sync_mode_refuses_a_multi_task_run_naming_sim_tasks(tmp_path):
+    from fleet.launch.sync import SyncRun
+    from foundation.config import ConfigError, with_overrides
+
+    overrides = ['sim.tasks=["FetchReach-v4", "FetchPush-v4"]', f'run_dir="{tmp_path}"']
+    with pytest.raises(ConfigError, match=r"sim\.tasks .*FetchPush-v4.* must name one task for --mode sync"):
+        SyncRun(with_overrides(RunConfig(), overrides).validate(), started_at=0.0)
+    assert not (tmp_path / "config.json").exists()  # refused before the run directory is written

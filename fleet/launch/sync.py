@@ -40,7 +40,6 @@ from nets.models import GROUPS, SACModel
 from sampler.demos import demo_plan, demonstrate
 from sampler.evaluator import eval_envs, next_interval_sec, scores
 from sampler.worker import TRAIN_SEEDS_FROM, episode_rows
-from sim.registry import get_task
 from sim.tasks import TaskSet
 
 log = logging.getLogger("fleetrl.sync")
@@ -85,17 +84,22 @@ def run_sync(config: RunConfig, started_at: float, stop: threading.Event) -> Sum
 
 class SyncRun:
     def __init__(self, config: RunConfig, started_at: float) -> None:
-        if len(config.sim.tasks) > 1:
-            raise ConfigError("--mode sync trains one task; a multi-task run (sim.tasks) needs the fleet")
+        tasks = TaskSet.for_run(config)  # the run's tasks, as every role of the fleet reads them
+        if tasks.multi:
+            raise ConfigError(
+                f"sim.tasks ({list(tasks.names)}) must name one task for --mode sync: it trains one task; "
+                "a multi-task run needs the fleet",
+                field="sim.tasks",
+            )
         self.config, self.started_at = config, started_at
         self.run_dir = pathlib.Path(config.run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "config.json").write_text(config.to_json())
         write_code_json(self.run_dir)
         torch.set_num_threads(config.learner.torch_threads)
-        task = self.task = get_task(config.sim.task)
+        task = self.task = tasks.tasks[0]  # sim.tasks' one task when set, else sim.task: trained and scored alike
         self.spec = model_spec(config, task)
-        self.core = AggregatorCore(self.spec, config.aggregator, 1, config.learner.max_grad_staleness, task.name)
+        self.core = AggregatorCore(self.spec, config.aggregator, 1, config.learner.max_grad_staleness, tasks.label)
         self.model = (
             SACModel(self.spec)
             .train_gates(config.model.gate_grad)
@@ -106,8 +110,8 @@ class SyncRun:
         self.replay = MemoryReplay(config.buffer.capacity_transitions, seed=config.aggregator.seed + 7919)
         self.limit = rate_limit(config)
         self.inserted = self.sampled = 0  # rows stored and drawn: what flow control counts
-        self.env = TaskSet((task,)).training_env(0, config)  # as a sampler trains (sim.grasped_start included)
-        (self.eval_env,) = eval_envs(TaskSet.for_run(config), config)  # scored as the evaluator scores
+        self.env = tasks.training_env(0, config)  # as a sampler trains (sim.grasped_start included)
+        (self.eval_env,) = eval_envs(tasks, config)  # scored as the evaluator scores
         streams = np.random.SeedSequence([config.sampler.seed, 0]).spawn(3)
         self.rng, self.seeds = np.random.default_rng(streams[0]), np.random.default_rng(streams[1])
         seed = int(streams[2].generate_state(1)[0])

@@ -13,6 +13,7 @@ import numpy as np
 
 from buffer.api import BatchSource, SampledBatch
 from buffer.ingest_client import IngestUnavailable, PushRejected
+from buffer.ratelimit import RATE_LIMITED_MAX_SEC, RATE_LIMITED_POLL_SEC
 from buffer.servicer import validate_batch
 from foundation.proto import fleetrl_pb2 as pb
 from foundation.wire import Transitions, TransitionSchema, WireError, batch_to_proto
@@ -130,7 +131,10 @@ class FakeIngestClient:
     raises AssertionError and is kept in `violations` (assert_stored fails on it, so a pusher
     thread cannot swallow it). `reject`: seqs the service refuses (PushRejected, as for a bad
     batch). `away_from`: from that seq on, the service is unreachable: push() waits, as the
-    real client retries, until back() or should_stop() (then IngestUnavailable).
+    real client retries, until back() or should_stop() (then IngestUnavailable). `held_from`:
+    from that seq on, flow control holds pushes back: push() waits as the real client does
+    (RATE_LIMITED_POLL_SEC doubling up to RATE_LIMITED_MAX_SEC, each wait added to
+    `rate_limited_sec`), until back() or should_stop() (then IngestUnavailable).
     """
 
     def __init__(
@@ -140,6 +144,7 @@ class FakeIngestClient:
         *,
         reject: frozenset[int] = frozenset(),
         away_from: int | None = None,
+        held_from: int | None = None,
         n_step: int = 1,
     ) -> None:
         self.schema, self.task_ids, self.reject, self.n_step = schema, task_ids, reject, n_step
@@ -149,7 +154,7 @@ class FakeIngestClient:
         self.closed = False
         self.pushes: list[Pushed] = []
         self.violations: list[str] = []
-        self._away_from = away_from
+        self._away_from, self._held_from = away_from, held_from
         self._back = threading.Event()
         self._lock = threading.RLock()
 
@@ -163,7 +168,7 @@ class FakeIngestClient:
         self.closed = True
 
     def back(self) -> None:
-        """The service is reachable again: a waiting push goes through."""
+        """The service is reachable again, its flow control has room: a waiting push goes through."""
         self._back.set()
 
     def push(
@@ -198,6 +203,8 @@ class FakeIngestClient:
             self._violated(f"seq {seq}: the ingest service refuses this batch: {err}")
         if self._away_from is not None and seq >= self._away_from:
             self._wait_until_back(batch, max_retry_sec, should_stop)
+        if self._held_from is not None and seq >= self._held_from:
+            self._hold_until_back(batch, should_stop)
         return self._answer(batch)
 
     def _wait_until_back(self, batch: pb.TransitionBatch, max_retry_sec: float | None, should_stop) -> None:
@@ -207,6 +214,17 @@ class FakeIngestClient:
                 with self._lock:
                     self.pushes.append(Pushed(batch, "unacked"))
                 raise IngestUnavailable(f"push of seq {batch.seq} not acked: the fake service is away")
+
+    def _hold_until_back(self, batch: pb.TransitionBatch, should_stop) -> None:
+        held = RATE_LIMITED_POLL_SEC
+        while not self._back.is_set():
+            if should_stop():
+                with self._lock:
+                    self.pushes.append(Pushed(batch, "unacked"))
+                raise IngestUnavailable(f"push of seq {batch.seq} still rate limited when stopping")
+            time.sleep(held)
+            self.rate_limited_sec += held
+            held = min(2 * held, RATE_LIMITED_MAX_SEC)
 
     def _answer(self, batch: pb.TransitionBatch) -> pb.PushAck:
         with self._lock:
