@@ -116,3 +116,14 @@ def test_train_builds_a_meta_world_task_alone_with_its_preset_past_every_check(t
     assert main(["train", "--task", task, "--run-dir", str(tmp_path)]) == 0
     [(config, _)] = _FakeFleet.built
     assert (config.preset, config.sim.reward, config.sampler.demo_episodes) == (task, "shaped", 100)
+
+
+def test_train_builds_mt10_with_the_meta_world_multi_task_recipe_past_every_check(monkeypatch, tmp_path):
+    monkeypatch.setattr("fleet.launch.local_fleet.LocalFleet", _FakeFleet)
+    _FakeFleet.built.clear()
+    argv = ["train", "--tasks", "mt10", "--set", 'model.kind="moe"', "--max-wall-sec", "5400"]
+    assert main([*argv, "--run-dir", str(tmp_path)]) == 0
+    [(config, _)] = _FakeFleet.built
+    assert (config.preset, config.max_wall_sec, len(config.sim.tasks)) == ("Meta-World multi-task MoE", 5400, 10)
+    assert (config.sim.reward, config.sampler.her_k, config.learner.gamma) == ("shaped", 0, 0.99)
+    assert (config.sampler.demo_episodes, config.model.critic_norm) == (100, "layer")

@@ -9,6 +9,7 @@ import pytest
 
 from fleet.cli.main import main
 from fleet.cli.presets import (
+    METAWORLD_MULTITASK,
     MULTITASK,
     MULTITASK_BATCH,
     SINGLE_TASK_ONLY,
@@ -290,6 +291,8 @@ def test_a_meta_world_task_alone_trains_its_shaped_reward_with_demonstrations_at
     assert (sparse["sim"]["reward"], sparse["sampler"]["her_k"]) == ("sparse", 4)
 
 
+# The Meta-World tasks' presets give a multi-task run nothing; a run of Meta-World tasks only takes
+# METAWORLD_MULTITASK from the multi-task recipe instead (tests below), whatever TASK_PRESETS holds.
 MULTI_TASK_RUNS = [
     ("mt10",),
     ("mt10", "--set", 'model.kind="moe"'),
@@ -310,14 +313,8 @@ def test_a_multi_task_run_takes_nothing_of_the_meta_world_presets(capsys, monkey
     assert resolved == _cli_config(capsys, "--tasks", tasks, *sets)  # the preset's name too
 
 
-def test_mt10_and_the_four_task_set_keep_their_multi_task_recipe_and_name(capsys):
-    defaults = RunConfig()
+def test_a_set_of_fetch_and_meta_world_tasks_keeps_its_multi_task_recipe_and_name(capsys):
     for moe, name in (((), "multi-task"), (("--set", 'model.kind="moe"'), "multi-task MoE")):
-        mt10 = _cli_config(capsys, "--tasks", "mt10", *moe)
-        assert mt10["preset"] == name
-        assert (mt10["sim"]["reward"], mt10["sampler"]["her_k"]) == ("sparse", defaults.sampler.her_k)
-        assert (mt10["sampler"]["demo_episodes"], mt10["model"]["critic_norm"]) == (0, "none")
-        assert mt10["learner"]["gamma"] == defaults.learner.gamma
         four = _cli_config(capsys, "--tasks", "FetchPush-v4,FetchReach-v4,MetaWorld-reach-v3,MetaWorld-push-v3", *moe)
         assert four["preset"] == f"FetchPush-v4 + {name}"
         assert (four["sim"]["reward"], four["sampler"]["demo_episodes"], four["model"]["critic_norm"]) == (
@@ -327,8 +324,89 @@ def test_mt10_and_the_four_task_set_keep_their_multi_task_recipe_and_name(capsys
         )
         assert four["learner"]["gamma"] == TASK_PRESETS["FetchPush-v4"]["learner.gamma"]  # the manipulation recipe's
         assert four["sampler"]["random_action_prob"] == TASK_PRESETS["FetchPush-v4"]["sampler.random_action_prob"]
-        for config in (mt10, four):
-            assert (config["learner"]["batch_size"], config["sampler"]["max_env_steps_per_update"]) == (1024, 4.0)
+        assert (four["learner"]["batch_size"], four["sampler"]["max_env_steps_per_update"]) == (1024, 4.0)
     # a Meta-World task first does not pick the base: the first Fetch task with a preset does
     assert _cli_config(capsys, "--tasks", "MetaWorld-push-v3,FetchPush-v4")["preset"] == "FetchPush-v4 + multi-task"
     assert _cli_config(capsys, "--tasks", "MetaWorld-push-v3,FetchReach-v4")["preset"] == "multi-task"
+
+
+MOE = ("--set", 'model.kind="moe"')
+STATE_ROUTED = (*MOE, "--set", 'model.router="state"')
+
+
+@pytest.mark.parametrize(
+    "tasks,sets,name,batch",
+    [
+        ("mt10", (), "Meta-World multi-task", 1024),
+        ("mt10", MOE, "Meta-World multi-task MoE", 1024),
+        ("mt10", STATE_ROUTED, "Meta-World multi-task", 256),  # the batch as any state-routed MoE's
+        ("MetaWorld-push-v3,MetaWorld-door-open-v3", (), "Meta-World multi-task", 1024),
+        ("MetaWorld-door-open-v3,MetaWorld-reach-v3", MOE, "Meta-World multi-task MoE", 1024),
+    ],
+)
+def test_a_run_of_meta_world_tasks_only_takes_the_meta_world_multi_task_recipe(capsys, tasks, sets, name, batch):
+    run = _cli_config(capsys, "--tasks", tasks, *sets)
+    assert METAWORLD_MULTITASK == {
+        "sim.reward": "shaped",
+        "sampler.her_k": 0,
+        "learner.gamma": 0.99,
+        "sampler.demo_episodes": 100,
+        "model.critic_norm": "layer",
+    }
+    assert {dotted: _field(run, dotted) for dotted in METAWORLD_MULTITASK} == METAWORLD_MULTITASK
+    assert all(_differs(run, dotted) for dotted in METAWORLD_MULTITASK)
+    assert run["preset"] == name
+    assert all(_field(run, dotted) == value for dotted, value in MULTITASK.items())  # the multi-task recipe stays
+    assert (run["learner"]["batch_size"], run["learner"]["min_replay_transitions"]) == (batch, 2000)
+    assert run["sampler"]["random_action_prob"] == RunConfig().sampler.random_action_prob  # nothing of Fetch's
+    RunConfig.from_json(json.dumps(run)).validate()  # an expert and a shaped reward for every task
+
+
+@pytest.mark.parametrize(
+    "tasks",
+    [
+        "MetaWorld-push-v3,FetchPush-v4",
+        "FetchReach-v4,MetaWorld-reach-v3",
+        "MetaWorld-window-close-v3,MetaWorld-drawer-close-v3,FetchPush-v4",  # a Fetch task last
+        "FetchPush-v4,FetchReach-v4,MetaWorld-reach-v3,MetaWorld-push-v3",
+    ],
+)
+@pytest.mark.parametrize("sets", [(), MOE], ids=["dense", "moe"])
+def test_a_run_with_a_fetch_task_takes_none_of_the_meta_world_multi_task_recipe(capsys, tasks, sets):
+    run = _cli_config(capsys, "--tasks", tasks, *sets)
+    assert not any(_field(run, dotted) == value for dotted, value in METAWORLD_MULTITASK.items()), run
+    assert (run["sim"]["reward"], run["sampler"]["her_k"]) == ("sparse", RunConfig().sampler.her_k)
+    assert "Meta-World" not in run["preset"]
+    RunConfig.from_json(json.dumps(run)).validate()
+
+
+def test_the_users_set_wins_over_the_meta_world_multi_task_recipe(capsys):
+    off = _cli_config(capsys, "--tasks", "mt10", *MOE, "--set", "sampler.demo_episodes=0")
+    assert off["sampler"]["demo_episodes"] == 0
+    rest = {dotted: value for dotted, value in METAWORLD_MULTITASK.items() if dotted != "sampler.demo_episodes"}
+    assert {dotted: _field(off, dotted) for dotted in rest} == rest  # the rest of the recipe stays
+    assert off["preset"] == "Meta-World multi-task MoE"
+    sparse = _cli_config(capsys, "--tasks", "mt10", "--set", 'sim.reward="sparse"', "--set", "sampler.her_k=4")
+    assert (sparse["sim"]["reward"], sparse["sampler"]["her_k"], sparse["sampler"]["demo_episodes"]) == (
+        "sparse",
+        4,
+        100,
+    )
+    mine = _cli_config(capsys, "--tasks", "mt10", "--set", "learner.gamma=0.98", "--set", 'model.critic_norm="none"')
+    assert (mine["learner"]["gamma"], mine["model"]["critic_norm"]) == (0.98, "none")
+    for config in (off, sparse, mine):
+        RunConfig.from_json(json.dumps(config)).validate()
+
+
+def test_config_changed_lists_the_meta_world_multi_task_recipe(capsys):
+    assert main(["config", "--tasks", "mt10", *MOE, "--changed"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert "preset = 'Meta-World multi-task MoE'  [default '']" in out
+    for line in (
+        "sim.reward = 'shaped'  [default 'sparse']",
+        "sampler.her_k = 0  [default 4]",
+        "learner.gamma = 0.99  [default 0.95]",
+        "sampler.demo_episodes = 100  [default 0]",
+        "model.critic_norm = 'layer'  [default 'none']",
+    ):
+        assert line in out, out

@@ -8,13 +8,14 @@ A preset is a set of `section.field` overrides on the built-in defaults (which a
 FetchReach preset). Each entry says why; docs/presets.md explains each preset and the docs'
 results page gives the figures behind them. A run of several tasks adds the multi-task recipe
 (MULTITASK; MULTITASK_BATCH for a dense policy or a task-routed MoE; TASK_ROUTED_MOE and
-TASK_ROUTED_SHARED for the latter). `fleetrl config --task X` (or `--tasks A,B`) prints the preset in force.
+TASK_ROUTED_SHARED for the latter; METAWORLD_MULTITASK for a run whose tasks are all Meta-World's).
+`fleetrl config --task X` (or `--tasks A,B`) prints the preset in force.
 
 A multi-task run takes a task's preset in part (task_preset): the fields measured for a task alone
 (ALONE_ONLY) take the multi-task values, and a task whose whole preset is measured for it alone
 (ALONE_ONLY_TASKS: every Meta-World task) gives nothing, so it neither picks the run's base
 (preset_task), adds fields (_later_presets) nor names the preset: `--tasks mt10` starts from the
-built-in defaults and the multi-task recipe, as if those tasks had no preset.
+built-in defaults and the multi-task recipe, Meta-World's included, as if those tasks had no preset.
 """
 
 from __future__ import annotations
@@ -134,9 +135,10 @@ _MULTITASK_BASE: dict[str, Any] = {k: v for k, v in _MANIPULATION.items() if k i
 #                       at 30 with this batch.
 #   Together, with 100 demonstrations: 90% on 50 held-out episodes on every seed of 3, median
 #                       14.8 minutes, worst 15.9 (results page, "Meta-World push alone").
-#   A multi-task run takes none of it (ALONE_ONLY_TASKS): it is measured for one task alone, and
-#                       `--tasks mt10` and the sets of Fetch and Meta-World tasks keep the recipe
-#                       they were measured with (no demonstrations; the reward and HER the user sets).
+#   A multi-task run takes none of it as a task's preset (ALONE_ONLY_TASKS): it is measured for one
+#                       task alone. A run whose tasks are all Meta-World's takes its own fields again
+#                       as the Meta-World multi-task recipe (METAWORLD_MULTITASK); a set of Fetch and
+#                       Meta-World tasks keeps the sparse goal reward with HER and no demonstrations.
 _METAWORLD_ALONE: dict[str, Any] = {
     "sim.reward": "shaped",
     "sampler.her_k": 0,
@@ -144,7 +146,8 @@ _METAWORLD_ALONE: dict[str, Any] = {
     "sampler.demo_episodes": 100,
     "model.critic_norm": "layer",
 }
-# The tasks whose whole preset is measured for the task alone: a multi-task run takes none of it.
+# The tasks whose whole preset is measured for the task alone: a multi-task run takes none of it as
+# the task's preset (a run of Meta-World tasks only takes the Meta-World multi-task recipe instead).
 ALONE_ONLY_TASKS = frozenset(METAWORLD_TASKS)
 
 TASK_PRESETS: dict[str, dict[str, Any]] = {
@@ -209,6 +212,24 @@ MULTITASK_BATCH: dict[str, Any] = {
     "sampler.max_env_steps_per_update": 4.0,
     "learner.autocast": "auto",
 }
+# ... and a run whose tasks are all Meta-World's (`--tasks mt10`) takes the fields of a Meta-World
+#   task's preset that are not FetchPush's batch recipe (METAWORLD_MULTITASK: the same dict as
+#   _METAWORLD_ALONE; the learners and the batch come from MULTITASK and MULTITASK_BATCH). What push
+#   alone shows holds for the MT10 tasks whose shaped reward stays flat until the hand reaches an
+#   object (push, pick-place, door-open, button-press-topdown, peg-insert-side): without
+#   demonstrations they stay at or near zero at 90 minutes (results page, "Meta-World MT10, one
+#   policy"):
+#   reward "shaped", her_k 0, gamma 0.99: each task's own dense reward, each step stored once, over
+#                       100- to 150-step training episodes, as the field trains MT10.
+#   demo_episodes 100   100 episodes of each task's scripted expert (1,000 for MT10) stored before
+#                       the random warm-up: episodes that reach each task's object, which random
+#                       steps rarely do.
+#   critic_norm "layer" LayerNorm critics: the demonstrations' returns beside random rows otherwise
+#                       let the critic's Q extrapolate and diverge.
+#   MEASURED: <figures>
+#   A run with a Fetch task takes none of it: a Fetch task has neither a shaped reward nor a scripted
+#                       expert (validation refuses both), and learns with the sparse goal reward and HER.
+METAWORLD_MULTITASK: dict[str, Any] = _METAWORLD_ALONE
 
 
 def preset_task(tasks: list[str]) -> str:
@@ -248,17 +269,24 @@ def _task_routed_moe(user: RunConfig) -> bool:
     return user.model.kind == "moe" and user.model.router == "task"
 
 
+def _all_metaworld(user: RunConfig) -> bool:
+    return set(user.sim.tasks) <= set(METAWORLD_TASKS)
+
+
 def multitask_overrides(user: RunConfig, user_set: Collection[str] = ()) -> list[str]:
     """The multi-task recipe for a run the user set up as `user` ([] for a one-task run): MULTITASK,
     and MULTITASK_BATCH for a dense policy or a MoE with the task router, which takes
     TASK_ROUTED_MOE too, and TASK_ROUTED_SHARED where the user left its routing alone: neither
     field named in `user_set` (the `section.field` names the user set) nor changed from the
-    design's (a state-routed MoE: none of them, unmeasured)."""
+    design's (a state-routed MoE: none of them, unmeasured); METAWORLD_MULTITASK where every task
+    is a Meta-World task, whatever the policy."""
     if len(user.sim.tasks) < 2:
         return []
     moe = _task_routed_moe(user)
     batch = moe or user.model.kind == "dense"
     recipe = MULTITASK | (TASK_ROUTED_MOE if moe else {}) | (MULTITASK_BATCH if batch else {})
+    if _all_metaworld(user):
+        recipe |= METAWORLD_MULTITASK
     design = ModelConfig()
     routing_left = (user.model.top_k, user.model.shared_experts) == (design.top_k, design.shared_experts)
     if moe and routing_left and TASK_ROUTED_SHARED.keys().isdisjoint(user_set):
@@ -271,7 +299,8 @@ def multitask_overrides(user: RunConfig, user_set: Collection[str] = ()) -> list
 def preset_for(user: RunConfig, overrides: Collection[str] = ()) -> RunConfig:
     """What a run starts from, chosen by what the user set (`user`: the built-in defaults with the
     user's `overrides`, `section.field=value` strings): its task's preset (preset_task) and, with
-    several tasks, the multi-task recipe. The user's overrides go on top of it and win."""
+    several tasks, the multi-task recipe, named "Meta-World multi-task" where every task is a
+    Meta-World task. The user's overrides go on top of it and win."""
     tasks = list(user.sim.tasks) or [user.sim.task]
     first = preset_task(tasks)
     extra = multitask_overrides(user, {o.split("=", 1)[0].strip() for o in overrides})
@@ -280,6 +309,8 @@ def preset_for(user: RunConfig, overrides: Collection[str] = ()) -> RunConfig:
         return config
     added, contributors = _later_presets(tasks, first)
     recipe = "multi-task MoE" if _task_routed_moe(user) else "multi-task"
+    if _all_metaworld(user):
+        recipe = f"Meta-World {recipe}"
     label = " + ".join([*([config.preset] if config.preset else []), *contributors, recipe])
     return dataclasses.replace(with_overrides(config, [*added, *extra]), preset=label)
 
