@@ -26,9 +26,10 @@ keeps the commit it was scored at and the `runs_command` its record names.
 
 The arms start from the multi-task preset (fleet/cli/presets.py: "focus" task sampling, a
 temperature per task, FetchPush's batch of 1024 rows, 4 env steps per gradient, autocast "auto"
-and, for a task-routed MoE, its switches); override any with --set, applied to every arm (a
-dense arm at batch 256: --set learner.batch_size=256 --set sampler.max_env_steps_per_update=1
---set 'learner.autocast="off"'):
+and, for a task-routed MoE, its switches; with Meta-World tasks only, as --tasks mt10, the
+shaped reward, 100 demonstrations per task and LayerNorm critics too); override any with --set,
+applied to every arm (a dense arm at batch 256: --set learner.batch_size=256 --set
+sampler.max_env_steps_per_update=1 --set 'learner.autocast="off"'):
     dense         learner.hidden_sizes 256x256
     moe           the multi-task MoE: 32 experts, 128 wide, task router, router decay 1, top_k 3
                   with one shared expert per layer (TASK_ROUTED_SHARED)
