@@ -12,7 +12,8 @@ import pytest
 from foundation.config import RunConfig, with_overrides
 from foundation.process import Heartbeat
 from sampler.demos import DEMO_SEEDS_FROM, demo_plan
-from sampler.worker import TRAIN_SEEDS_FROM, Collector, Pusher
+from sampler.pusher import Pusher
+from sampler.worker import TRAIN_SEEDS_FROM, Collector
 from sim.registry import get_task
 from sim.tasks import TaskSet
 from tests.fakes import FakeIngestClient

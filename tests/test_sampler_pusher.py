@@ -18,7 +18,8 @@ from foundation.process import Heartbeat
 from foundation.transport import NO_SECURITY
 from foundation.wire import batch_from_proto
 from nets.models import SACModel
-from sampler.worker import Pusher, SamplerEndpoints, row_fingerprint, run_sampler
+from sampler.pusher import Pusher, row_fingerprint
+from sampler.worker import SamplerEndpoints, run_sampler
 from sim.registry import get_task
 from sim.tasks import TaskSet
 from tests.conftest import wait_until
