@@ -74,10 +74,10 @@ class Pusher:
 
         While the queue is full, `on_held()` is called every half second in which flow control
         held the push in flight back (rate_limited_sec grew): the caller beats its heartbeat.
-        A wait with no such news (the buffer away, the pusher thread dead or stuck) calls nothing,
-        so the heartbeat goes stale and the watchdog restarts the sampler."""
-        if self.error is not None:
-            raise RuntimeError("pusher thread failed") from self.error
+        A wait with no such news (the buffer away, the push in flight stuck) calls nothing, so the
+        heartbeat goes stale and the watchdog restarts the sampler. A pusher thread that failed
+        (its error in `self.error`) fails put() at once, on entry or while it waits."""
+        self._raise_if_failed()
         self._seq += 1
         task_id = self.task.task_id if task_id is None else task_id
         item = (transitions, self._seq, policy_version, env_steps, successes, task_id, demonstration)
@@ -87,6 +87,7 @@ class Pusher:
                 self.queue.put(item, timeout=0.5)
                 return
             except queue.Full:
+                self._raise_if_failed()  # a dead thread never drains the queue: waiting would go silent
                 if on_held is not None and self.rate_limited_sec > held:
                     held = self.rate_limited_sec
                     on_held()
@@ -119,6 +120,10 @@ class Pusher:
             except queue.Empty:
                 break
 
+    def _raise_if_failed(self) -> None:
+        if self.error is not None:
+            raise RuntimeError("pusher thread failed") from self.error
+
     def _run(self) -> None:
         while not self._stopping.is_set():
             try:
@@ -143,7 +148,7 @@ class Pusher:
             except IngestUnavailable:
                 self.dropped += 1  # stopping while the service was away: never acked, not stored
                 return
-            except BaseException as err:  # surfaced to the acting thread on its next put()
+            except BaseException as err:  # surfaced to the acting thread by put(), waiting or not
                 self.error = err
                 return
             self.acked_env_steps += env_steps
