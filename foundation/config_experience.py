@@ -4,6 +4,8 @@ that stores what they collect. `foundation.config.RunConfig` composes these sect
 
 from __future__ import annotations
 
+import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from foundation.config_base import Check, config_field
@@ -101,6 +103,14 @@ class SimConfig:
                 "their own",
             ),
         ]
+
+
+def tasks_overrides(tasks: Sequence[str]) -> list[str]:
+    """The overrides of a run of `tasks`, as `--tasks` sets them: sim.tasks, and sim.task its first.
+
+    with_overrides(RunConfig(), tasks_overrides(["FetchPush-v4", "FetchReach-v4"]))
+    """
+    return [f"sim.tasks={json.dumps(list(tasks))}", f"sim.task={json.dumps(tasks[0])}"]
 
 
 @dataclass(frozen=True)
