@@ -63,7 +63,9 @@ GRASP_TASKS = ("FetchPickAndPlace-v4",)
 
 @dataclass(frozen=True)
 class SimConfig:
-    task: str = config_field("FetchReach-v4", "task name from the sim registry (sim/registry.py)")
+    task: str = config_field(
+        "FetchReach-v4", "task name from the sim registry (sim/registry.py); sim.tasks[0] when sim.tasks is set"
+    )
     tasks: tuple[str, ...] = config_field(
         (),
         "a multi-task run's tasks, observations padded to one width plus a task one-hot; () = sim.task",
@@ -87,6 +89,12 @@ class SimConfig:
         unshaped = [name for name in run_tasks if name not in SHAPED_TASKS]
         can_grasp = any(name in GRASP_TASKS for name in run_tasks)
         return [
+            (
+                not self.tasks or self.task == self.tasks[0],
+                "task",
+                f"sim.tasks[0] ({run_tasks[0]!r}) when sim.tasks is set: the run trains sim.tasks and is "
+                "named and reported after sim.task; --tasks sets both",
+            ),
             (self.control_hz >= 0, "control_hz", ">= 0 (0 = the task's own rate)"),
             (0.0 <= self.grasped_start <= 1.0, "grasped_start", "in [0, 1]"),
             (

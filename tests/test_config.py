@@ -125,6 +125,11 @@ BAD_CONFIGS: list[tuple[list[str], str]] = [
         "sim.grasped_start (0.5) must be 0 for a run of FetchReach-v4, FetchSlide-v4: only a task whose gripper",
     ),
     (
+        ['sim.tasks=["FetchPush-v4","FetchReach-v4"]'],  # sim.task left at its default, FetchReach-v4
+        "sim.task ('FetchReach-v4') must be sim.tasks[0] ('FetchPush-v4') when sim.tasks is set: the run trains "
+        "sim.tasks and is named and reported after sim.task; --tasks sets both",
+    ),
+    (
         ["sim.task=FetchRaech-v4"],
         "sim.task ('FetchRaech-v4') must be a registered task; did you mean 'FetchReach-v4'? valid: FetchPickAndPlace",
     ),
@@ -168,6 +173,7 @@ def test_each_cross_field_check_names_field_and_value(overrides, message):
             "sim.task=FetchPush-v4",
         ],
         ["sim.grasped_start=0", "sim.task=FetchPush-v4"],
+        ['sim.tasks=["FetchReach-v4","FetchPush-v4"]'],  # the default sim.task is sim.tasks[0]
     ],
 )
 def test_boundary_values_validate(overrides):
