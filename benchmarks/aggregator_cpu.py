@@ -53,7 +53,7 @@ from harness import (
 
 from aggregator.client import AggregatorClient, GradientPush
 from fleet.launch.local_fleet import free_port
-from foundation.config import RunConfig, with_overrides
+from foundation.config import RunConfig, tasks_overrides, with_overrides
 from foundation.policy import ACTOR_GROUPS, GRADIENT_GROUPS, LEARNER_GROUPS, model_spec
 from learner.algorithm import Batch
 from learner.gradients import Hyperparams, compute_gradients
@@ -194,7 +194,7 @@ def _fits(medians: dict, arms: dict[str, ArmSpec]) -> dict:
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--task", default="FetchPush-v4")
+    p.add_argument("--task", default="FetchPush-v4", help="the task of a one-task run (sim.task)")
     p.add_argument("--versions", type=int, default=3000, help="versions per measurement")
     p.add_argument("--repeats", type=repeats_arg, default=3)
     p.add_argument("--arm", action="append", default=[], help="NAME=CHECKOUT (a git work tree); default this one")
@@ -228,7 +228,7 @@ def _parser() -> argparse.ArgumentParser:
         default=[],
         help="NAME:section.field=value for one --arm's run only (two arms of one checkout, two settings)",
     )
-    p.add_argument("--tasks", help="A,B,...: a multi-task run's tasks (sim.tasks) for every arm")
+    p.add_argument("--tasks", help="A,B,...: a multi-task run's tasks for every arm (sim.tasks; sim.task its first)")
     p.add_argument("--set", action="append", default=[], help="section.field=value (JSON) for every arm's run")
     p.add_argument("--out", help="write the raw result (JSON) here")
     return p
@@ -258,10 +258,9 @@ def arm_specs(args: argparse.Namespace, p: argparse.ArgumentParser) -> dict[str,
 def arm_config(args: argparse.Namespace, spec: ArmSpec, path: pathlib.Path) -> str:
     """Write the arm's run config (one learner, the arm's networks and settings) to `path`."""
     overrides = [
-        f'sim.task="{args.task}"',
+        *(tasks_overrides(args.tasks.split(",")) if args.tasks else [f"sim.task={json.dumps(args.task)}"]),
         "learner.num_learners=1",
         f"learner.hidden_sizes={list(spec.hidden)}",
-        *([f"sim.tasks={json.dumps(args.tasks.split(','))}"] if args.tasks else []),
         *args.set,
         *spec.settings,
     ]
@@ -291,7 +290,8 @@ def main(argv: list[str] | None = None) -> int:
     fits = _fits(medians, arms)
     if args.out:
         commits = {name: _commit(spec.checkout) for name, spec in arms.items()}
-        figures = {"task": args.task, "tasks": args.tasks, "settings": args.set, "commits": commits}
+        task = args.tasks.split(",")[0] if args.tasks else args.task  # the run's sim.task
+        figures = {"task": task, "tasks": args.tasks, "settings": args.set, "commits": commits}
         figures |= {"arms": {n: dataclasses.asdict(s) | {"checkout": str(s.checkout)} for n, s in arms.items()}}
         figures |= {"runs": runs, "medians": medians, "ratios": ratios, "fits": fits}
         write_result(result_record("aggregator_cpu", figures), args.out)

@@ -41,7 +41,7 @@ from buffer.storage import TemporalStorage
 from foundation.config import RunConfig
 from foundation.ledger import read_ledgers
 from foundation.transport import REDIS_PASSWORD_ENV, TOKEN_ENV, Security, connect
-from sampler.worker import row_fingerprint
+from sampler.pusher import row_fingerprint
 from sim.registry import get_task
 
 FAULTS = [

@@ -7,10 +7,8 @@ model_ratios({"moe-e32": 40.0, "moe-e8": 48.0})   # {"moe-e32 / moe-e8": 0.833}
 
 from __future__ import annotations
 
-import json
-
 from fleet.cli.presets import preset_for
-from foundation.config import RunConfig, with_overrides
+from foundation.config import RunConfig, tasks_overrides, with_overrides
 
 # --model arms: overrides on the multi-task config (4 tasks, batch 256, one torch thread).
 MODEL_ARMS: dict[str, list[str]] = {
@@ -57,7 +55,7 @@ def arm_config(arm: str, extra: list[str] | None = None) -> RunConfig:
     """`arm`'s config on the 4-task set as the CLI builds a run's (fleet/cli/main.py): the preset and
     multi-task recipe chosen by what was set, then what was set on top (batch 256 in float32
     unless the arm or `extra` sets them: MODEL_BASE); one torch thread."""
-    overrides = [f"sim.tasks={json.dumps(MODEL_TASKS)}", *MODEL_BASE, *MODEL_ARMS[arm], *(extra or [])]
+    overrides = [*tasks_overrides(MODEL_TASKS), *MODEL_BASE, *MODEL_ARMS[arm], *(extra or [])]
     overrides.append("learner.torch_threads=1")
     return with_overrides(preset_for(with_overrides(RunConfig(), overrides), overrides), overrides).validate()
 

@@ -27,6 +27,7 @@ from foundation.config_experience import (
     RandomizationConfig,
     SamplerConfig,
     SimConfig,
+    tasks_overrides,
 )
 from foundation.config_learning import SCORED_SAMPLING, AggregatorConfig, LearnerConfig, ModelConfig
 
@@ -47,6 +48,7 @@ __all__ = [
     "Change",
     "config_changes",
     "help_lines",
+    "tasks_overrides",
     "with_overrides",
 ]
 

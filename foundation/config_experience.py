@@ -4,6 +4,8 @@ that stores what they collect. `foundation.config.RunConfig` composes these sect
 
 from __future__ import annotations
 
+import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from foundation.config_base import Check, config_field
@@ -61,7 +63,9 @@ GRASP_TASKS = ("FetchPickAndPlace-v4",)
 
 @dataclass(frozen=True)
 class SimConfig:
-    task: str = config_field("FetchReach-v4", "task name from the sim registry (sim/registry.py)")
+    task: str = config_field(
+        "FetchReach-v4", "task name from the sim registry (sim/registry.py); sim.tasks[0] when sim.tasks is set"
+    )
     tasks: tuple[str, ...] = config_field(
         (),
         "a multi-task run's tasks, observations padded to one width plus a task one-hot; () = sim.task",
@@ -85,6 +89,12 @@ class SimConfig:
         unshaped = [name for name in run_tasks if name not in SHAPED_TASKS]
         can_grasp = any(name in GRASP_TASKS for name in run_tasks)
         return [
+            (
+                not self.tasks or self.task == self.tasks[0],
+                "task",
+                f"sim.tasks[0] ({run_tasks[0]!r}) when sim.tasks is set: the run trains sim.tasks and is "
+                "named and reported after sim.task; --tasks sets both",
+            ),
             (self.control_hz >= 0, "control_hz", ">= 0 (0 = the task's own rate)"),
             (0.0 <= self.grasped_start <= 1.0, "grasped_start", "in [0, 1]"),
             (
@@ -101,6 +111,14 @@ class SimConfig:
                 "their own",
             ),
         ]
+
+
+def tasks_overrides(tasks: Sequence[str]) -> list[str]:
+    """The overrides of a run of `tasks`, as `--tasks` sets them: sim.tasks, and sim.task its first.
+
+    with_overrides(RunConfig(), tasks_overrides(["FetchPush-v4", "FetchReach-v4"]))
+    """
+    return [f"sim.tasks={json.dumps(list(tasks))}", f"sim.task={json.dumps(tasks[0])}"]
 
 
 @dataclass(frozen=True)

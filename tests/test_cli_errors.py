@@ -39,6 +39,13 @@ CASES = [
     ("train/tasks-empty", ["train", "--tasks", "FetchReach-v4,,FetchPush-v4"], "train", "item 2 is empty"),
     ("train/set", ["train", "--set", "sampler.her_kk=1"], "train", "unknown config field 'sampler.her_kk'"),
     (
+        "train/tasks-apart",  # FetchPush-v4's preset names the run (preset_task); --tasks would name FetchReach-v4
+        ["train", "--set", 'sim.tasks=["FetchReach-v4","FetchPush-v4"]'],
+        "train",
+        "sim.task ('FetchPush-v4') must be sim.tasks[0] ('FetchReach-v4') when sim.tasks is set: the run trains "
+        "sim.tasks and is named and reported after sim.task; --tasks sets both",
+    ),
+    (
         "train/grasped-start-range",
         ["train", "--task", "FetchPickAndPlace-v4", "--set", "sim.grasped_start=2"],
         "train",
@@ -55,6 +62,12 @@ CASES = [
     ("config/typo", ["config", "--task", "FetchReah-v4"], "config", TYPO_HINT),
     ("config/tasks-empty", ["config", "--tasks", "FetchReach-v4,,FetchPsh-v4"], "config", "item 2 is empty"),
     ("config/set", ["config", "--set", "samplr.seed=1"], "config", "unknown config section 'samplr.seed'"),
+    (
+        "config/tasks-apart",
+        ["config", "--set", 'sim.tasks=["FetchReach-v4","FetchPush-v4"]'],
+        "config",
+        "sim.task ('FetchPush-v4') must be sim.tasks[0] ('FetchReach-v4') when sim.tasks is set",
+    ),
     ("evaluate/missing", ["evaluate", "{missing}"], "evaluate", "{missing}: does not exist"),
     ("evaluate/empty", ["evaluate", "{empty}"], "evaluate", "{empty}: no config.json there"),
     ("evaluate/no-checkpoint", ["evaluate", "{started}"], "evaluate", "no checkpoint in {started}/checkpoints"),

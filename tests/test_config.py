@@ -87,7 +87,12 @@ BAD_CONFIGS: list[tuple[list[str], str]] = [
         "sim.reward ('shaped') must be 'sparse' for a run with FetchReach-v4: only Meta-World tasks have a shaped",
     ),
     (
-        ["sim.reward=shaped", "sampler.her_k=0", 'sim.tasks=["MetaWorld-push-v3","FetchPush-v4"]'],
+        [
+            "sim.reward=shaped",
+            "sampler.her_k=0",
+            'sim.tasks=["MetaWorld-push-v3","FetchPush-v4"]',
+            "sim.task=MetaWorld-push-v3",
+        ],
         "sim.reward ('shaped') must be 'sparse' for a run with FetchPush-v4: only Meta-World",
     ),
     (
@@ -101,7 +106,11 @@ BAD_CONFIGS: list[tuple[list[str], str]] = [
         "sampler.demo_episodes (2) must be 0 for a run with FetchReach-v4: only Meta-World tasks have a scripted",
     ),
     (
-        ["sampler.demo_episodes=2", 'sim.tasks=["MetaWorld-push-v3","FetchPush-v4","FetchSlide-v4"]'],
+        [
+            "sampler.demo_episodes=2",
+            'sim.tasks=["MetaWorld-push-v3","FetchPush-v4","FetchSlide-v4"]',
+            "sim.task=MetaWorld-push-v3",
+        ],
         "sampler.demo_episodes (2) must be 0 for a run with FetchPush-v4, FetchSlide-v4: only Meta-World",
     ),
     (["sim.grasped_start=1.5", "sim.task=FetchPickAndPlace-v4"], "sim.grasped_start (1.5) must be in [0, 1]"),
@@ -114,6 +123,11 @@ BAD_CONFIGS: list[tuple[list[str], str]] = [
     (
         ["sim.grasped_start=0.5", 'sim.tasks=["FetchReach-v4","FetchSlide-v4"]'],
         "sim.grasped_start (0.5) must be 0 for a run of FetchReach-v4, FetchSlide-v4: only a task whose gripper",
+    ),
+    (
+        ['sim.tasks=["FetchPush-v4","FetchReach-v4"]'],  # sim.task left at its default, FetchReach-v4
+        "sim.task ('FetchReach-v4') must be sim.tasks[0] ('FetchPush-v4') when sim.tasks is set: the run trains "
+        "sim.tasks and is named and reported after sim.task; --tasks sets both",
     ),
     (
         ["sim.task=FetchRaech-v4"],
@@ -137,15 +151,29 @@ def test_each_cross_field_check_names_field_and_value(overrides, message):
         ["learner.batch_size=64", "learner.min_replay_transitions=64"],
         ["aggregator.tau=1", "target_success=0", "sampler.her_k=0", "learner.max_grad_staleness=0"],
         ["sim.reward=shaped", "sim.task=MetaWorld-push-v3", "sampler.her_k=0"],
-        ["sim.reward=shaped", "sampler.her_k=0", 'sim.tasks=["MetaWorld-push-v3","MetaWorld-door-open-v3"]'],
+        [
+            "sim.reward=shaped",
+            "sampler.her_k=0",
+            'sim.tasks=["MetaWorld-push-v3","MetaWorld-door-open-v3"]',
+            "sim.task=MetaWorld-push-v3",
+        ],
         ["sampler.demo_episodes=2", "sim.task=MetaWorld-push-v3", "learner.demo_bc_coef=0"],
-        ["sampler.demo_episodes=1", 'sim.tasks=["MetaWorld-reach-v3","MetaWorld-push-v3"]'],
+        [
+            "sampler.demo_episodes=1",
+            'sim.tasks=["MetaWorld-reach-v3","MetaWorld-push-v3"]',
+            "sim.task=MetaWorld-reach-v3",
+        ],
         ["sampler.demo_episodes=0", "learner.demo_bc_coef=0"],  # a Fetch task: no demonstrations asked
         ["model.critic_norm=layer", "learner.algo=tqc", "model.kind=moe"],
         ["model.critic_norm=none", "learner.algo=crossq"],
         ["sim.grasped_start=1", "sim.task=FetchPickAndPlace-v4"],
-        ["sim.grasped_start=0.5", 'sim.tasks=["FetchPush-v4","FetchPickAndPlace-v4"]'],  # its Pick envs only
+        [
+            "sim.grasped_start=0.5",
+            'sim.tasks=["FetchPush-v4","FetchPickAndPlace-v4"]',  # its Pick envs only
+            "sim.task=FetchPush-v4",
+        ],
         ["sim.grasped_start=0", "sim.task=FetchPush-v4"],
+        ['sim.tasks=["FetchReach-v4","FetchPush-v4"]'],  # the default sim.task is sim.tasks[0]
     ],
 )
 def test_boundary_values_validate(overrides):

@@ -13,7 +13,7 @@ import torch
 
 from aggregator.core import AggregatorCore
 from aggregator.sparse import ExpertSegments
-from foundation.config import AggregatorConfig, ConfigError, RunConfig, with_overrides
+from foundation.config import AggregatorConfig, ConfigError, RunConfig, tasks_overrides, with_overrides
 from foundation.policy import GRADIENT_GROUPS, GROUPS, ModelSpec, model_spec
 from learner.gradients import Hyperparams, compute_gradients
 from nets.models import Body, SACModel, TwinCritic
@@ -148,7 +148,11 @@ def test_one_update_with_layer_normed_critics_fills_every_group_and_trains_the_n
     overrides = [f'learner.algo="{algo}"', "learner.hidden_sizes=[32, 32]", "learner.tqc.quantiles=5"]
     overrides.append('model.critic_norm="layer"')
     if kind == "moe":
-        overrides += ['model.kind="moe"', "model.experts=4", 'sim.tasks=["MetaWorld-reach-v3","MetaWorld-push-v3"]']
+        overrides += [
+            'model.kind="moe"',
+            "model.experts=4",
+            *tasks_overrides(["MetaWorld-reach-v3", "MetaWorld-push-v3"]),
+        ]
     config = with_overrides(RunConfig(), overrides).validate()
     spec = model_spec(config, TaskSet.for_run(config))
     assert spec.critic_norm == "layer"

@@ -32,7 +32,7 @@ from fleet.launch.watchdog import Watchdog
 from foundation.checkpoint import load_checkpoint
 from foundation.config import RunConfig, WatchdogConfig, with_overrides
 from foundation.ledger import read_ledgers
-from sampler.worker import row_fingerprint
+from sampler.pusher import row_fingerprint
 from sim.registry import get_task
 from tests.conftest import wait_until
 from tests.helpers import TASK, role_args, start_role, stop_all

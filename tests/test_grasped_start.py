@@ -9,7 +9,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from foundation.config import ConfigError, RandomizationConfig, RunConfig, with_overrides
+from foundation.config import ConfigError, RandomizationConfig, RunConfig, tasks_overrides, with_overrides
 from foundation.config_experience import GRASP_TASKS
 from sampler.evaluator import eval_envs
 from sim.grasped_start import FINGER_JOINTS, GraspedStart
@@ -94,7 +94,7 @@ def test_a_share_of_1_always_grasps_and_a_half_grasps_about_half_reproducibly():
 
 
 def test_in_a_multi_task_run_only_the_pick_and_place_env_starts_held():
-    config = with_overrides(RunConfig(), ['sim.tasks=["FetchPush-v4","FetchPickAndPlace-v4"]', "sim.grasped_start=1"])
+    config = with_overrides(RunConfig(), [*tasks_overrides(["FetchPush-v4", PICK]), "sim.grasped_start=1"])
     tasks = TaskSet.for_run(config.validate())
     push, pick = (tasks.training_env(i, config) for i in range(2))
     assert GraspedStart not in _wrappers(push)

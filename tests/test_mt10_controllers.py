@@ -8,7 +8,7 @@ import json
 from aggregator.core import AggregatorCore
 from fleet.cli.presets import preset_for
 from foundation.checkpoint import save_checkpoint
-from foundation.config import RunConfig, with_overrides
+from foundation.config import RunConfig, tasks_overrides, with_overrides
 from foundation.policy import model_spec
 from sim.task_sets import task_set
 from sim.tasks import TaskSet
@@ -20,7 +20,7 @@ def _mt10_moe_run(tmp_path):
     """A run directory holding an MT10 MoE checkpoint as `fleetrl train --tasks mt10 --set
     model.kind="moe"` configures it (the multi-task MoE recipe: task-routed, one shared expert),
     at a width that keeps the test short."""
-    overrides = [f"sim.tasks={json.dumps(MT10)}", 'model.kind="moe"', "model.experts=16", "model.expert_width=32"]
+    overrides = [*tasks_overrides(MT10), 'model.kind="moe"', "model.experts=16", "model.expert_width=32"]
     user = with_overrides(RunConfig(), overrides)
     config = with_overrides(preset_for(user, overrides), overrides)
     assert (config.model.router, config.model.top_k, config.model.shared_experts) == ("task", 3, 1)

@@ -103,6 +103,7 @@ def _turns(limit: SampleToInsertRatio, push_rows: int, batch: int, turns: int) -
         ],
         [
             'sim.tasks=["FetchPush-v4","MetaWorld-door-open-v3"]',
+            "sim.task=FetchPush-v4",
             "sampler.her_k=0",
             "sampler.max_env_steps_per_update=2.0",
         ],

@@ -11,7 +11,7 @@ import torch
 from aggregator.core import AggregatorCore
 from deploy_npu.retime import retime_factor, retimed
 from foundation.checkpoint import load_policy_checkpoint, save_checkpoint
-from foundation.config import RunConfig, with_overrides
+from foundation.config import RunConfig, tasks_overrides, with_overrides
 from foundation.policy import model_spec
 from nets.models import build_actor
 from sim.rate import velocity_columns
@@ -51,7 +51,7 @@ def test_the_velocity_columns_are_the_hands_displacement_per_decision_at_either_
 def _checkpoint(tmp_path, *overrides: str, tasks: list[str] | None = None):
     from sim.tasks import TaskSet
 
-    sets = [f"sim.tasks={tasks}".replace("'", '"')] if tasks else ['sim.task="FetchPush-v4"']
+    sets = tasks_overrides(tasks) if tasks else ['sim.task="FetchPush-v4"']
     config = with_overrides(RunConfig(), [*sets, "learner.hidden_sizes=[32, 32]", *overrides])
     dims = TaskSet.of(tasks) if tasks else get_task("FetchPush-v4")
     core = AggregatorCore(model_spec(config, dims), config.aggregator, 1, 1, getattr(dims, "label", "FetchPush-v4"))

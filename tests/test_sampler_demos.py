@@ -9,10 +9,11 @@ import threading
 import numpy as np
 import pytest
 
-from foundation.config import RunConfig, with_overrides
+from foundation.config import RunConfig, tasks_overrides, with_overrides
 from foundation.process import Heartbeat
 from sampler.demos import DEMO_SEEDS_FROM, demo_plan
-from sampler.worker import TRAIN_SEEDS_FROM, Collector, Pusher
+from sampler.pusher import Pusher
+from sampler.worker import TRAIN_SEEDS_FROM, Collector
 from sim.registry import get_task
 from sim.tasks import TaskSet
 from tests.fakes import FakeIngestClient
@@ -21,7 +22,7 @@ TASKS = ("MetaWorld-reach-v3", "MetaWorld-push-v3")
 
 
 def _config(*extra: str) -> RunConfig:
-    overrides = [f"sim.tasks={list(TASKS)}".replace("'", '"'), "sampler.demo_episodes=2", "sampler.num_samplers=2"]
+    overrides = [*tasks_overrides(TASKS), "sampler.demo_episodes=2", "sampler.num_samplers=2"]
     return with_overrides(RunConfig(), overrides + ["sampler.her_k=2", *extra]).validate()
 
 

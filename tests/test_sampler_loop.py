@@ -16,7 +16,8 @@ import pytest
 from foundation.config import RunConfig, with_overrides
 from foundation.process import Heartbeat
 from foundation.wire import Transitions
-from sampler.worker import Collector, Pusher
+from sampler.pusher import Pusher
+from sampler.worker import Collector
 from sim.registry import get_task
 from sim.tasks import TaskSet
 

@@ -18,7 +18,8 @@ from foundation.process import Heartbeat
 from foundation.transport import NO_SECURITY
 from foundation.wire import batch_from_proto
 from nets.models import SACModel
-from sampler.worker import Pusher, SamplerEndpoints, row_fingerprint, run_sampler
+from sampler.pusher import Pusher, row_fingerprint
+from sampler.worker import SamplerEndpoints, run_sampler
 from sim.registry import get_task
 from sim.tasks import TaskSet
 from tests.conftest import wait_until
@@ -60,6 +61,35 @@ def test_a_batch_the_buffer_refuses_fails_the_samplers_next_put(make_transitions
     pusher.close(timeout=1.0)
     ingest.assert_stored(1)
     assert pusher.acked_transitions == 10
+
+
+def test_a_pusher_thread_that_fails_while_put_waits_fails_that_put(make_transitions):
+    """A put() waiting on a full queue raises the pusher thread's error once the thread dies
+    (a dead thread never drains the queue), with no stop set: the sampler fails, never goes silent."""
+    ingest = FakeIngestClient(SCHEMA, (TASK.task_id,), away_from=1, reject=frozenset({1}))
+    pusher = Pusher(ingest, TASK, max_pending=1)
+    pusher.put(make_transitions(10, 0, SCHEMA), policy_version=0, env_steps=10)  # in flight, unacked
+    pusher.put(make_transitions(10, 10, SCHEMA), policy_version=0, env_steps=10)  # queued
+    failed: list[BaseException] = []
+
+    def put_while_full() -> None:
+        try:
+            pusher.put(make_transitions(10, 20, SCHEMA), policy_version=0, env_steps=10)
+        except RuntimeError as err:
+            failed.append(err)
+
+    blocked = threading.Thread(target=put_while_full)
+    blocked.start()
+    blocked.join(1.0)
+    assert blocked.is_alive()  # the queue is full: put() waits
+    ingest.back()  # the buffer answers the push in flight: it refuses the batch, the pusher thread dies
+    blocked.join(5.0)
+    assert not blocked.is_alive()  # ... and the waiting put() fails
+    (err,) = failed
+    assert "pusher thread failed" in str(err) and isinstance(err.__cause__, PushRejected)
+    pusher.close(timeout=0.5)
+    assert [p.outcome for p in ingest.pushes] == ["rejected"]
+    assert not ingest.violations and pusher.acked_transitions == 0
 
 
 def test_batches_wait_while_the_buffer_is_away_and_are_stored_in_order_once_it_is_back(make_transitions):

@@ -104,14 +104,18 @@ def test_sync_mode_learns_fetch_reach_and_leaves_a_checkpoint(tmp_path, algo, ex
 
 @pytest.mark.e2e
 def test_sync_mode_trains_and_scores_the_task_sim_tasks_names(tmp_path):
-    """sim.tasks ["FetchPush-v4"] beside the default sim.task (FetchReach-v4): the run's one task
-    is Push, as every role of the fleet reads it (TaskSet.for_run), so the networks, the training
-    env and the evaluation env are all Push's."""
-    from fleet.launch.sync import SyncRun
-    from foundation.config import with_overrides
+    """sim.tasks ["FetchPush-v4"] beside the default sim.task (FetchReach-v4): run_sync refuses
+    the config before it writes anything (sim.task must be sim.tasks[0]), and SyncRun, handed it
+    unchecked, still takes the run's one task as every role of the fleet reads it
+    (TaskSet.for_run): the networks, the training env and the evaluation env are all Push's."""
+    from fleet.launch.sync import SyncRun, run_sync
+    from foundation.config import ConfigError, with_overrides
 
-    overrides = ['sim.tasks=["FetchPush-v4"]', f'run_dir="{tmp_path}"']
-    run = SyncRun(with_overrides(RunConfig(), overrides).validate(), started_at=0.0)
+    config = with_overrides(RunConfig(), ['sim.tasks=["FetchPush-v4"]', f'run_dir="{tmp_path}"'])
+    with pytest.raises(ConfigError, match=r"sim\.task \('FetchReach-v4'\) must be sim\.tasks\[0\] \('FetchPush-v4'\)"):
+        run_sync(config, started_at=0.0, stop=threading.Event())
+    assert not (tmp_path / "config.json").exists()
+    run = SyncRun(config, started_at=0.0)
     try:
         assert run.task.name == "FetchPush-v4" and run.spec.obs_dim == 25
         assert run.env.observation_space["observation"].shape == (25,)

@@ -11,7 +11,7 @@ import numpy as np
 
 from fleet.cli.main import main
 from foundation.acting import rollout
-from foundation.config import RunConfig, with_overrides
+from foundation.config import RunConfig, tasks_overrides, with_overrides
 from sim.failure_trace import FetchProbe, record_episode
 from sim.failures import CLASSIFIERS, SUCCESS, Verdict
 from sim.registry import make_env
@@ -97,8 +97,8 @@ def _run_dir(root: pathlib.Path, tasks: list[str]) -> pathlib.Path:
     from foundation.policy import model_spec
     from sim.tasks import TaskSet
 
-    field = f'sim.task="{tasks[0]}"' if len(tasks) == 1 else "sim.tasks=" + json.dumps(tasks)
-    config = with_overrides(RunConfig(), [field, "learner.hidden_sizes=[16]"])
+    sets = [f'sim.task="{tasks[0]}"'] if len(tasks) == 1 else tasks_overrides(tasks)
+    config = with_overrides(RunConfig(), [*sets, "learner.hidden_sizes=[16]"])
     root.mkdir(parents=True)
     (root / "config.json").write_text(config.to_json())
     task_set = TaskSet.of(tasks)

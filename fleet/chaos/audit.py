@@ -9,7 +9,7 @@
 The auditor trusts none of the services' counters. Its two ends are the ack ledgers the
 pushing processes write (foundation/ledger.py: one line per acked push) and what the
 services hold: the rows in Redis (each sampler batch is found by the fingerprint of its first
-row, sampler/worker.py) and the history of the weights (the aggregator's version numbers and
+row, sampler/pusher.py) and the history of the weights (the aggregator's version numbers and
 the checkpoints it resumed from, as its log says). Everything here but the readers at the end
 is pure, so it is tested on made-up ledgers (tests/test_audit.py).
 """

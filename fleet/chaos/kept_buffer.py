@@ -18,7 +18,7 @@ from buffer.storage import TemporalStorage
 from fleet.chaos.audit import BatchAudit, audit_batches
 from fleet.launch.local_cluster import LocalRedisCluster
 from foundation.config import RunConfig
-from sampler.worker import row_fingerprint
+from sampler.pusher import row_fingerprint
 from sim.tasks import TaskSet
 
 

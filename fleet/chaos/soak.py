@@ -95,7 +95,7 @@ class _Soak:
 
     def workers_stopped(self, dog: Watchdog, cluster: LocalRedisCluster) -> None:
         from buffer.storage import TemporalStorage
-        from sampler.worker import row_fingerprint
+        from sampler.pusher import row_fingerprint
         from sim.registry import get_task
 
         acks = read_acks(f"{self.config.run_dir}/acks", "sampler-")  # complete: the samplers stopped

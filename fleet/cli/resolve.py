@@ -17,7 +17,7 @@ import pathlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from foundation.config import ConfigError, RunConfig, with_overrides
+from foundation.config import ConfigError, RunConfig, tasks_overrides, with_overrides
 from foundation.config_base import suggest
 from foundation.config_experience import TASK_NAMES
 
@@ -58,7 +58,7 @@ def config_request(
         check_task_name(args.task, "--task")
     if getattr(args, "tasks", None) is not None:
         tasks = split_tasks(args.tasks)
-        overrides += [f"sim.tasks={json.dumps(tasks)}", f"sim.task={json.dumps(tasks[0])}"]
+        overrides += tasks_overrides(tasks)
     if getattr(args, "seed", None) is not None:
         overrides += [f"sampler.seed={args.seed}", f"aggregator.seed={args.seed}"]
     return ConfigRequest(config_path or args.config, (*overrides, *after))

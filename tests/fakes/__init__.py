@@ -13,8 +13,8 @@
 A fake fails the test at the wrong call, not later: sample() before wait_to_sample() said
 yes is a broken flow-control contract, and raises AssertionError where it happens (a
 prefetch thread passes it on to the loop that reads its batches; a pusher thread, to the
-sampler's next put()). Fakes stand in only in unit tests of pure logic; end-to-end tests
-use the real services.
+sampler's put(), waiting or not). Fakes stand in only in unit tests of pure logic; end-to-end
+tests use the real services.
 """
 
 from tests.fakes.aggregator import FakeAggregatorClient, FakePendingPush, FakeWeightsWatcher
