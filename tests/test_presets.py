@@ -307,6 +307,7 @@ MULTI_TASK_RUNS = [
 @pytest.mark.parametrize("run", MULTI_TASK_RUNS, ids=lambda run: " ".join(run))
 def test_a_multi_task_run_takes_nothing_of_the_meta_world_presets(capsys, monkeypatch, run):
     tasks, *sets = run
+    sets += ["--set", 'run_dir="runs/same"']  # the default run_dir holds the second it was resolved at
     resolved = _cli_config(capsys, "--tasks", tasks, *sets)
     fetch_only = {name: preset for name, preset in TASK_PRESETS.items() if name.startswith("Fetch")}
     monkeypatch.setattr("fleet.cli.presets.TASK_PRESETS", fetch_only)
