@@ -27,11 +27,12 @@ from foundation.policy import ModelSpec, top_k_gates
 
 
 def _gates_per_layer(
-    spec: ModelSpec, flat: np.ndarray, in_dim: int, out_dim: int, bodies: int
+    spec: ModelSpec, flat: np.ndarray, in_dim: int, out_dim: int, bodies: int, norms: bool = False
 ) -> list[list[np.ndarray]]:
     """Per body: each hidden layer's gates [tasks, experts] read from a group's flat vector
     (layout: per body, the task embedding, per layer expert weights, biases, gate weight, gate
-    bias, then the output Linear; nets/models.py Body)."""
+    bias, then with `norms` (a critic under model.critic_norm 'layer') each hidden layer's
+    LayerNorm weight and bias, then the output Linear; nets/models.py Body)."""
     start, out = 0, []
 
     def take(*shape: int) -> np.ndarray:
@@ -48,6 +49,8 @@ def _gates_per_layer(
             take(spec.experts, fan_out)
             gw, gb = take(spec.experts, spec.gate_dim), take(spec.experts)
             layers.append(top_k_gates(embed @ gw.T + gb, spec.top_k, spec.shared_experts))
+        for width in spec.hidden_sizes if norms else ():
+            take(2, width)  # the LayerNorm's weight and bias
         take(spec.heads, out_dim, dims[-1])  # the output layer(s): one per task with task_heads
         take(spec.heads, out_dim)
         out.append(layers)
@@ -88,6 +91,7 @@ def expert_routing(spec: ModelSpec, groups: dict[str, np.ndarray], names: list[s
     if "actor" in groups:
         (nets["actor"],) = _gates_per_layer(spec, groups["actor"], spec.input_dim, 2 * spec.act_dim, 1)
     if "critic" in groups:
-        q1, q2 = _gates_per_layer(spec, groups["critic"], spec.input_dim + spec.act_dim, 1, 2)
+        norms = spec.critic_norm == "layer"
+        q1, q2 = _gates_per_layer(spec, groups["critic"], spec.input_dim + spec.act_dim, 1, 2, norms)
         nets["critic.q1"], nets["critic.q2"] = q1, q2
     return {net: {f"l{i}": layer_routing(g, names) for i, g in enumerate(layers)} for net, layers in nets.items()}

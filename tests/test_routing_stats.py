@@ -16,9 +16,11 @@ SPEC = ModelSpec(7, 3, 2, hidden_sizes=(16, 12), kind="moe", experts=8, top_k=2,
 NAMES = ["a", "b", "c"]
 
 
+@pytest.mark.parametrize("critic_norm", ["none", "layer"])
 @pytest.mark.parametrize("task_heads", [False, True], ids=["one-head", "task-heads"])
-def test_each_networks_routing_is_what_its_gates_choose_for_each_task(task_heads):
-    spec = dataclasses.replace(SPEC, task_heads=task_heads)  # heads: a longer flat layout to read past
+def test_each_networks_routing_is_what_its_gates_choose_for_each_task(task_heads, critic_norm):
+    # heads and the critics' LayerNorms: a longer flat layout to read past
+    spec = dataclasses.replace(SPEC, task_heads=task_heads, critic_norm=critic_norm)
     torch.manual_seed(1)
     model = SACModel(spec)
     with torch.no_grad():  # spread the tasks apart, as training does
