@@ -108,3 +108,18 @@ def test_the_target_of_a_resume_on_an_empty_buffer_counts_the_earlier_lives_env_
     summary = write_summary(CONFIG, tmp_path, progress, Ending("target", 60.0), history=history)
     assert (summary.env_steps_to_target, summary.version_to_target, summary.wall_sec_to_target) == (3800, 390, 60.0)
     assert summary.final_env_steps == 3900
+
+
+def test_a_routing_statistic_that_fails_leaves_the_summary_written_and_says_why(tmp_path, monkeypatch):
+    def unreadable(checkpoints):
+        raise ValueError("flat vector of 12 values, the spec's layout reads 10")
+
+    monkeypatch.setattr("fleet.report.summary._expert_routing", unreadable)
+    progress = Progress(CONFIG, tmp_path, started_at=0.0)
+    progress.update(_snap(5.0, 500, 20))
+    progress.close()
+    summary = write_summary(CONFIG, tmp_path, progress, Ending("max_wall_sec 5 reached", 5.0))
+    written = json.loads((tmp_path / "summary.json").read_text())
+    assert written["final_version"] == summary.final_version == 20
+    assert written["expert_routing"] == {}
+    assert written["expert_routing_error"] == "flat vector of 12 values, the spec's layout reads 10"

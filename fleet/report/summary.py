@@ -70,6 +70,7 @@ class Summary:
     # A task-routed MoE run: per network, layer and task the experts chosen, overlaps, load
     # (foundation/routing_stats.py), read from the newest checkpoint.
     expert_routing: dict = field(default_factory=dict)
+    expert_routing_error: str | None = None  # why expert_routing could not be read from the weights
     tasks: list[str] = field(default_factory=list)  # a multi-task run's tasks (success figures are their means)
     # A multi-task run, per task: best (curve or complete full score), last (newest curve) and
     # final (the final score) success.
@@ -159,7 +160,11 @@ def write_summary(
     load = run_dir / "expert_load.json"
     if load.exists():  # a MoE run: beta, balancing loss and each layer's expert shares
         summary.expert_load = json.loads(load.read_text())
-    summary.expert_routing = _expert_routing(run_dir / "checkpoints")
+    try:
+        summary.expert_routing = _expert_routing(run_dir / "checkpoints")
+    except (CheckpointError, OSError, ValueError) as err:  # a statistic of the weights: the summary is kept
+        log.warning("summary.json without expert_routing: %s", err)
+        summary.expert_routing_error = str(err)
     if run.final is not None:
         summary.final_success_version, result = run.final
         summary.final_success, summary.final_success_episodes = result.success_rate, result.episodes
