@@ -22,11 +22,10 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
-import statistics
 import sys
 from typing import Any
 
-from harness import result_record, write_result  # benchmarks/harness.py (this script's folder)
+from harness import median_and_worst, result_record, write_result  # benchmarks/harness.py (this script's folder)
 
 from foundation.config import RunConfig
 
@@ -110,16 +109,17 @@ def across_runs(runs: list[dict]) -> dict[str, Any]:
     summaries = [run["summary"] for run in runs]
     minutes = [_minutes(s.get("wall_sec_to_target")) if s.get("reached_target") else None for s in summaries]
     env_steps = [s.get("env_steps_to_target") if s.get("reached_target") else None for s in summaries]
-    every = all(m is not None for m in minutes)
+    median_minutes, worst_minutes = median_and_worst(minutes, digits=2)
+    median_steps, worst_steps = median_and_worst(env_steps)
     return {
         "target_success": summaries[0].get("target_success"),
         "reached_target": sum(m is not None for m in minutes),
         "minutes_to_target": minutes,
-        "median_minutes_to_target": round(statistics.median(minutes), 2) if every else None,
-        "worst_minutes_to_target": max(minutes) if every else None,
+        "median_minutes_to_target": median_minutes,
+        "worst_minutes_to_target": worst_minutes,
         "env_steps_to_target": env_steps,
-        "median_env_steps_to_target": statistics.median(env_steps) if every else None,
-        "worst_env_steps_to_target": max(env_steps) if every else None,
+        "median_env_steps_to_target": median_steps,
+        "worst_env_steps_to_target": worst_steps,
     }
 
 

@@ -93,6 +93,17 @@ def median_figures(runs: Mapping[str, Sequence[Figures]]) -> dict[str, dict[str,
     return medians
 
 
+def median_and_worst(values: Sequence[float | None], digits: int | None = None) -> tuple[float | None, float | None]:
+    """The median and the largest of `values` (minutes or env steps to a target: larger is worse),
+    both None unless every value is there: a run that missed the target has no time to it, and a
+    median over the runs that made it would hide the one that did not."""
+    if not values or any(v is None for v in values):
+        return None, None
+    present = [v for v in values if v is not None]
+    median = statistics.median(present)
+    return (round(median, digits) if digits is not None else median), max(present)
+
+
 def _numeric(samples: Sequence[Figures], key: str) -> bool:
     values = [s.get(key) for s in samples]
     return all(v is None or (isinstance(v, int | float) and not isinstance(v, bool)) for v in values)

@@ -49,7 +49,13 @@ import statistics
 import subprocess
 import sys
 
-from harness import REPO, result_record, run_interleaved, write_result  # benchmarks/harness.py (this script's folder)
+from harness import (  # benchmarks/harness.py (this script's folder)
+    REPO,
+    median_and_worst,
+    result_record,
+    run_interleaved,
+    write_result,
+)
 
 TASKS = "FetchPush-v4,FetchReach-v4,MetaWorld-reach-v3,MetaWorld-push-v3"
 ARMS = {
@@ -95,9 +101,9 @@ def checkpoint_at(run_dir: pathlib.Path, minutes: float) -> pathlib.Path | None:
     return eligible[-1] if eligible else None
 
 
-def minutes_to_target(run_dir: pathlib.Path) -> dict[str, float | None]:
-    """Per task: wall-clock minutes of the first curve score of the live policy >= TARGET."""
-    summary = json.loads((run_dir / "summary.json").read_text())
+def minutes_to_target(run_dir: pathlib.Path, summary: dict) -> dict[str, float | None]:
+    """Per task: wall-clock minutes of the first curve score of the live policy >= TARGET
+    (`summary`: the run's summary.json)."""
     first: dict[str, float | None] = {task: None for task in summary.get("tasks", [])}
     for line in (run_dir / "evals.jsonl").read_text().splitlines():
         row = json.loads(line)
@@ -110,8 +116,8 @@ def minutes_to_target(run_dir: pathlib.Path) -> dict[str, float | None]:
 
 
 def score_run(run_dir: pathlib.Path, marks: list[float], episodes: int) -> dict:
-    out: dict = {"run_dir": str(run_dir), "minutes_to_90": minutes_to_target(run_dir), "marks": {}}
     summary = json.loads((run_dir / "summary.json").read_text())
+    out: dict = {"run_dir": str(run_dir), "minutes_to_90": minutes_to_target(run_dir, summary), "marks": {}}
     out["updates_per_sec"], out["final_env_steps"] = summary.get("updates_per_sec"), summary.get("final_env_steps")
     out["trained_at"] = summary.get("code", {}).get("commit")  # None: a run from before summary.json named it
     out["expert_routing_overlap"] = {
@@ -152,9 +158,8 @@ def summarize(runs: list[dict]) -> dict:
 
 
 def _minutes_spread(values: list[float | None]) -> dict:
-    reached = [v for v in values if v is not None]
-    median = round(statistics.median(reached), 2) if reached and len(reached) == len(values) else None  # a miss: none
-    return {"reached": len(reached), "of": len(values), "median": median, "values": values}
+    median, _ = median_and_worst(values, digits=2)  # a miss: none
+    return {"reached": sum(v is not None for v in values), "of": len(values), "median": median, "values": values}
 
 
 def _difference(a: list[float], b: list[float]) -> dict:

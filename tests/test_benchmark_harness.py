@@ -70,6 +70,13 @@ def test_medians_skip_missing_values_and_non_numeric_figures(harness):
     assert harness.median_figures(runs) == {"a": {"x": 3.0, "y": 2.0}, "b": {"x": None}}
 
 
+def test_median_and_worst_are_none_unless_every_run_has_a_value(harness):
+    assert harness.median_and_worst([12.5, 15.9, 14.8]) == (14.8, 15.9)
+    assert harness.median_and_worst([1.234, 2.0], digits=2) == (1.62, 2.0)
+    assert harness.median_and_worst([12.5, None, 14.8]) == (None, None)  # a miss hides no seed
+    assert harness.median_and_worst([]) == (None, None)
+
+
 def test_ratio_is_none_where_a_side_is_missing_or_zero(harness):
     assert harness.ratio(3.0, 4.0) == 0.75
     assert harness.ratio(None, 4.0) is None
