@@ -31,6 +31,8 @@ shaped reward, 100 demonstrations per task and LayerNorm critics too); override 
 applied to every arm (a dense arm at batch 256: --set learner.batch_size=256 --set
 sampler.max_env_steps_per_update=1 --set 'learner.autocast="off"'):
     dense         learner.hidden_sizes 256x256
+    dense-params  dense at about the moe arm's actor parameter count on MT10: 832x832, 741k
+                  parameters against the MoE's 744k, 9.2x the dense arm's (a tick's multiply-adds scale with them)
     moe           the multi-task MoE: 32 experts, 128 wide, task router, router decay 1, top_k 3
                   with one shared expert per layer (TASK_ROUTED_SHARED)
     moe-plain     plain top-2 routing with no shared expert
@@ -60,6 +62,7 @@ from harness import (  # benchmarks/harness.py (this script's folder)
 TASKS = "FetchPush-v4,FetchReach-v4,MetaWorld-reach-v3,MetaWorld-push-v3"
 ARMS = {
     "dense": ['model.kind="dense"'],
+    "dense-params": ['model.kind="dense"', "learner.hidden_sizes=[832, 832]"],
     "moe": ['model.kind="moe"'],
     "moe-plain": ['model.kind="moe"', "model.top_k=2", "model.shared_experts=0"],
     "moe-nodecay": ['model.kind="moe"', "model.router_decay=0"],

@@ -78,6 +78,29 @@ def test_combine_checks_every_moe_arm_against_dense_with_the_seeds_standard_erro
     assert goals["moe_minus_dense"]["standard_error"] is None  # one seed: no spread to measure
 
 
+def test_the_dense_params_arm_holds_about_as_many_actor_parameters_as_the_moe_arm_on_mt10(multitask_moe):
+    """The issue's equal-parameter dense arm: the config `train --tasks mt10` builds with each arm's
+    sets, its actor counted by ModelSpec (an MoE's every expert counted)."""
+    from types import SimpleNamespace
+
+    from fleet.cli.presets import preset_for
+    from foundation.config import RunConfig, tasks_overrides, with_overrides
+    from foundation.policy import model_spec
+    from sim.task_sets import task_set
+
+    mt10 = task_set("mt10")
+    dims = SimpleNamespace(obs_dim=46, goal_dim=3, act_dim=4, tasks=mt10)  # Meta-World v3's, padded
+
+    def actor(arm: str) -> int:
+        sets = [*tasks_overrides(list(mt10)), *multitask_moe.ARMS[arm]]
+        config = with_overrides(preset_for(with_overrides(RunConfig(), sets), sets), sets).validate()
+        return model_spec(config, dims).actor_size()
+
+    moe, wide, dense = actor("moe"), actor("dense-params"), actor("dense")
+    assert abs(wide / moe - 1) < 0.02, (wide, moe)
+    assert dense < moe / 8  # the equal-active-width arm is the small one
+
+
 def test_combine_refuses_a_file_that_is_not_a_score_result(multitask_moe, tmp_path, capsys):
     other = tmp_path / "other.json"
     other.write_text(json.dumps({"benchmark": "learner_throughput", "figures": {}}))
