@@ -60,9 +60,10 @@ from model_arms import MODEL_ARMS, MODEL_TASKS, arm_config, model_ratios  # this
 
 from aggregator.client import AggregatorClient
 from fleet.cli.presets import preset_config
+from fleet.cli.resolve import split_tasks
 from fleet.launch.local_fleet import LocalFleet
 from fleet.launch.watchdog import Watchdog
-from foundation.config import RunConfig, with_overrides
+from foundation.config import ConfigError, RunConfig, with_overrides
 from foundation.policy import model_spec
 from learner.algorithm import Batch
 from learner.gradients import Hyperparams, compute_gradients
@@ -125,12 +126,12 @@ def bare_updates_per_cpu_sec(config: RunConfig, seconds: float, adam: bool = Tru
     return updates / (time.process_time() - cpu0)
 
 
-def model_cost(arms: list[str], extra: list[str], seconds: float, repeats: int) -> dict:
+def model_cost(arms: list[str], extra: list[str], seconds: float, repeats: int, tasks: list[str]) -> dict:
     """Each arm's bare updates per CPU-second, gradients alone (the learner's work) and with an
     in-process Adam step; arms interleaved over `repeats` rounds, medians (a shared machine drifts)."""
 
     def measure(arm: str) -> dict[str, float]:
-        config = arm_config(arm, extra)
+        config = arm_config(arm, extra, tasks)
         return {
             "gradients": bare_updates_per_cpu_sec(config, seconds, adam=False),
             "with_adam": bare_updates_per_cpu_sec(config, seconds, adam=True),
@@ -140,7 +141,7 @@ def model_cost(arms: list[str], extra: list[str], seconds: float, repeats: int) 
     medians = median_figures(runs)
     out = {}
     for arm, rounds in runs.items():
-        config = arm_config(arm, extra)
+        config = arm_config(arm, extra, tasks)
         spec = model_spec(config, TaskSet.for_run(config))
         sizes = SACModel(spec).group_sizes()
         out[arm] = {
@@ -224,6 +225,14 @@ def measure_learner(config: RunConfig, run_dir: pathlib.Path, seconds: float) ->
     }
 
 
+def tasks_arg(text: str) -> list[str]:
+    """--tasks as `fleetrl train --tasks` reads it: registered names or a set's name (mt10)."""
+    try:
+        return split_tasks(text)
+    except ConfigError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--task", default="FetchPush-v4", help="task name; its preset sets the learner's shapes")
@@ -235,8 +244,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--model",
         action="append",
         choices=sorted(MODEL_ARMS),
-        help="instead of (a)/(b): the bare loop of each named model on the 4-task set (repeatable; "
+        help="instead of (a)/(b): the bare loop of each named model on --tasks (repeatable; "
         "--seconds per arm and round)",
+    )
+    p.add_argument(
+        "--tasks",
+        type=tasks_arg,
+        default=MODEL_TASKS,
+        help="--model: the tasks, comma-separated or a set's name (mt10); default the 4-task set",
     )
     p.add_argument("--repeats", type=repeats_arg, default=3, help="--model: interleaved rounds (medians reported)")
     args = p.parse_args(argv)
@@ -246,11 +261,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main_models(args: argparse.Namespace) -> int:
-    """--model: the learner's cost per model on the 4-task set; ratios are the result."""
+    """--model: the learner's cost per model on --tasks; ratios are the result."""
     arms = list(dict.fromkeys(args.model))
-    batch = arm_config(arms[0], args.set).learner.batch_size
-    figures: dict = {"tasks": MODEL_TASKS, "batch_size": batch, "torch_threads": 1, "set": args.set}
-    figures["arms"] = model_cost(arms, args.set, args.seconds, args.repeats)
+    batch = arm_config(arms[0], args.set, args.tasks).learner.batch_size
+    figures: dict = {"tasks": args.tasks, "batch_size": batch, "torch_threads": 1, "set": args.set}
+    figures["arms"] = model_cost(arms, args.set, args.seconds, args.repeats, args.tasks)
     figures["ratios"] = model_ratios({a: figures["arms"][a]["gradients"]["median"] for a in arms})
     if args.json:
         write_result(result_record("learner_throughput_models", figures), args.json)
@@ -262,7 +277,7 @@ def main_models(args: argparse.Namespace) -> int:
         }
         for arm, row in figures["arms"].items()
     }
-    print_table(f"learner cost per model: {len(MODEL_TASKS)} tasks, batch {batch}, 1 thread", rows)
+    print_table(f"learner cost per model: {len(args.tasks)} tasks, batch {batch}, 1 thread", rows)
     print_table("ratios", {name: {"ratio": value} for name, value in figures["ratios"].items()})
     return 0
 

@@ -7,6 +7,8 @@ model_ratios({"moe-e32": 40.0, "moe-e8": 48.0})   # {"moe-e32 / moe-e8": 0.833}
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from fleet.cli.presets import preset_for
 from foundation.config import RunConfig, tasks_overrides, with_overrides
 
@@ -35,6 +37,8 @@ MODEL_ARMS: dict[str, list[str]] = {
     "moe-e32-mixeach": ['model.kind="moe"', "model.experts=32", "learner.mix_once=false"],
     # twice the rows per update: a cost mostly per op (the MoE's) grows less than the rows do
     "dense-b512": ['model.kind="dense"', "learner.batch_size=512"],
+    # about the task-routed MoE recipe's actor parameters on MT10 (741k against 744k)
+    "dense-w832": ['model.kind="dense"', "learner.hidden_sizes=[832, 832]"],
     "moe-e32-b512": ['model.kind="moe"', "model.experts=32", "learner.batch_size=512"],
 }
 # The per-model yardstick is top-2 (k = 2) with no shared expert: every MoE arm sets it, since a
@@ -51,11 +55,11 @@ MODEL_TASKS = ["FetchReach-v4", "FetchPush-v4", "MetaWorld-reach-v3", "MetaWorld
 MODEL_BASE = ["learner.batch_size=256", 'learner.autocast="off"']
 
 
-def arm_config(arm: str, extra: list[str] | None = None) -> RunConfig:
-    """`arm`'s config on the 4-task set as the CLI builds a run's (fleet/cli/main.py): the preset and
-    multi-task recipe chosen by what was set, then what was set on top (batch 256 in float32
-    unless the arm or `extra` sets them: MODEL_BASE); one torch thread."""
-    overrides = [*tasks_overrides(MODEL_TASKS), *MODEL_BASE, *MODEL_ARMS[arm], *(extra or [])]
+def arm_config(arm: str, extra: list[str] | None = None, tasks: Sequence[str] = MODEL_TASKS) -> RunConfig:
+    """`arm`'s config on `tasks` (the 4-task set unless named) as the CLI builds a run's
+    (fleet/cli/main.py): the preset and multi-task recipe chosen by what was set, then what was set
+    on top (batch 256 in float32 unless the arm or `extra` sets them: MODEL_BASE); one torch thread."""
+    overrides = [*tasks_overrides(list(tasks)), *MODEL_BASE, *MODEL_ARMS[arm], *(extra or [])]
     overrides.append("learner.torch_threads=1")
     return with_overrides(preset_for(with_overrides(RunConfig(), overrides), overrides), overrides).validate()
 

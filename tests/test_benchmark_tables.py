@@ -195,6 +195,12 @@ def test_learner_throughput_model_arms_are_valid_configs(monkeypatch):
     moe = {arm: (c.model.top_k, c.model.shared_experts) for arm, c in configs.items() if c.model.kind == "moe"}
     assert moe.pop("moe-e32-shared") == (3, 1) and set(moe.values()) == {(2, 0)}, moe
     assert configs["dense-b512"].model.kind == "dense"
+    # --tasks mt10: the same arms on Meta-World's MT10, its recipe included (LayerNorm critics)
+    from sim.task_sets import task_set
+
+    mt10 = lt.arm_config("dense-w832", tasks=task_set("mt10"))
+    assert list(mt10.sim.tasks) == list(task_set("mt10")) and list(mt10.learner.hidden_sizes) == [832, 832]
+    assert mt10.model.critic_norm == "layer" and mt10.learner.batch_size == 256
 
 
 def test_learner_throughput_model_ratios_pair_the_measured_arms_and_count_rows(monkeypatch):
