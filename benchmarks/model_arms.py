@@ -73,6 +73,8 @@ MODEL_RATIOS = [
     ("dense-b512 / dense (rows)", "dense-b512", "dense", 2),  # rows learned per CPU-second
     ("moe-e32-b512 / moe-e32 (rows)", "moe-e32-b512", "moe-e32", 2),
     ("moe-e32-b512 / dense (rows)", "moe-e32-b512", "dense", 2),
+    ("moe-e32-shared / dense (the multi-task recipe's MoE)", "moe-e32-shared", "dense", 1),
+    ("dense-w832 / dense (the MoE's parameter count)", "dense-w832", "dense", 1),
 ]
 
 
