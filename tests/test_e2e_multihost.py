@@ -43,6 +43,9 @@ def _ip(*args: str) -> None:
     subprocess.run(["ip", *args], check=True, capture_output=True, text=True)
 
 
+RESERVED_PORTS = "7000-7999,17000-17999,50000-50999"  # what the tests' specs serve on, per namespace
+
+
 class Network:
     """A bridge in this namespace and one namespace per host, each linked to it by a veth pair."""
 
@@ -67,6 +70,11 @@ class Network:
                 _ip("-n", ns, "addr", "add", f"{self.addresses[host]}/24", "dev", inside)
                 _ip("-n", ns, "link", "set", inside, "up")
                 _ip("-n", ns, "link", "set", "lo", "up")
+                # The specs' fixed ports (Redis 7000s and their buses, buffer and aggregator 50051
+                # and 50052) lie in Linux's ephemeral range (32768-60999): an outgoing connection
+                # (a Redis bus link, a client) could take one as its local port and hold it, and the
+                # role that serves there would fail to bind. Reserved ports are never handed out.
+                _ip("netns", "exec", ns, "sysctl", "-qw", f"net.ipv4.ip_local_reserved_ports={RESERVED_PORTS}")
         except BaseException:
             self.__exit__()
             raise
